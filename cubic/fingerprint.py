@@ -1,0 +1,82 @@
+"""Hardware and software fingerprint: which machine a measurement belongs to.
+
+A repeated run of the same config is served from the store only on the same fingerprint hash, so
+the hash covers what changes speed (CPU model, core count, device, torch build), not the hostname.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from typing import Any
+
+from cubic.spec import stable_hash
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+    for mod in ("fbgemm_gpu", "torchrec", "optuna", "xgboost", "ray"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # optional peer absent or broken
+            pass
+    out["cubic"] = code_version()
+    return out
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """The git commit of this checkout (with -dirty), or the package version outside git."""
+    from cubic import __version__
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        if sha:
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return __version__
+
+
+@lru_cache(maxsize=4)
+def fingerprint(device: str = "cpu") -> dict[str, Any]:
+    import torch
+
+    fp: dict[str, Any] = {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count() or 1,
+        "torch": torch.__version__,
+        "device": device,
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        fp["gpu_name"] = torch.cuda.get_device_name(0)
+        fp["gpu_count"] = torch.cuda.device_count()
+        fp["cuda"] = torch.version.cuda or ""
+    return fp
+
+
+def fingerprint_hash(fp: dict[str, Any]) -> str:
+    return stable_hash(fp)

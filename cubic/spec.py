@@ -1,0 +1,242 @@
+"""Workload value objects: tables, dense architecture, optimizers, topology.
+
+Plain, typed, serialisable (pydantic v2); no behaviour beyond validation. Every file a user keeps
+carries a ``version`` field. Validation errors are turned into :class:`SpecError`, which names the
+file and the field, so that the CLI can print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SPEC_VERSION = 1
+NEUROSHARD_HIST_BINS = 17  # NeuroShard's reuse-distance histogram: 17 log2 bins
+
+
+class SpecError(ValueError):
+    """Bad user input. ``str(err)`` is one line naming the file (if any) and the field."""
+
+    def __init__(self, message: str, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = ": ".join(p for p in (source, field) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+def spec_error_from_validation(err: ValidationError, source: str | None = None) -> SpecError:
+    """First pydantic error as a one-line SpecError naming the dotted field path."""
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first.get("loc", ()))
+    msg = first.get("msg", "invalid value")
+    extra = len(err.errors()) - 1
+    if extra:
+        msg += f" (and {extra} more error{'s' if extra > 1 else ''})"
+    return SpecError(msg, source=source, field=field or None)
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AccessStats(Frozen):
+    """How a table's rows are read. One of: Zipf exponent, or NeuroShard's 17-bin reuse histogram.
+
+    ``zipf_alpha`` = 0 is uniform access; ~1.05-1.2 is typical of production id features.
+    ``reuse_histogram`` is the share of accesses per log2 reuse-distance bin (sums to ~1).
+    """
+
+    zipf_alpha: float | None = Field(default=1.05, ge=0.0, le=3.0)
+    reuse_histogram: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "AccessStats":
+        if self.reuse_histogram is not None:
+            h = self.reuse_histogram
+            if len(h) != NEUROSHARD_HIST_BINS:
+                raise ValueError(f"reuse_histogram needs {NEUROSHARD_HIST_BINS} bins, got {len(h)}")
+            if any(x < 0 for x in h) or not (0.5 <= sum(h) <= 1.5):
+                raise ValueError("reuse_histogram bins must be >= 0 and sum to about 1")
+        elif self.zipf_alpha is None:
+            raise ValueError("give zipf_alpha or reuse_histogram")
+        return self
+
+    def effective_alpha(self) -> float:
+        """A Zipf exponent equivalent: from the histogram, more mass at short reuse = more skew."""
+        if self.reuse_histogram is None:
+            return float(self.zipf_alpha)
+        h = self.reuse_histogram
+        total = sum(h) or 1.0
+        # mean log2 reuse distance in [0, 16]; short reuse -> hot rows -> high alpha
+        mean_bin = sum(i * x for i, x in enumerate(h)) / total
+        return max(0.0, 1.6 - 0.1 * mean_bin)
+
+
+class Table(Frozen):
+    """One embedding table (one sparse feature)."""
+
+    name: str = Field(min_length=1, max_length=200)
+    rows: int = Field(gt=0, le=10**11)
+    dim: int = Field(gt=0, le=4096)
+    pooling_factor: float = Field(default=1.0, gt=0.0, le=10_000.0, description="mean ids per example")
+    pooling_dist: Literal["fixed", "poisson", "lognormal"] = "lognormal"
+    pooling_sigma: float = Field(default=0.8, ge=0.0, le=4.0, description="lognormal shape: heavy tail")
+    access: AccessStats = AccessStats()
+    feature_group: str = "default"
+
+    def bytes_fp32(self) -> int:
+        return self.rows * self.dim * 4
+
+
+class DLRMArch(Frozen):
+    kind: Literal["dlrm"] = "dlrm"
+    bottom_mlp: list[Annotated[int, Field(gt=0, le=65536)]] = [128, 64]
+    top_mlp: list[Annotated[int, Field(gt=0, le=65536)]] = [256, 128, 1]
+    # the dot interaction needs every embedding at the bottom MLP's output width
+    @model_validator(mode="after")
+    def _top_ends_in_one(self) -> "DLRMArch":
+        if not self.bottom_mlp or not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError("bottom_mlp must be non-empty and top_mlp must end in 1")
+        return self
+
+
+class WukongArch(Frozen):
+    """Wukong (arXiv 2403.02545): stacked interaction layers, each an FMB and an LCB with residual."""
+
+    kind: Literal["wukong"] = "wukong"
+    num_layers: int = Field(default=2, ge=1, le=64)
+    emb_dim: int = Field(default=32, ge=4, le=1024, description="common embedding width d")
+    num_emb_lcb: int = Field(default=16, ge=1, le=4096, description="embeddings out of the LCB")
+    num_emb_fmb: int = Field(default=16, ge=1, le=4096, description="embeddings out of the FMB")
+    rank_fmb: int = Field(default=8, ge=1, le=1024, description="optimized-FM projection rank k")
+    mlp_width: int = Field(default=256, ge=1, le=65536, description="FMB MLP hidden width")
+    fmb_mlp_layers: int = Field(default=1, ge=1, le=8)
+    top_mlp: list[Annotated[int, Field(gt=0, le=65536)]] = [256, 1]
+    layer_norm: bool = True
+
+    @model_validator(mode="after")
+    def _top_ends_in_one(self) -> "WukongArch":
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError("top_mlp must end in 1")
+        return self
+
+
+class DMTArch(Frozen):
+    """DMT (arXiv 2403.02545 sibling, Luo et al. 2024): a tower module per feature group."""
+
+    kind: Literal["dmt"] = "dmt"
+    num_towers: int = Field(default=2, ge=1, le=256)
+    tower_dim: int = Field(default=64, ge=1, le=65536, description="tower output width")
+    tower_mlp: list[Annotated[int, Field(gt=0, le=65536)]] = [128]
+    top_mlp: list[Annotated[int, Field(gt=0, le=65536)]] = [256, 1]
+
+    @model_validator(mode="after")
+    def _top_ends_in_one(self) -> "DMTArch":
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError("top_mlp must end in 1")
+        return self
+
+
+DenseArch = Annotated[Union[DLRMArch, WukongArch, DMTArch], Field(discriminator="kind")]
+
+
+class Optimizers(Frozen):
+    embedding: Literal["rowwise_adagrad", "sgd"] = "rowwise_adagrad"
+    embedding_lr: float = Field(default=0.05, gt=0.0, le=10.0)
+    dense: Literal["adam", "sgd"] = "adam"
+    dense_lr: float = Field(default=1e-3, gt=0.0, le=10.0)
+
+
+class Topology(Frozen):
+    """The cluster a plan is for. Bandwidths in GB/s (1e9 bytes/s) per rank."""
+
+    world_size: int = Field(default=1, ge=1, le=1_000_000)
+    ranks_per_node: int = Field(default=8, ge=1, le=1024)
+    memory_per_rank_gb: float = Field(default=16.0, gt=0.0, le=1e6)
+    intra_node_bw_gbps: float = Field(default=450.0, gt=0.0, description="per-rank, e.g. NVLink")
+    inter_node_bw_gbps: float = Field(default=50.0, gt=0.0, description="per-rank, e.g. RDMA NIC")
+    device: str = Field(default="cpu", description="cpu, cuda, or a modelled device such as h100")
+
+    @property
+    def memory_per_rank_bytes(self) -> int:
+        return int(self.memory_per_rank_gb * 1e9)
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.world_size // self.ranks_per_node)
+
+
+class DataSpec(Frozen):
+    """How synthetic data is drawn (see cubic/data.py for the distributions)."""
+
+    num_dense_features: int = Field(default=13, ge=0, le=4096)
+    dense_tail_df: float = Field(default=3.0, gt=0.0, le=1000.0, description="Student-t df: heavy tails")
+    teacher_dim: int = Field(default=8, ge=1, le=256)
+    teacher_noise: float = Field(default=0.3, ge=0.0, le=10.0)
+    eval_batch_size: int = Field(default=4096, ge=16, le=1_000_000)
+    seed: int = Field(default=0, ge=0)
+
+
+class Workload(Frozen):
+    """Tables + dense arch + batch + optimizers + topology: what is trained, and where."""
+
+    version: Literal[1] = SPEC_VERSION
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    tables: list[Table] = Field(min_length=1)
+    dense_arch: DenseArch = DLRMArch()
+    batch_size: int = Field(default=512, ge=1, le=10_000_000, description="examples per rank per step")
+    optimizers: Optimizers = Optimizers()
+    topology: Topology = Topology()
+    data: DataSpec = DataSpec()
+
+    @model_validator(mode="after")
+    def _unique_tables(self) -> "Workload":
+        seen: set[str] = set()
+        for t in self.tables:
+            if t.name in seen:
+                raise ValueError(f"duplicated table name {t.name!r}")
+            seen.add(t.name)
+        return self
+
+    def content_hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json"))
+
+
+def stable_hash(obj: Any) -> str:
+    """Content hash of a JSON-able object: sorted keys, no whitespace, sha256, 16 hex chars."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def read_structured(path: str | Path) -> Any:
+    """Parse a JSON or YAML file; a missing or unparsable file is a SpecError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("no such file", source=str(p))
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read: {e}", source=str(p)) from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        one_line = " ".join(str(e).split())
+        raise SpecError(f"not valid {p.suffix.lstrip('.') or 'YAML'}: {one_line}", source=str(p)) from None
+
+
+def parse_model(cls: type[BaseModel], data: Any, source: str | None = None):
+    """Validate ``data`` as ``cls``; errors become one-line SpecErrors naming source and field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise spec_error_from_validation(e, source) from None
