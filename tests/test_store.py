@@ -1,0 +1,211 @@
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cubic.config import Config
+from cubic.result import Result
+from cubic.spec import SpecError
+from cubic.store import SCHEMA_VERSION, TrialStore, redact_url
+from cubic.workloads import DEFAULT_WORKLOADS
+
+W = DEFAULT_WORKLOADS["dlrm-small"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ok_result(fp="fp-a", source="measured", eps=1000.0, **kw):
+    kw.setdefault("phases_ms", {"dense_fwd": 1.5})
+    return Result(
+        status="ok", source=source, workload=W.name, metrics={"examples_per_s": eps, "ne_end": 0.9},
+        trajectory=[{"step": 0, "loss": 0.7}], fingerprint={"cpu": fp}, fingerprint_hash=fp, **kw,
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TrialStore(f"sqlite:///{tmp_path}/sub/trials.db")
+    yield s
+    s.close()
+
+
+def test_round_trip_keeps_the_full_result(store):
+    cfg = Config(batch_size=256, seed=3)
+    r = ok_result(phases_ms={"dense_fwd": 1.5, "optimizer": 0.2})
+    tid = store.record(W, cfg, r, steps=20, warmup=2)
+    (t,) = store.trials()
+    assert t.id == tid and t.workload == "dlrm-small" and t.seed == 3 and t.attempt == 1
+    assert t.config_hash == cfg.content_hash() and t.workload_hash == W.content_hash()
+    assert t.config == cfg.model_dump(mode="json") and t.fingerprint == {"cpu": "fp-a"}
+    assert t.result == r and t.metrics["examples_per_s"] == 1000.0
+    assert t.created_at.tzinfo is not None and t.code_version
+    assert store.get_trial(tid) == t and store.get_trial(tid + 100) is None
+
+
+def test_schema_creation_is_idempotent(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    a = TrialStore(url)
+    a.record(W, Config(), ok_result())
+    b = TrialStore(url)  # re-opening must neither fail nor wipe anything
+    assert b.count() == 1
+    with b.engine.connect() as c:
+        assert [tuple(r) for r in c.exec_driver_sql("select version from schema_version")] == [(SCHEMA_VERSION,)]
+
+
+def test_default_location_and_env_override(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CUBIC_STORE", raising=False)
+    TrialStore().record(W, Config(), ok_result())
+    assert (tmp_path / ".cubic" / "trials.db").is_file()
+    monkeypatch.setenv("CUBIC_STORE", f"sqlite:///{tmp_path}/env.db")
+    TrialStore()
+    assert (tmp_path / "env.db").is_file()
+
+
+def test_lookup_serves_ok_and_deterministic_failures_but_not_transient(store):
+    cfg = Config()
+    key = (W.content_hash(), cfg.content_hash())
+    assert store.lookup(*key, "fp-a") is None
+    store.record(W, cfg, Result.failed("timeout", "took too long", fingerprint_hash="fp-a"))
+    store.record(W, cfg, Result.failed("killed", "SIGKILL", fingerprint_hash="fp-a"))
+    assert store.lookup(*key, "fp-a") is None  # transient failures are worth retrying
+    store.record(W, cfg, Result.failed("oom", "out of memory", fingerprint_hash="fp-a"))
+    got = store.lookup(*key, "fp-a")
+    assert got is not None and got.failure_kind == "oom"
+    store.record(W, cfg, ok_result(eps=2000.0))
+    assert store.lookup(*key, "fp-a").metrics["examples_per_s"] == 2000.0  # newest wins
+    # another machine, another config, another source: not served
+    assert store.lookup(*key, "fp-b") is None
+    assert store.lookup(W.content_hash(), Config(seed=1).content_hash(), "fp-a") is None
+    assert store.lookup(*key, "fp-a", source="simulated") is None
+
+
+def test_lookup_respects_run_length(store):
+    cfg = Config()
+    store.record(W, cfg, ok_result(), steps=10, warmup=2)
+    key = (W.content_hash(), cfg.content_hash(), "fp-a")
+    assert store.lookup(*key, steps=10, warmup=2) is not None
+    assert store.lookup(*key, steps=300, warmup=2) is None
+    assert store.cached_trial(*key, steps=10).steps == 10
+
+
+def test_failed_results_are_recorded_with_reason_and_nan(store):
+    r = Result.failed("nan", "loss became NaN at step 7", fingerprint_hash="fp-a",
+                      metrics={"loss_end": float("nan"), "examples_per_s": 5.0},
+                      trajectory=[{"step": 7, "loss": float("inf")}])
+    tid = store.record(W, Config(), r)
+    t = store.get_trial(tid)
+    assert t.status == "failed" and t.failure_kind == "nan" and "step 7" in t.reason
+    assert math.isnan(t.result.metrics["loss_end"]) and t.metrics == {"examples_per_s": 5.0}
+    assert math.isnan(t.result.trajectory[0]["loss"])
+    assert [x.id for x in store.trials(status="failed")] == [tid]
+
+
+def test_campaigns(store):
+    cid = store.create_campaign("c1", {"budget": 10}, "dlrm-small")
+    with pytest.raises(SpecError, match="already exists"):
+        store.create_campaign("c1", {}, "dlrm-small")
+    c = store.get_campaign("c1")
+    assert c.id == cid and c.spec == {"budget": 10} and c.status == "running" and c.workload == "dlrm-small"
+    store.set_campaign_status("c1", "done")
+    assert store.get_campaign(cid).status == "done"
+    with pytest.raises(SpecError, match="no campaign"):
+        store.set_campaign_status("nope", "done")
+    store.record(W, Config(), ok_result(), campaign="c1", attempt=2)
+    store.record(W, Config(seed=1), ok_result())
+    (t,) = store.trials(campaign="c1")
+    assert t.campaign_id == cid and t.attempt == 2
+    assert len(store.trials()) == 2
+    with pytest.raises(SpecError, match="no campaign"):
+        store.record(W, Config(), ok_result(), campaign="missing")
+    assert len(store.trials()) == 2  # the failed record left nothing behind
+
+
+def test_filters_never_mix_sources_unless_asked(store):
+    store.record(W, Config(), ok_result())
+    store.record(W, Config(), ok_result(source="simulated", fp="sim"))
+    store.record(W, Config(seed=2), ok_result())
+    assert {t.source for t in store.trials(source="measured")} == {"measured"}
+    assert [t.source for t in store.trials(source="simulated")] == ["simulated"]
+    assert len(store.trials()) == 3
+    last = store.trials(limit=2)
+    assert [t.id for t in last] == [2, 3]  # the newest N, oldest first
+    assert store.trials(workload="other") == []
+
+
+def test_export_csv_and_parquet(store, tmp_path):
+    store.record(W, Config(), ok_result())
+    store.record(W, Config(seed=1), Result.failed("oom", "OOM", fingerprint_hash="fp-a"))
+    df = store.to_dataframe()
+    assert list(df["status"]) == ["ok", "failed"]
+    assert df.loc[0, "metrics.examples_per_s"] == 1000.0 and df.loc[0, "phases_ms.dense_fwd"] == 1.5
+    assert json.loads(df.loc[1, "config"])["seed"] == 1
+    assert store.export(tmp_path / "t.csv", "csv") == 2
+    back = pd.read_csv(tmp_path / "t.csv")
+    assert list(back["failure_kind"].fillna("")) == ["", "oom"]
+    assert store.export(tmp_path / "t.parquet", "parquet", status="ok") == 1
+    pq = pd.read_parquet(tmp_path / "t.parquet")
+    assert len(pq) == 1 and pq.loc[0, "metrics.examples_per_s"] == 1000.0
+    with pytest.raises(SpecError):
+        store.export(tmp_path / "t.xlsx", "xlsx")
+    empty = TrialStore(f"sqlite:///{tmp_path}/empty.db")
+    assert empty.export(tmp_path / "e.csv") == 0 and "config_hash" in pd.read_csv(tmp_path / "e.csv").columns
+
+
+def test_password_is_never_shown():
+    assert redact_url("postgresql+psycopg2://alice:s3cret@db.example:5432/cubic") == (
+        "postgresql+psycopg2://alice:***@db.example:5432/cubic"
+    )
+    assert "s3cret" not in redact_url("weird scheme://bob:s3cret@host/x")
+    # nothing listens on port 1: the connection error must not echo the password
+    with pytest.raises(SpecError) as e:
+        TrialStore("postgresql+psycopg2://alice:s3cret@127.0.0.1:1/cubic?connect_timeout=2")
+    assert "s3cret" not in str(e.value) and "***" in str(e.value)
+
+
+@pytest.mark.parametrize("url", ["not a url", "nosuchdialect://x/y", "sqlite:////proc/forbidden/x/t.db"])
+def test_bad_url_is_a_spec_error_naming_the_field(url):
+    with pytest.raises(SpecError) as e:
+        TrialStore(url)
+    assert "store url" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_env_url_names_the_variable(monkeypatch):
+    monkeypatch.setenv("CUBIC_STORE", "nosuchdialect://x")
+    with pytest.raises(SpecError, match="CUBIC_STORE"):
+        TrialStore()
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from cubic.config import Config
+    from cubic.result import Result
+    from cubic.store import TrialStore
+    from cubic.workloads import DEFAULT_WORKLOADS
+    url, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = TrialStore(url)  # both processes may create the schema at once
+    for i in range(n):
+        r = Result(status="ok", metrics={"i": float(i)}, fingerprint_hash=tag)
+        store.record(DEFAULT_WORKLOADS["dlrm-small"], Config(seed=i), r)
+        store.trials(limit=3)
+""")
+
+
+def test_two_processes_write_one_sqlite_store(tmp_path):
+    url = f"sqlite:///{tmp_path}/shared.db"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, url, tag, "40"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for tag in ("p1", "p2")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "locked" not in err
+    trials = TrialStore(url).trials()
+    assert len(trials) == 80
+    assert sorted(t.fingerprint_hash for t in trials).count("p1") == 40
