@@ -1,0 +1,412 @@
+"""The ``cubic`` command: ``cubic <noun> <verb>`` (argparse).
+
+Built-in nouns: ``workloads``, ``run``, ``trials``. Feature packages add theirs through a
+``register(subparsers)`` function in their own module (see :data:`PLUGINS`); each parser they add
+sets ``func=handler`` with ``handler(args) -> int`` (exit code). They may reuse
+:func:`add_store_argument`, :func:`open_store`, :func:`progress_bar` and :func:`stdout_console`.
+
+Exit codes: 0 ok, 1 a failed run (still recorded and printed), 2 bad input (one line on stderr:
+``cubic: error: <message>``), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from cubic import __version__
+from cubic.spec import SpecError
+
+# Modules that add nouns when present; a missing one is skipped, any other import error surfaces.
+PLUGINS = ("sharding.cli", "fp8.cli", "cubic.sim_cli", "cubic.campaign_cli")
+
+STORE_HELP = "trial store URL (SQLAlchemy, e.g. postgresql+psycopg2://user@host/db); " \
+             "default $CUBIC_STORE or sqlite:///./.cubic/trials.db"
+
+
+# -- helpers other nouns may reuse ----------------------------------------------------------------
+
+def stdout_console():
+    from rich.console import Console
+
+    # a pipe or file gets wide, colourless tables instead of 80 folded columns
+    return Console() if sys.stdout.isatty() else Console(width=200, no_color=True, soft_wrap=False)
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="URL", default=None, help=STORE_HELP)
+
+
+def open_store(args: argparse.Namespace):
+    from cubic.store import TrialStore
+
+    url = getattr(args, "store", None)
+    return TrialStore(url, origin="--store") if url else TrialStore()
+
+
+@contextmanager
+def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (drawn only on a terminal); yields ``callback(done, total)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, disable=not console.is_terminal, transient=True) as progress:
+        task = progress.add_task(description, total=None)
+
+        def callback(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield callback
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _writable_path(path: str, what: str) -> Path:
+    """Check an output path before long work starts, so a typo does not waste a run."""
+    p = Path(path)
+    if not p.parent.is_dir():
+        raise SpecError("the directory does not exist", source=str(p), field=what)
+    return p
+
+
+# -- workloads ------------------------------------------------------------------------------------
+
+def cmd_workloads_list(args: argparse.Namespace) -> int:
+    from cubic.report import workload_summary, workloads_table
+    from cubic.workloads import DEFAULT_WORKLOADS
+
+    if args.json:
+        print(json.dumps([workload_summary(w) for w in DEFAULT_WORKLOADS.values()], indent=2))
+    else:
+        stdout_console().print(workloads_table(DEFAULT_WORKLOADS.values()))
+    return 0
+
+
+def cmd_workloads_show(args: argparse.Namespace) -> int:
+    from cubic.workloads import load_workload
+
+    data = load_workload(args.workload).model_dump(mode="json")
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+def _add_workloads(sub: Any) -> None:
+    p = sub.add_parser("workloads", help="list the embedded default workloads, or show one in full",
+                       description="List the embedded default workloads (no verb, or 'list'), or print "
+                                   "one validated workload spec in full ('show') to copy and edit.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_workloads_list)
+    verbs = p.add_subparsers(dest="verb", metavar="<verb>")
+    ls = verbs.add_parser("list", help="the embedded defaults as a table (default verb)",
+                          description="The embedded default workloads as a table.")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_workloads_list)
+    show = verbs.add_parser("show", help="print one workload spec in full",
+                            description="Print a validated workload (embedded name or YAML/JSON file) in full.")
+    show.add_argument("workload", metavar="NAME|FILE", help="an embedded default name or a workload file")
+    show.add_argument("--format", choices=["yaml", "json"], default="yaml", help="output format (default yaml)")
+    show.set_defaults(func=cmd_workloads_show)
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+def _local_runner(timeout_s: float, device: str):
+    try:
+        from cubic.runner import LocalRunner
+    except ModuleNotFoundError as e:
+        if e.name != "cubic.runner":
+            raise
+        raise SpecError("the local runner (cubic.runner) is not available in this installation",
+                        field="run") from None
+
+    return LocalRunner(timeout_s=timeout_s, device=device)
+
+
+def _simulated_runner(spec: str):
+    try:
+        from cubic.sim import SimulatedRunner
+    except ModuleNotFoundError as e:
+        if e.name not in ("cubic.sim",):
+            raise
+        raise SpecError("the simulated cluster (cubic.sim) is not available in this installation",
+                        field="--simulate") from None
+    return SimulatedRunner.from_spec(spec)
+
+
+def _make_runner(args: argparse.Namespace):
+    if args.simulate:
+        return _simulated_runner(args.simulate)
+    return _local_runner(args.timeout, args.device)
+
+
+def _expected_fingerprint_hash(runner: Any) -> str | None:
+    """The fingerprint hash the runner's result will carry, so the store can serve a repeat.
+
+    A runner may say so itself (``fingerprint_hash()``); for a local run it is this machine's
+    fingerprint on the device the runner resolves to. None: caching is not possible.
+    """
+    own = getattr(runner, "fingerprint_hash", None)
+    if callable(own):
+        return own()
+    if isinstance(own, str):
+        return own
+    if getattr(runner, "source", "measured") != "measured":
+        return None
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+
+    device = getattr(runner, "device", "auto")
+    if device in (None, "auto"):
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return fingerprint_hash(fingerprint(str(device)))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cubic.config import Config, load_config
+    from cubic.report import print_result
+    from cubic.workloads import load_workload
+
+    workload = load_workload(args.workload)
+    config = load_config(args.config) if args.config else Config()
+    config.apply(workload)  # bad knobs or batch are bad input: say so now, not from the child
+    json_out = _writable_path(args.json_out, "--json") if args.json_out else None
+    runner = _make_runner(args)
+    store = open_store(args)
+    source = getattr(runner, "source", "measured")
+    fp_hash = None if args.force else _expected_fingerprint_hash(runner)
+    cached = None
+    if fp_hash is not None:
+        cached = store.cached_trial(workload.content_hash(), config.content_hash(), fp_hash, source,
+                                    steps=args.steps, warmup=args.warmup)
+    if cached is not None:
+        result, trial_id = cached.result, cached.id
+    else:
+        label = "SIMULATED " if source == "simulated" else ""
+        with progress_bar(f"{label}{workload.name}: {args.steps} steps") as callback:
+            result = runner.run(workload, config, steps=args.steps, warmup=args.warmup, progress=callback)
+        trial_id = store.record(workload, config, result, steps=args.steps, warmup=args.warmup)
+    print_result(result, stdout_console(), trial_id=trial_id, served_from_store=cached is not None)
+    if json_out is not None:
+        json_out.write_text(result.model_dump_json(indent=2) + "\n")
+    return 0 if result.ok else 1
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="train a workload for a few steps and measure it (or simulate it on a cluster)",
+        description="Run warm-up plus N timed training steps of a workload under a co-design config, record "
+                    "the result in the trial store and print it. A repeated run of the same config, length and "
+                    "machine fingerprint is served from the store unless --force. Exit 0 ok, 1 failed run "
+                    "(recorded), 2 bad input.",
+    )
+    p.add_argument("--workload", required=True, metavar="NAME|FILE", help="an embedded default name or a workload file")
+    p.add_argument("--config", metavar="FILE", help="co-design config (JSON or YAML); default: all defaults")
+    p.add_argument("--steps", type=_positive_int, default=50, help="timed training steps (default 50)")
+    p.add_argument("--warmup", type=_nonnegative_int, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+                   help="time limit of the run in seconds (default 600)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
+    p.add_argument("--force", action="store_true", help="run even if the store holds this trial already")
+    p.add_argument("--json", dest="json_out", metavar="OUT", help="write the Result as JSON to this file")
+    p.add_argument("--simulate", metavar="CLUSTERxN",
+                   help="simulate on a modelled cluster instead of measuring, e.g. h100x64 (SIMULATED output)")
+    add_store_argument(p)
+    p.set_defaults(func=cmd_run)
+
+
+# -- trials ---------------------------------------------------------------------------------------
+
+def _filters(args: argparse.Namespace, store: Any) -> dict[str, Any]:
+    campaign = args.campaign
+    if campaign is not None and campaign.isdigit() and store.get_campaign(campaign) is None:
+        campaign = int(campaign)  # a campaign id
+    return dict(campaign=campaign, workload=args.workload, source=args.source, status=args.status,
+                limit=args.limit)
+
+
+def cmd_trials_list(args: argparse.Namespace) -> int:
+    from cubic.report import trials_table
+
+    store = open_store(args)
+    trials = store.trials(**_filters(args, store))
+    if args.json:
+        print(json.dumps([t.model_dump(mode="json", exclude={"result"}) for t in trials], indent=2))
+        return 0
+    console = stdout_console()
+    if not trials:
+        console.print("no trials match")
+        return 0
+    console.print(trials_table(trials))
+    return 0
+
+
+def cmd_trials_show(args: argparse.Namespace) -> int:
+    from cubic.report import print_result
+
+    trial = open_store(args).get_trial(args.id)
+    if trial is None:
+        raise SpecError(f"no trial {args.id} in the store", field="ID")
+    if args.json:
+        print(json.dumps(trial.model_dump(mode="json"), indent=2))
+        return 0
+    console = stdout_console()
+    print_result(trial.result, console, trial_id=trial.id)
+    console.print(f"recorded {trial.created_at:%Y-%m-%d %H:%M:%S} UTC | code {trial.code_version} | "
+                  f"attempt {trial.attempt} | steps {trial.steps} warm-up {trial.warmup} | "
+                  f"fingerprint {trial.fingerprint_hash}")
+    console.print_json(json.dumps(trial.config))
+    return 0
+
+
+def cmd_trials_export(args: argparse.Namespace) -> int:
+    out = _writable_path(args.out, "--out")
+    fmt = args.format or ("parquet" if out.suffix.lower() == ".parquet" else "csv")
+    store = open_store(args)
+    n = store.export(out, fmt, **_filters(args, store))
+    print(f"wrote {n} trial{'s' if n != 1 else ''} to {out} ({fmt})")
+    return 0
+
+
+def _add_trial_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--campaign", metavar="NAME|ID", help="only trials of this campaign")
+    p.add_argument("--workload", metavar="NAME", help="only trials of this workload")
+    p.add_argument("--source", choices=["measured", "simulated"],
+                   help="only measured or only simulated trials (default: both, labelled)")
+    p.add_argument("--status", choices=["ok", "failed"], help="only ok or only failed trials")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the newest N")
+    add_store_argument(p)
+
+
+def _add_trials(sub: Any) -> None:
+    p = sub.add_parser("trials", help="list, show and export the recorded trials",
+                       description="The trial store: every run, measured or simulated, ok or failed.")
+    verbs = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    ls = verbs.add_parser("list", help="recorded trials as a table", description="Recorded trials, oldest first.")
+    _add_trial_filters(ls)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_trials_list)
+    show = verbs.add_parser("show", help="one trial in full", description="One trial: its result and config.")
+    show.add_argument("id", type=_positive_int, metavar="ID", help="trial id (see 'cubic trials list')")
+    show.add_argument("--json", action="store_true", help="the stored trial and full Result as JSON")
+    add_store_argument(show)
+    show.set_defaults(func=cmd_trials_show)
+    ex = verbs.add_parser("export", help="write trials to CSV or Parquet (one row per trial, metrics flattened)",
+                          description="Write trials to CSV or Parquet via pandas: one row per trial, "
+                                      "metrics.* and phases_ms.* columns flattened, config as JSON.")
+    ex.add_argument("--format", choices=["csv", "parquet"], help="default: from --out's suffix, else csv")
+    ex.add_argument("--out", required=True, metavar="PATH", help="output file")
+    _add_trial_filters(ex)
+    ex.set_defaults(func=cmd_trials_export)
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+def register_plugins(sub: Any, modules: Sequence[str] = PLUGINS) -> list[str]:
+    """Import each present plugin module and let it add its nouns; returns those registered."""
+    registered = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # skip only when the plugin itself (or its package) is absent, not a missing dependency
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                continue
+            raise
+        module.register(sub)
+        registered.append(name)
+    return registered
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cubic",
+        description="cubic: sharding plans, FP8 placement and co-design search for training recommendation "
+                    "models. Every run lands in the trial store.",
+    )
+    parser.add_argument("--version", action="version", version=f"cubic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    _add_workloads(sub)
+    _add_run(sub)
+    _add_trials(sub)
+    register_plugins(sub)
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit as e:  # argparse: --help (0) and usage errors (2), already printed
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        print("cubic: interrupted", file=sys.stderr)
+        return 130
+    except (SpecError, ValueError) as e:
+        print(f"cubic: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `cubic trials list | head`: the reader left; stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # unreadable input, unwritable output
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"cubic: error: {where}{e.strerror or _one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if isinstance(e, SQLAlchemyError):  # the store failed mid-command: not bad input, but one line
+            print(f"cubic: store error: {_one_line(getattr(e, 'orig', None) or e)[:300]}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
