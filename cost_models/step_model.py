@@ -1,0 +1,837 @@
+"""Analytical step-time model of recommendation-model training on a GPU cluster (SIMULATED).
+
+Nothing here is measured: it predicts one training step of a workload + co-design config on
+``world_size`` ranks of a :class:`~cost_models.hardware.ClusterSpec`, from first principles and the
+public figures in ``cost_models/hardware.py``. Every figure it produces is *simulated*.
+
+What one step is, per rank, on the critical path (TorchRec-style hybrid parallelism):
+
+1. input all-to-all: ids and lengths of the rank's local batch go to the ranks owning each shard
+   (pipelined behind the previous step's dense compute, as TorchRec's ``TrainPipelineSparseDist``);
+2. embedding lookup forward (HBM-bandwidth bound: ids x row bytes rounded up to 32-byte sectors,
+   minus the share served by L2 for the hottest rows of skewed tables);
+3. output all-to-all: pooled embeddings back to the data-parallel ranks (row-wise shards send
+   partial sums, column-wise shards their columns);
+4. dense forward and backward: every GEMM of the dense architecture via ``cost_models.gpu_gemm``
+   (precision and FP8 recipe per site, small-GEMM efficiency, cast kernels);
+5. data-parallel all-reduce of dense gradients (hierarchical: NVLink inside a node, ring or tree
+   between nodes, whichever is faster), overlapped with the backward by the ``overlap`` fraction;
+6. output all-to-all backward (embedding gradients), embedding backward with the fused row-wise
+   AdaGrad update of each unique row touched (unique rows from the Zipf access skew);
+7. 2D sparse parallelism only: all-reduce of the embedding gradients of the rows touched (the union
+   over replicas) across the ``world_size / group_size`` replicas of each shard;
+8. dense optimizer (Adam: bandwidth-bound read/write of params, grads and two moments).
+
+Every collective is alpha-beta (Hockney): a latency per collective step, a per-peer overhead for
+all-to-all messages, and bytes over the per-GPU link bandwidth times an efficiency. The slowest
+rank of a group sets the pace of each all-to-all (they are synchronisation points), so load
+imbalance of the sharding plan shows up directly.
+
+Sharding: an explicit plan document in ``Config.sharding.plan`` (the sharding plan schema: shards
+with table, sharding_type, rank, rows, cols) is used as given; otherwise the model places tables with
+its own simple greedy planner (:func:`greedy_plan`: table-wise, split column-wise or row-wise when a
+table's cost exceeds the per-rank target or its bytes exceed the memory budget, then
+longest-processing-time placement). ``Config.sharding.group_size`` = G < world_size is 2D sparse
+parallelism (model-parallel groups of G ranks, embeddings replicated world_size/G times).
+
+Not modelled: network congestion/incast and non-full-bisection fabrics, stragglers and jitter,
+kernel-level overlap of embedding and dense compute on separate streams, host-side input pipeline,
+prefetch/UVM caching of tables beyond HBM, quantized communication, and model quality (loss, NE).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
+from cost_models.hardware import ClusterSpec, DeviceSpec
+from cubic.config import Config
+from cubic.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Workload, WukongArch
+
+SECTOR_BYTES = 32  # GPU DRAM access granularity: a row read costs whole 32-byte sectors
+ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
+LENGTH_BYTES = 4  # int32 lengths per (example, table)
+EMB_BYTES = 4  # fp32 embedding weights and pooled outputs/gradients (FBGEMM TBE default)
+MIN_CW_COLS = 16  # smallest column-wise shard modelled (64-byte rows; narrower wastes sectors)
+
+# public sources (or stated assumptions) of the model's own constants; the hardware figures are in
+# cost_models/hardware.py and the GEMM model's in cost_models/gpu_gemm.py
+PARAM_SOURCES = {
+    "hbm_eff": ("modelling assumption: FBGEMM TBE lookups reach ~60-70% of HBM bandwidth for rows of "
+                ">= 64 bytes (gather of random rows; sector rounding is modelled separately)"),
+    "nvlink_eff": "modelling assumption: NCCL bus bandwidth ~80% of the NVLink rate (nccl-tests on DGX H100)",
+    "net_eff": "modelling assumption: NCCL bus bandwidth ~80% of the 400 Gb/s NIC rate across nodes",
+    "overlap": "modelling assumption: DDP bucketed all-reduce hides behind ~80% of the backward compute",
+    "a2a_peer_overhead_s": ("modelling assumption (LogP-style per-message overhead): NCCL all-to-all posts "
+                            "one send+recv per peer; ~1 us of proxy/NIC work per message does not overlap"),
+    "l2_bytes": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 50 MB L2 cache",
+    "l2_bw_ratio": "modelling assumption: L2 hit bandwidth ~1.6x HBM (public H100 microbenchmarks ~5.5 TB/s)",
+    "reserved_bytes": "modelling assumption: CUDA context, NCCL buffers and allocator fragmentation ~3 GB",
+    "sort_passes": "modelling assumption: radix sort of int64 ids in the TBE backward ~4 read+write passes",
+}
+
+
+class StepModelParams(Frozen):
+    """Efficiency factors and constants of the step model; calibration fits some of them.
+
+    ``gemm_eff`` scales the GEMM model's throughput (1.0 = ``cost_models.gpu_gemm`` as is);
+    ``hbm_eff``/``nvlink_eff``/``net_eff`` are achieved fractions of the datasheet bandwidths;
+    ``overlap`` the fraction of backward compute that hides the dense all-reduce;
+    ``step_overhead_s`` a fixed per-step cost (launches, Python, synchronisation).
+    """
+
+    gemm_eff: float = Field(default=1.0, gt=0.0, le=10.0)
+    hbm_eff: float = Field(default=0.65, gt=0.0, le=1.0)
+    nvlink_eff: float = Field(default=0.80, gt=0.0, le=1.0)
+    net_eff: float = Field(default=0.80, gt=0.0, le=1.0)
+    overlap: float = Field(default=0.80, ge=0.0, le=1.0)
+    step_overhead_s: float = Field(default=0.0, ge=0.0, le=10.0)
+    a2a_peer_overhead_s: float = Field(default=1e-6, ge=0.0, le=1e-3)
+    l2_bytes: float = Field(default=50e6, ge=0.0)
+    l2_bw_ratio: float = Field(default=1.6, ge=1.0, le=100.0)
+    reserved_bytes: float = Field(default=3e9, ge=0.0)
+    sort_passes: float = Field(default=4.0, ge=0.0, le=64.0)
+    pipeline_input_dist: bool = True
+    emb_sync: Literal["gradients", "weights"] = Field(
+        default="weights",
+        description=("2D replica synchronisation: 'gradients' = every step, all-reduce the gradients of the rows "
+                     "touched by any replica; 'weights' = TorchRec DMPCollection.sync(): all-reduce (average) "
+                     "the whole shard weights and optimizer state every emb_sync_interval steps"))
+    emb_sync_interval: int = Field(default=100, ge=1, le=1_000_000,
+                                   description="steps between weight syncs (emb_sync='weights' only)")
+    gemm_constants: dict[str, Any] = Field(default_factory=dict,
+                                           description="overrides of gpu_gemm.GemmConstants (e.g. num_sms for a CPU)")
+
+    def gemm_constants_obj(self) -> GemmConstants:
+        if not self.gemm_constants:
+            return DEFAULT_CONSTANTS
+        import dataclasses
+
+        return dataclasses.replace(DEFAULT_CONSTANTS, **self.gemm_constants)
+
+
+DEFAULT_PARAMS = StepModelParams()
+
+
+# --------------------------------------------------------------------------------------------
+# Access skew: unique rows touched and L2 hit rate under Zipf(alpha) over `rows` ids
+
+
+def _zipf_grid(rows: np.ndarray, alpha: np.ndarray, points: int = 96) -> tuple[np.ndarray, np.ndarray]:
+    """Rank grid per table: (representative rank i, how many ranks it stands for), exact up to 32."""
+    exact = np.arange(1, 33, dtype=np.float64)
+    frac = np.linspace(0.0, 1.0, points + 1)
+    out_i, out_w = [], []
+    for r in rows:
+        r = float(r)
+        if r <= 32:
+            i = np.arange(1, int(r) + 1, dtype=np.float64)
+            w = np.ones_like(i)
+        else:
+            edges = np.unique(np.floor(32.5 * (r / 32.5) ** frac))  # geometric buckets (33, r]
+            lo, hi = edges[:-1] + 1, edges[1:]
+            keep = hi >= lo
+            lo, hi = lo[keep], hi[keep]
+            i = np.concatenate([exact, np.sqrt(lo * hi)])
+            w = np.concatenate([np.ones(32), hi - lo + 1])
+        out_i.append(i)
+        out_w.append(w)
+    n = max(len(x) for x in out_i)
+    I = np.ones((len(rows), n))
+    Wt = np.zeros((len(rows), n))
+    for k, (i, w) in enumerate(zip(out_i, out_w)):
+        I[k, : len(i)] = i
+        Wt[k, : len(w)] = w
+    return I, Wt
+
+
+def zipf_stats(n_ids: np.ndarray, rows: np.ndarray, alpha: np.ndarray, cache_rows: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Expected unique rows among ``n_ids`` Zipf draws, and the access share of the hottest ``cache_rows``."""
+    n_ids, rows, alpha = (np.asarray(x, dtype=np.float64) for x in (n_ids, rows, alpha))
+    if n_ids.size == 0:
+        return n_ids.copy(), n_ids.copy()
+    I, Wt = _zipf_grid(rows, alpha)
+    logp = -alpha[:, None] * np.log(I)
+    p = np.exp(logp - logp.max(axis=1, keepdims=True)) * (Wt > 0)
+    p = p / (p * Wt).sum(axis=1, keepdims=True)
+    unique = (Wt * -np.expm1(-n_ids[:, None] * p)).sum(axis=1)
+    unique = np.minimum(unique, np.minimum(rows, n_ids))
+    if cache_rows is None:
+        return unique, np.zeros_like(unique)
+    c = np.asarray(cache_rows, dtype=np.float64)[:, None]
+    # share of accesses to ranks <= cache_rows (partial bucket counted proportionally)
+    lo = np.concatenate([np.zeros((I.shape[0], 1)), np.cumsum(Wt, axis=1)[:, :-1]], axis=1)
+    covered = np.clip(c - lo, 0.0, Wt)
+    hit = (p * covered).sum(axis=1)
+    return unique, np.clip(hit, 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Dense architecture -> GEMM sites (the one place the layer list is derived from the arch)
+
+
+@dataclass(frozen=True)
+class DenseSite:
+    """One GEMM of the dense part: ``[m, k] @ [k, n]``; ``linear`` sites are nn.Linear (FP8-eligible)."""
+
+    name: str
+    m: int
+    k: int
+    n: int
+    kind: str = "linear"  # "linear" | "bmm" (activation x activation, stays in the base precision)
+    norm_before: bool = False
+    act_after: str | None = None
+
+    @property
+    def params(self) -> int:
+        return self.k * self.n if self.kind == "linear" else 0
+
+    @property
+    def flops_fwd(self) -> float:
+        return 2.0 * self.m * self.k * self.n
+
+
+def _mlp(prefix: str, m: int, sizes: list[int], d_in: int, *, norm_first: bool = False) -> list[DenseSite]:
+    out, k = [], d_in
+    for j, n in enumerate(sizes):
+        last = j == len(sizes) - 1
+        out.append(DenseSite(f"{prefix}.{j}", m, k, n, norm_before=norm_first and j == 0,
+                             act_after=None if (last and n == 1) else "relu"))
+        k = n
+    return out
+
+
+def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
+    """Every GEMM of the workload's dense architecture at ``batch`` rows (per-rank batch)."""
+    arch, B = workload.dense_arch, batch
+    F = workload.data.num_dense_features
+    tables = workload.tables
+    sites: list[DenseSite] = []
+    if isinstance(arch, WukongArch):
+        d = arch.emb_dim
+        if F:
+            sites.append(DenseSite("dense_proj", B, F, d, act_after="relu"))
+        # per-table projection to the common width d, batched per distinct table dim
+        for dim in sorted({t.dim for t in tables if t.dim != d}):
+            cnt = sum(1 for t in tables if t.dim == dim)
+            sites.append(DenseSite(f"emb_proj.d{dim}", B * cnt, dim, d))
+        n_in = len(tables) + (1 if F else 0)
+        for i in range(arch.num_layers):
+            p = f"layers.{i}"
+            n_out = arch.num_emb_lcb + arch.num_emb_fmb
+            # optimized FM: X^T Y (learned n x k projection), then X (X^T Y) per example
+            sites.append(DenseSite(f"{p}.fmb.proj", B * d, n_in, arch.rank_fmb))
+            sites.append(DenseSite(f"{p}.fmb.fm", B * n_in, d, arch.rank_fmb, kind="bmm"))
+            widths = [arch.mlp_width] * arch.fmb_mlp_layers
+            k = n_in * arch.rank_fmb
+            for j, w in enumerate(widths):
+                sites.append(DenseSite(f"{p}.fmb.mlp.{j}", B, k, w, norm_before=(j == 0 and arch.layer_norm),
+                                       act_after="relu"))
+                k = w
+            sites.append(DenseSite(f"{p}.fmb.out", B, k, arch.num_emb_fmb * d))
+            sites.append(DenseSite(f"{p}.lcb", B * d, n_in, arch.num_emb_lcb))
+            if n_in != n_out:
+                sites.append(DenseSite(f"{p}.residual", B * d, n_in, n_out))
+            n_in = n_out
+        sites += _mlp("top", B, list(arch.top_mlp), n_in * d, norm_first=arch.layer_norm)
+    elif isinstance(arch, DLRMArch):
+        d = arch.bottom_mlp[-1]
+        if F:
+            sites += _mlp("bottom", B, list(arch.bottom_mlp), F)
+        for dim in sorted({t.dim for t in tables if t.dim != d}):
+            cnt = sum(1 for t in tables if t.dim == dim)
+            sites.append(DenseSite(f"emb_proj.d{dim}", B * cnt, dim, d))
+        n = len(tables) + (1 if F else 0)
+        sites.append(DenseSite("interaction", B * n, d, n, kind="bmm"))
+        sites += _mlp("top", B, list(arch.top_mlp), d + n * (n - 1) // 2)
+    elif isinstance(arch, DMTArch):
+        groups = sorted({t.feature_group for t in tables})
+        towers: list[list[Table]] = [[] for _ in range(arch.num_towers)]
+        for gi, g in enumerate(groups):
+            towers[gi % arch.num_towers] += [t for t in tables if t.feature_group == g]
+        for j, ts in enumerate(towers):
+            if ts:
+                sites += _mlp(f"towers.{j}", B, list(arch.tower_mlp) + [arch.tower_dim], sum(t.dim for t in ts))
+        if F:
+            sites.append(DenseSite("dense_proj", B, F, arch.tower_dim, act_after="relu"))
+        n_towers = sum(1 for ts in towers if ts) + (1 if F else 0)
+        sites += _mlp("top", B, list(arch.top_mlp), n_towers * arch.tower_dim)
+    else:  # pragma: no cover - DenseArch is a closed union
+        raise SpecError(f"unknown dense arch {type(arch).__name__}", field="dense_arch")
+    return sites
+
+
+def split_k_gemm_s(m: int, k: int, n: int, precision: str, recipe: str | None, device: DeviceSpec,
+                   consts: GemmConstants) -> float:
+    """GEMM time allowing split-K, which cuBLAS picks when few output tiles cannot fill the SMs.
+
+    ``cost_models.gpu_gemm`` has no split-K; a K split in ``s`` parts runs like an ``(s*m, k/s, n)``
+    GEMM (s times the CTAs) followed by a reduction of ``s`` fp32 partial outputs. Without it, weight
+    gradients of ``[B*d, n_emb]``-shaped layers (tiny output, huge K) would use 1-3% of the SMs.
+    """
+    best = gemm_time_s(m, k, n, precision, recipe, device, constants=consts)
+    s = 2
+    while s <= 64 and k // s >= 256:
+        red = (s * m * n * 4 + m * n * 4) / (device.hbm_bw * consts.achievable_mem_frac) + consts.kernel_overhead_s
+        best = min(best, gemm_time_s(m * s, k // s, n, precision, recipe, device, constants=consts) + red)
+        s *= 2
+    return best
+
+
+def _site_precisions(sites: list[DenseSite], config: Config) -> dict[str, tuple[str, str | None]]:
+    """(precision, recipe) per site from the config's dense dtype and FP8 policy."""
+    base = "bf16" if config.kernels.dense_dtype == "bf16" else "fp32"
+    fp8 = config.fp8
+    placed: dict[str, str] = {}
+    if fp8.policy == "placement":
+        doc = fp8.placement or {}
+        entries = doc.get("sites", doc.get("placements", []))
+        if isinstance(entries, dict):
+            entries = [dict(v, site=k) if isinstance(v, dict) else {"site": k, "recipe": v} for k, v in entries.items()]
+        for e in entries if isinstance(entries, list) else []:
+            if isinstance(e, dict):
+                name = e.get("site") or e.get("name") or e.get("module")
+                recipe = e.get("recipe")
+                if isinstance(recipe, dict):
+                    recipe = recipe.get("scaling") or recipe.get("name")
+                if name and recipe and recipe not in ("bf16", "fp32", "off", "none"):
+                    placed[str(name)] = str(recipe)
+    out: dict[str, tuple[str, str | None]] = {}
+    for s in sites:
+        eligible = s.kind == "linear" and s.n >= 16 and s.k >= 16
+        if eligible and fp8.policy in ("all", "budget"):
+            out[s.name] = ("fp8", fp8.recipe)
+        elif eligible and fp8.policy == "placement" and any(s.name == k or s.name.endswith("." + k) or k.endswith(s.name)
+                                                            for k in placed):
+            key = next(k for k in placed if s.name == k or s.name.endswith("." + k) or k.endswith(s.name))
+            out[s.name] = ("fp8", placed[key] if placed[key] in ("tensorwise", "rowwise", "block128", "mx32")
+                           else fp8.recipe)
+        else:
+            out[s.name] = (base, None)
+    return out
+
+
+@dataclass
+class DenseCost:
+    fwd_s: float
+    bwd_s: float
+    params: int
+    activation_bytes: float
+    flops_fwd: float
+    precisions: dict[str, int]
+
+
+def dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSpec,
+               params: StepModelParams = DEFAULT_PARAMS) -> DenseCost:
+    """Forward/backward time of the dense part on one rank, its parameter count and saved activations."""
+    consts = params.gemm_constants_obj()
+    sites = dense_sites(workload, batch)
+    prec = _site_precisions(sites, config)
+    fwd = bwd = act = 0.0
+    counts: dict[str, int] = {}
+    for s in sites:
+        p, recipe = prec[s.name]
+        counts[p] = counts.get(p, 0) + 1
+        eb = 4 if p == "fp32" else 2
+        if s.kind == "bmm":
+            # X (X^T Y)-style batched products: fwd one GEMM, bwd two of the same size
+            t = split_k_gemm_s(s.m, s.k, s.n, p if p != "fp8" else "bf16", None, device, consts)
+            fwd += t
+            bwd += 2 * t
+            act += s.m * (s.k + s.n) * eb
+            continue
+        shapes = {"gemm.fwd": (s.m, s.k, s.n), "gemm.grad_input": (s.m, s.n, s.k),
+                  "gemm.grad_weight": (s.n, s.m, s.k)}
+        for kern in linear_block_kernels(s.m, s.k, s.n, p, recipe, norm_before=s.norm_before,
+                                         act_after=s.act_after, device=device, constants=consts):
+            t = kern.time_s
+            if kern.name in shapes:
+                t = min(t, split_k_gemm_s(*shapes[kern.name], p, recipe, device, consts))
+            if kern.phase == "fwd":
+                fwd += t
+            else:
+                bwd += t
+        # saved for backward: the input (and the norm's input), the output for the activation
+        act += s.m * s.k * (1 if p == "fp8" else eb) + s.m * s.n * eb * (1 if s.act_after else 0)
+        act += s.m * s.k * eb if s.norm_before else 0
+    return DenseCost(fwd / params.gemm_eff, bwd / params.gemm_eff, sum(s.params for s in sites), act,
+                     sum(s.flops_fwd for s in sites), counts)
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding plan: shards of tables on the ranks of one model-parallel group
+
+
+@dataclass
+class ShardLoad:
+    """One shard on one group rank, with its per-step work for the group's batch."""
+
+    table: int  # index into the workload's tables
+    kind: str  # table_wise | column_wise | row_wise | table_row_wise | data_parallel
+    rank: int
+    rows: int
+    cols: int
+    id_share: float  # share of the table's ids this shard processes (row-wise: its rows' share)
+    k: int = 1  # number of shards of this table
+
+
+def _shard_time_s(t: Table, rows: float, cols: float, n_ids: float, out_rows: float, hit: float,
+                  unique: float, dev: DeviceSpec, params: StepModelParams, sgd: bool) -> tuple[float, float, float]:
+    """(forward, backward, row-update) time of one shard's lookups on its rank."""
+    bw = dev.hbm_bw * params.hbm_eff
+    row_b = cols * EMB_BYTES
+    sector_b = math.ceil(row_b / SECTOR_BYTES) * SECTOR_BYTES
+    gather = n_ids * ((1.0 - hit) * sector_b / bw + hit * row_b / (bw * params.l2_bw_ratio))
+    ids_io = n_ids * ID_BYTES / bw
+    out_io = out_rows * row_b / bw  # write pooled outputs (fwd) / read their gradients (bwd)
+    fwd = gather + ids_io + out_io
+    # backward: sort ids, read pooled grads, accumulate per id, then update each unique row
+    bwd = ids_io * params.sort_passes * 2 + out_io + gather
+    upd_b = unique * (2 * sector_b + (0 if sgd else 2 * EMB_BYTES))  # read+write row (+ AdaGrad state)
+    return fwd, bwd, upd_b / bw
+
+
+def _shard_cost_s(t: Table, rows: float, cols: float, share: float, kind: str, G: int, batch: int,
+                  device: DeviceSpec, link_bw: float, params: StepModelParams, sync_s_per_byte: float = 0.0) -> float:
+    """Planner's per-step cost of one shard on its rank: lookups (no cache), its all-to-all traffic and
+    (2D with weight averaging) its amortized replica sync.
+
+    Column-wise pieces send their columns and receive every id; row-wise pieces receive their share
+    of ids but send partial sums of the full width for every example of the group.
+    """
+    n = batch * G * t.pooling_factor * share
+    compute = sum(_shard_time_s(t, rows, cols, n, batch * G, 0.0, min(n, rows), device, params, False))
+    out_cols = t.dim if kind in ("row_wise", "table_row_wise") else cols
+    peers = G - 1
+    comm = (2 * batch * peers * out_cols * EMB_BYTES + batch * peers * t.pooling_factor * share * ID_BYTES) / link_bw
+    return compute + comm + sync_s_per_byte * rows * (cols + 1) * EMB_BYTES
+
+
+def greedy_plan(workload: Workload, group_size: int, batch: int, cluster: ClusterSpec, mem_budget: float,
+                params: StepModelParams = DEFAULT_PARAMS, replicas: int = 1) -> list[ShardLoad]:
+    """The simulator's own simple planner; raises MemoryError when the tables cannot fit the group.
+
+    Each table is one table-wise shard unless its cost (lookups + its all-to-all traffic + amortized
+    replica sync) exceeds the per-rank target ``total / G`` -- then it is split column-wise (down to
+    16-column pieces) or row-wise, whichever gives the cheaper pieces -- or its bytes exceed the
+    memory budget. Shards are placed
+    longest-first on the least-loaded rank with room (LPT); a table that finds no room is split
+    twice as finely and the placement retried.
+    """
+    G = group_size
+    link = (cluster.network_bw * params.net_eff if G > cluster.ranks_per_node
+            else cluster.nvlink_bw * params.nvlink_eff)
+    sync = (2.0 / (cluster.network_bw * params.net_eff) / params.emb_sync_interval
+            if replicas > 1 and params.emb_sync == "weights" else 0.0)
+    min_k: dict[int, int] = {}
+    for _ in range(64):
+        try:
+            return _place(workload, G, batch, cluster.device, link, sync, mem_budget, params, min_k)
+        except _NoRoom as e:
+            if e.k >= G:
+                raise MemoryError(str(e)) from None
+            min_k[e.table] = min(G, 2 * e.k)
+    raise MemoryError("no feasible placement found")  # pragma: no cover
+
+
+class _NoRoom(Exception):
+    def __init__(self, msg: str, table: int, k: int):
+        super().__init__(msg)
+        self.table, self.k = table, k
+
+
+def _place(workload: Workload, G: int, batch: int, device: DeviceSpec, link_bw: float, sync: float,
+           mem_budget: float, params: StepModelParams, min_k: dict[int, int]) -> list[ShardLoad]:
+    def cost_of(t: Table, rows: float, cols: float, share: float, kind: str) -> float:
+        return _shard_cost_s(t, rows, cols, share, kind, G, batch, device, link_bw, params, sync)
+
+    # equal pieces cost about the same: price one representative piece per (kind, k), build the rest later
+    def cw_cost(ti: int, k: int) -> float:
+        t = tables[ti]
+        return cost_of(t, t.rows, -(-t.dim // k), 1.0, "column_wise")
+
+    def rw_cost(ti: int, k: int) -> float:
+        t = tables[ti]
+        rows = -(-t.rows // k)
+        return cost_of(t, rows, t.dim, rows / t.rows, "row_wise")
+
+    def build(ti: int, kind: str, k: int) -> list[ShardLoad]:
+        t = tables[ti]
+        if kind == "column_wise":
+            base, extra = divmod(t.dim, k)
+            return [ShardLoad(ti, kind, -1, t.rows, base + (1 if j < extra else 0), 1.0, k) for j in range(k)]
+        base, extra = divmod(t.rows, k)
+        return [ShardLoad(ti, kind, -1, base + (1 if j < extra else 0), t.dim, (base + (1 if j < extra else 0)) / t.rows, k)
+                for j in range(k)]
+
+    tables = workload.tables
+    full = np.array([cost_of(t, t.rows, t.dim, 1.0, "table_wise") for t in tables])
+    target = full.sum() / G
+    shards: list[ShardLoad] = []
+    costs: list[float] = []
+    for ti, t in enumerate(tables):
+        nbytes = t.rows * t.dim * EMB_BYTES + t.rows * EMB_BYTES
+        k_mem = min(G, max(math.ceil(nbytes / max(mem_budget, 1.0)), min_k.get(ti, 1)))
+        k_need = min(G, max(k_mem, math.ceil(full[ti] / target) if target > 0 else 1))
+        if k_need <= 1:
+            shards.append(ShardLoad(ti, "table_wise", -1, t.rows, t.dim, 1.0))
+            costs.append(full[ti])
+            continue
+        options = []  # (piece cost, total cost, kind, k)
+        k_cw = min(k_need, t.dim // MIN_CW_COLS)
+        if k_cw >= max(2, k_mem):
+            c = cw_cost(ti, k_cw)
+            options.append((c, c * k_cw, "column_wise", k_cw))
+        # row-wise: the fewest pieces whose cost is within 5% of the best a row-wise split can reach
+        ks = sorted({k_mem, *[2 ** e for e in range(1, 20) if k_mem < 2 ** e < G], G} - {0, 1})
+        rw_opts = [(rw_cost(ti, k), k) for k in ks]
+        floor = min(c for c, _ in rw_opts)
+        c, k = next(o for o in rw_opts if o[0] <= max(1.05 * floor, target))
+        options.append((c, c * k, "row_wise", k))
+        c, _, kind, k = min(options)
+        pieces = build(ti, kind, k)
+        shards += pieces
+        costs += [c] * len(pieces)
+    # longest-processing-time placement under the memory budget
+    mem = np.zeros(G)
+    load = np.zeros(G)
+    taken: dict[int, list[int]] = {}
+    for idx in np.argsort(costs, kind="stable")[::-1]:
+        s = shards[idx]
+        need = s.rows * s.cols * EMB_BYTES + s.rows * EMB_BYTES
+        fits = mem + need <= mem_budget
+        if s.k > 1 and s.table in taken:  # pieces of one table go to distinct ranks
+            fits[taken[s.table]] = False
+        if not fits.any():
+            raise _NoRoom(f"table {tables[s.table].name}: a {need / 1e9:.1f} GB shard fits no rank's embedding "
+                          f"budget ({mem_budget / 1e9:.1f} GB) in the group of {G}", s.table, s.k)
+        cand = np.where(fits)[0]
+        r = int(cand[np.argmin(load[cand])])
+        s.rank = r
+        taken.setdefault(s.table, []).append(r)
+        mem[r] += need
+        load[r] += costs[idx]
+    return shards
+
+
+def plan_from_document(doc: dict[str, Any], workload: Workload) -> tuple[int, list[ShardLoad]]:
+    """Shards of a sharding plan document (``Config.sharding.plan``): its group size and shard loads."""
+    index = {t.name: i for i, t in enumerate(workload.tables)}
+    try:
+        G = int(doc.get("group_size") or doc["world_size"])
+        raw = doc["shards"]
+    except (KeyError, TypeError, ValueError):
+        raise SpecError("plan document needs group_size/world_size and shards", field="sharding.plan") from None
+    per_table: dict[int, int] = {}
+    out: list[ShardLoad] = []
+    for j, s in enumerate(raw):
+        try:
+            ti = index[s["table"]]
+            t = workload.tables[ti]
+            kind = s.get("sharding_type", "table_wise")
+            rows, cols = int(s.get("rows", t.rows)), int(s.get("cols", t.dim))
+            rank = int(s["rank"])
+        except (KeyError, TypeError, ValueError):
+            raise SpecError(f"shard {j} is malformed or names an unknown table", field=f"sharding.plan.shards.{j}") from None
+        if not 0 <= rank < G:
+            raise SpecError(f"rank {rank} outside the group of {G}", field=f"sharding.plan.shards.{j}.rank")
+        share = 1.0 if kind in ("table_wise", "column_wise", "data_parallel") else rows / t.rows
+        out.append(ShardLoad(ti, kind, rank, rows, cols, share))
+        per_table[ti] = per_table.get(ti, 0) + 1
+    missing = [t.name for i, t in enumerate(workload.tables) if i not in per_table]
+    if missing:
+        raise SpecError(f"plan does not place table {missing[0]!r}", field="sharding.plan.shards")
+    for s in out:
+        s.k = per_table[s.table]
+    return G, out
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives (alpha-beta)
+
+
+def _inter_allreduce_s(nbytes: float, nodes: int, bw: float, alpha: float) -> float:
+    if nodes <= 1 or nbytes <= 0:
+        return 0.0
+    ring = 2 * (nodes - 1) / nodes * nbytes / bw + 2 * (nodes - 1) * alpha
+    tree = 2 * nbytes / bw + 2 * math.ceil(math.log2(nodes)) * alpha  # NCCL double binary tree
+    return min(ring, tree)
+
+
+def allreduce_s(nbytes: float, members_per_node: int, nodes: int, cluster: ClusterSpec,
+                params: StepModelParams) -> float:
+    """Hierarchical all-reduce: reduce-scatter on NVLink, all-reduce of 1/L across nodes, all-gather."""
+    if nbytes <= 0 or members_per_node * nodes <= 1:
+        return 0.0
+    L = members_per_node
+    t = 0.0
+    if L > 1:
+        t += 2 * (L - 1) / L * nbytes / (cluster.nvlink_bw * params.nvlink_eff) + 2 * (L - 1) * cluster.nvlink_latency_s
+    t += _inter_allreduce_s(nbytes / L, nodes, cluster.network_bw * params.net_eff, cluster.network_latency_s)
+    return t
+
+
+def all_to_all_s(per_peer: np.ndarray, scale_out: np.ndarray, G: int, cluster: ClusterSpec,
+                 params: StepModelParams) -> float:
+    """All-to-all within a group of G ranks; ``per_peer[r]``: bytes rank r sends to each other rank.
+
+    ``scale_out[r]`` multiplies what r sends (1 = uniform); ranks r // ranks_per_node share a node.
+    The collective ends when its slowest rank has sent and received everything.
+    """
+    if G <= 1:
+        return 0.0
+    rpn = min(cluster.ranks_per_node, G)
+    node = np.arange(G) // rpn
+    v = per_peer * scale_out
+    node_sum = np.bincount(node, weights=v)
+    local_n = np.bincount(node)[node]
+    send_intra = v * (local_n - 1)
+    send_inter = v * (G - local_n)
+    recv_intra = node_sum[node] - v
+    recv_inter = v.sum() - node_sum[node]
+    nv = cluster.nvlink_bw * params.nvlink_eff
+    net = cluster.network_bw * params.net_eff
+    t_intra = np.maximum(send_intra, recv_intra) / nv
+    t_inter = np.maximum(send_inter, recv_inter) / net
+    if rpn > 1:
+        t_intra = t_intra + cluster.nvlink_latency_s + (local_n - 1) * params.a2a_peer_overhead_s
+    if G > rpn:
+        t_inter = t_inter + cluster.network_latency_s + (G - local_n) * params.a2a_peer_overhead_s
+    return float(np.max(np.maximum(t_intra, t_inter)))
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+
+
+@dataclass
+class StepPrediction:
+    """One simulated step: time with breakdown (seconds), throughput, memory, plan summary, OOM."""
+
+    step_s: float
+    phases_s: dict[str, float]  # exposed time of each phase on the critical path; they sum to step_s
+    examples_per_s: float
+    peak_mem_bytes: float
+    memory: dict[str, float]
+    oom: bool
+    oom_reason: str | None
+    world_size: int
+    group_size: int
+    batch_per_rank: int
+    plan: dict[str, Any] = field(default_factory=dict)
+    dense: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dominant_phase(self) -> str:
+        return max(self.phases_s, key=self.phases_s.get) if self.phases_s else ""
+
+    def standard_phases_ms(self) -> dict[str, float]:
+        """The Result phase keys: embedding_fwd/bwd, dense_fwd/bwd, optimizer, communication."""
+        p = {k: v * 1e3 for k, v in self.phases_s.items()}
+        return {
+            "embedding_fwd": p.get("embedding_fwd", 0.0),
+            "embedding_bwd": p.get("embedding_bwd", 0.0),
+            "dense_fwd": p.get("dense_fwd", 0.0),
+            "dense_bwd": p.get("dense_bwd", 0.0),
+            "optimizer": p.get("sparse_optimizer", 0.0) + p.get("dense_optimizer", 0.0),
+            "communication": sum(p.get(k, 0.0) for k in COMM_PHASES),
+            "overhead": p.get("overhead", 0.0),
+        }
+
+
+COMM_PHASES = ("a2a_input", "a2a_output_fwd", "a2a_output_bwd", "dense_allreduce", "embedding_sync")
+
+
+def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
+                 params: StepModelParams = DEFAULT_PARAMS) -> StepPrediction:
+    """Simulated step of ``config`` applied to ``workload`` on ``world_size`` ranks of ``cluster``."""
+    if world_size < 1:
+        raise SpecError("must be >= 1", field="world_size")
+    wl = config.apply(workload)
+    dev = cluster.device
+    B = wl.batch_size
+    W = world_size
+    sgd_emb = wl.optimizers.embedding == "sgd"
+
+    # dense part (identical on every rank)
+    dc = dense_cost(wl, config, B, dev, params)
+    grad_bytes = 2 if config.kernels.dense_dtype == "bf16" else 4
+    dense_mem = dc.params * (4 + 4 + (8 if wl.optimizers.dense == "adam" else 0)
+                             + (2 if config.kernels.dense_dtype == "bf16" else 0))
+    emb_act = B * sum(t.dim for t in wl.tables) * EMB_BYTES * 2  # pooled inputs and their gradients
+
+    # the sharding plan of one model-parallel group
+    doc = config.sharding.plan
+    if doc is not None:
+        G, shards = plan_from_document(doc, wl)
+        planner = str(doc.get("planner", "document"))
+    else:
+        G = config.sharding.group_size or W
+        shards = []
+        planner = "sim-greedy"
+    if G > W or W % G:
+        raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
+    base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
+    emb_bytes = sum(t.rows * t.dim * EMB_BYTES + (0 if sgd_emb else t.rows * EMB_BYTES) for t in wl.tables)
+    if base_mem + emb_bytes / G > dev.hbm_bytes:
+        # even a perfectly balanced plan cannot fit: report the lower bound of the peak
+        return _oom(wl, W, G, B, base_mem + emb_bytes / G,
+                    f"peak memory >= {(base_mem + emb_bytes / G) / 1e9:.1f} GB exceeds {dev.hbm_bytes / 1e9:.0f} GB HBM "
+                    f"of {dev.name} (embeddings >= {emb_bytes / G / 1e9:.1f} GB per rank over a group of {G}, "
+                    f"activations {(dc.activation_bytes + emb_act) / 1e9:.1f} GB, dense+optimizer "
+                    f"{dense_mem / 1e9:.1f} GB)", planner, dc)
+    if doc is None:
+        try:
+            # leave room for the all-to-all buffers: the planner fills at most 90% of what remains
+            shards = greedy_plan(wl, G, B, cluster, 0.9 * (dev.hbm_bytes - base_mem), params, W // G)
+        except MemoryError as e:
+            return _oom(wl, W, G, B, base_mem + emb_bytes / G, str(e), planner, dc)
+
+    R = W // G
+    n_sh = len(shards)
+    tables = wl.tables
+    t_idx = np.array([s.table for s in shards])
+    rank = np.array([s.rank for s in shards])
+    rows = np.array([s.rows for s in shards], dtype=np.float64)
+    cols = np.array([s.cols for s in shards], dtype=np.float64)
+    share = np.array([s.id_share for s in shards])
+    kind = [s.kind for s in shards]
+    dp = np.array([k == "data_parallel" for k in kind])
+    pf = np.array([tables[i].pooling_factor for i in t_idx])
+    alpha = np.array([tables[i].access.effective_alpha() for i in t_idx])
+    dim = np.array([tables[i].dim for i in t_idx], dtype=np.float64)
+    # ids each shard processes per step: the group's batch (data-parallel tables: the rank's own)
+    ex = np.where(dp, B, B * G).astype(np.float64)
+    n_ids = ex * pf * share
+    # L2 share of each shard: proportional to its id traffic on its rank
+    traffic = n_ids * cols
+    rank_traffic = np.bincount(rank, weights=traffic, minlength=G)
+    cache_rows = params.l2_bytes * traffic / np.maximum(rank_traffic[rank], 1e-9) / np.maximum(cols * EMB_BYTES, 1)
+    unique, hit = zipf_stats(n_ids, rows, alpha, cache_rows)
+    f_t = np.zeros(n_sh)
+    b_t = np.zeros(n_sh)
+    u_t = np.zeros(n_sh)
+    for j in range(n_sh):
+        f_t[j], b_t[j], u_t[j] = _shard_time_s(tables[t_idx[j]], rows[j], cols[j], n_ids[j], ex[j], hit[j],
+                                               unique[j], dev, params, sgd_emb)
+    emb_fwd_r = np.bincount(rank, weights=f_t, minlength=G)
+    emb_bwd_r = np.bincount(rank, weights=b_t, minlength=G)
+    emb_upd_r = np.bincount(rank, weights=u_t, minlength=G)
+    emb_total_r = emb_fwd_r + emb_bwd_r + emb_upd_r
+    slow = int(np.argmax(emb_total_r))
+
+    # all-to-all volumes: what each owner sends to each other group rank per step
+    mp = ~dp
+    ids_pp = np.bincount(rank[mp], weights=(B * pf * share * ID_BYTES + B * LENGTH_BYTES)[mp], minlength=G)
+    out_cols = np.where(np.array([k in ("row_wise", "table_row_wise") for k in kind]), dim, cols)
+    out_pp = np.bincount(rank[mp], weights=(B * out_cols * EMB_BYTES)[mp], minlength=G)
+    ones = np.ones(G)
+    t_in = all_to_all_s(ids_pp, ones, G, cluster, params)
+    t_out = all_to_all_s(out_pp, ones, G, cluster, params)
+
+    # data-parallel all-reduce of dense gradients (+ data-parallel tables) across all W ranks
+    rpn = min(cluster.ranks_per_node, W)
+    nodes = -(-W // rpn)
+    dp_bytes = dc.params * grad_bytes + float((rows * cols * EMB_BYTES)[dp].sum()) / max(G, 1)
+    t_ar = allreduce_s(dp_bytes, rpn, nodes, cluster, params)
+
+    # 2D: touched rows of each shard, union over replicas and sync interval, all-reduced across replicas
+    t_sync = 0.0
+    sync_bytes = 0.0
+    if R > 1 and mp.any():
+        if params.emb_sync == "gradients":
+            # rows touched by any replica this step: Zipf draws of the whole world's batch
+            u_all, _ = zipf_stats((n_ids * R)[mp], rows[mp], alpha[mp])
+            per_shard, interval = u_all * (cols[mp] * EMB_BYTES + ID_BYTES), 1
+        else:
+            per_shard = rows[mp] * cols[mp] * EMB_BYTES + (0 if sgd_emb else rows[mp] * EMB_BYTES)
+            interval = params.emb_sync_interval
+        sync_bytes = float(np.bincount(rank[mp], weights=per_shard, minlength=G).max())
+        # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
+        members = max(1, cluster.ranks_per_node // G) if G < cluster.ranks_per_node else 1
+        members = min(members, R)
+        t_sync = allreduce_s(sync_bytes, members, -(-R // members), cluster, params) / interval
+
+    # dense optimizer: Adam reads param, grad, m, v and writes param, m, v (fp32); SGD reads 2 writes 1
+    opt_bytes = dc.params * (28 if wl.optimizers.dense == "adam" else 12)
+    t_dense_opt = opt_bytes / (dev.hbm_bw * params.hbm_eff) if dc.params else 0.0
+
+    emb_fwd, emb_bwd, emb_upd = float(emb_fwd_r[slow]), float(emb_bwd_r[slow]), float(emb_upd_r[slow])
+    hidden = params.overlap * (dc.bwd_s + emb_bwd + emb_upd)
+    ar_exposed = max(0.0, t_ar - hidden)
+    in_exposed = max(0.0, t_in - (dc.fwd_s + dc.bwd_s)) if params.pipeline_input_dist else t_in
+    phases = {
+        "a2a_input": in_exposed,
+        "embedding_fwd": emb_fwd,
+        "a2a_output_fwd": t_out,
+        "dense_fwd": dc.fwd_s,
+        "dense_bwd": dc.bwd_s,
+        "dense_allreduce": ar_exposed,
+        "a2a_output_bwd": t_out,
+        "embedding_bwd": emb_bwd,
+        "sparse_optimizer": emb_upd,
+        "embedding_sync": t_sync,
+        "dense_optimizer": t_dense_opt,
+        "overhead": params.step_overhead_s,
+    }
+    step = sum(phases.values())
+
+    # memory of the busiest rank (memory-wise)
+    shard_bytes = rows * cols * EMB_BYTES + (0 if sgd_emb else rows * EMB_BYTES)
+    emb_mem_r = np.bincount(rank, weights=shard_bytes, minlength=G)
+    # buffers: received ids, pooled outputs to send and their gradients, sorted ids in backward
+    buf_r = np.bincount(rank, weights=n_ids * (ID_BYTES * 3) + ex * out_cols * EMB_BYTES * 2, minlength=G)
+    mem_r = emb_mem_r + buf_r
+    mrank = int(np.argmax(mem_r))
+    memory = {
+        "embedding_shards": float(emb_mem_r[mrank]),
+        "embedding_buffers": float(buf_r[mrank]),
+        "dense_params_grads_optimizer": float(dense_mem),
+        "activations": float(dc.activation_bytes + emb_act),
+        "reserved": float(params.reserved_bytes),
+    }
+    peak = sum(memory.values())
+    oom = peak > dev.hbm_bytes
+    mean_load = float(emb_total_r.mean())
+    counts: dict[str, int] = {}
+    for k in kind:
+        counts[k] = counts.get(k, 0) + 1
+    plan_info = {
+        "planner": planner,
+        "group_size": G,
+        "replicas": R,
+        "shards": n_sh,
+        "sharding_types": counts,
+        "embedding_imbalance": float(emb_total_r.max() / mean_load) if mean_load > 0 else 1.0,
+        "a2a_output_bytes_per_rank": float(out_pp.max() * (G - 1)),
+        "a2a_input_bytes_per_rank": float(ids_pp.max() * (G - 1)),
+        "dense_allreduce_bytes": float(dp_bytes),
+        "embedding_sync_bytes_per_rank": sync_bytes,
+        "mean_l2_hit": float(np.average(hit, weights=np.maximum(n_ids, 1e-9))) if n_sh else 0.0,
+    }
+    dense_info = {"params": dc.params, "flops_fwd_per_rank": dc.flops_fwd, "site_precisions": dc.precisions,
+                  "allreduce_s": t_ar, "a2a_input_s": t_in}
+    return StepPrediction(
+        step_s=step, phases_s=phases, examples_per_s=B * W / step, peak_mem_bytes=peak, memory=memory,
+        oom=oom, oom_reason=(f"peak memory {peak / 1e9:.1f} GB exceeds {dev.hbm_bytes / 1e9:.0f} GB HBM of "
+                             f"{dev.name} (embeddings {memory['embedding_shards'] / 1e9:.1f} GB, activations "
+                             f"{memory['activations'] / 1e9:.1f} GB, dense+optimizer "
+                             f"{memory['dense_params_grads_optimizer'] / 1e9:.1f} GB)") if oom else None,
+        world_size=W, group_size=G, batch_per_rank=B, plan=plan_info, dense=dense_info,
+    )
+
+
+def _oom(wl: Workload, W: int, G: int, B: int, peak_lower_bound: float, reason: str, planner: str,
+         dc: DenseCost) -> StepPrediction:
+    return StepPrediction(
+        step_s=float("nan"), phases_s={}, examples_per_s=0.0, peak_mem_bytes=peak_lower_bound,
+        memory={"lower_bound": peak_lower_bound}, oom=True, oom_reason=reason, world_size=W, group_size=G,
+        batch_per_rank=B, plan={"planner": planner, "group_size": G, "replicas": W // G},
+        dense={"params": dc.params},
+    )

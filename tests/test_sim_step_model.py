@@ -1,0 +1,161 @@
+"""Sanity of the simulated-cluster step model (cost_models/step_model.py). Everything here is SIMULATED."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cost_models.hardware import CLUSTERS
+from cost_models.step_model import (
+    StepModelParams,
+    dense_sites,
+    greedy_plan,
+    predict_step,
+    zipf_stats,
+)
+from cubic.config import Config, FP8Choice, Kernels, ShardingChoice
+from cubic.spec import SpecError, Topology, Workload, WukongArch
+from cubic.workloads import DEFAULT_WORKLOADS, generate_tables
+
+H100 = CLUSTERS["h100"]
+BF16 = Kernels(dense_dtype="bf16")
+
+
+def mid_workload(dim_scale: int = 1, batch: int = 1024) -> Workload:
+    """~100 GB of tables with a Wukong dense part: fits 8 H100s, fast to simulate."""
+    tables = generate_tables(120, seed=5, min_rows=10_000, max_rows=20_000_000, rows_shape=0.6,
+                             dims=tuple(d * dim_scale for d in (8, 16, 32, 64)))
+    return Workload(name="mid", tables=tables, batch_size=batch,
+                    dense_arch=WukongArch(num_layers=3, emb_dim=64, num_emb_lcb=64, num_emb_fmb=64, rank_fmb=16,
+                                          mlp_width=1024, top_mlp=[512, 1]),
+                    topology=Topology(world_size=64, device="h100", memory_per_rank_gb=80))
+
+
+def cfg(group_size=None, **kw) -> Config:
+    return Config(kernels=BF16, sharding=ShardingChoice(planner="sim", group_size=group_size), **kw)
+
+
+def test_zipf_unique_rows_and_cache_hits():
+    n = np.array([1e3, 1e5, 1e7])
+    rows = np.array([1e6, 1e6, 1e6])
+    u_uniform, _ = zipf_stats(n, rows, np.zeros(3))
+    # uniform access has a closed form: rows * (1 - exp(-n / rows))
+    assert np.allclose(u_uniform, rows * -np.expm1(-n / rows), rtol=0.02)
+    u_skew, hit = zipf_stats(n, rows, np.full(3, 1.2), cache_rows=np.full(3, 1e4))
+    assert np.all(u_skew < u_uniform) and np.all(u_skew <= np.minimum(n, rows))
+    _, hit_flat = zipf_stats(n, rows, np.full(3, 0.3), cache_rows=np.full(3, 1e4))
+    assert np.all(hit > hit_flat) and np.all((0 <= hit) & (hit <= 1))
+    assert hit_flat[0] == pytest.approx(hit_flat[2])  # hit share does not depend on the draws
+
+
+def test_step_grows_with_batch_and_dims():
+    w = mid_workload()
+    small = predict_step(w, cfg(batch_size=512), H100, 16)
+    big = predict_step(w, cfg(batch_size=4096), H100, 16)
+    assert big.step_s > small.step_s
+    assert big.phases_s["dense_fwd"] > small.phases_s["dense_fwd"]
+    assert big.peak_mem_bytes > small.peak_mem_bytes
+    wide = predict_step(mid_workload(dim_scale=2), cfg(), H100, 16)
+    narrow = predict_step(w, cfg(), H100, 16)
+    assert wide.phases_s["embedding_fwd"] > narrow.phases_s["embedding_fwd"]
+    assert wide.phases_s["a2a_output_fwd"] > narrow.phases_s["a2a_output_fwd"]
+    assert math.isclose(sum(narrow.phases_s.values()), narrow.step_s)
+
+
+def test_full_sharding_comm_grows_with_world_size():
+    w = mid_workload()
+    preds = [predict_step(w, cfg(), H100, W) for W in (8, 64, 512)]
+    comm = [p.phases_s["a2a_output_fwd"] for p in preds]
+    assert comm[0] < comm[1] < comm[2]  # NVLink only at 8; then the network and more peers
+    per_gpu = [p.examples_per_s / p.world_size for p in preds]
+    assert per_gpu[0] > per_gpu[1] > per_gpu[2]
+
+
+def test_2d_keeps_all_to_all_inside_the_group_and_scales_better():
+    w = mid_workload()
+    full = predict_step(w, cfg(), H100, 1024)
+    two_d = [predict_step(w, cfg(group_size=8), H100, W) for W in (64, 1024)]
+    # the group's all-to-all does not depend on the world size; only replica sync and all-reduce do
+    assert two_d[0].phases_s["a2a_output_fwd"] == pytest.approx(two_d[1].phases_s["a2a_output_fwd"])
+    assert two_d[1].phases_s["embedding_sync"] > 0 and full.phases_s["embedding_sync"] == 0
+    assert two_d[1].plan["replicas"] == 128 and full.plan["replicas"] == 1
+    assert two_d[1].examples_per_s > full.examples_per_s
+    # exact per-step gradient sync of touched rows costs more than periodic weight averaging here
+    grads = predict_step(w, cfg(group_size=8), H100, 1024, StepModelParams(emb_sync="gradients"))
+    assert grads.phases_s["embedding_sync"] != two_d[1].phases_s["embedding_sync"]
+
+
+def test_group_size_must_divide_world_size():
+    with pytest.raises(SpecError, match="group size"):
+        predict_step(mid_workload(), cfg(group_size=24), H100, 64)
+
+
+def test_oom_when_tables_exceed_hbm():
+    big = DEFAULT_WORKLOADS["wukong-large"]  # ~470 GB of fp32 tables
+    p = predict_step(big, cfg(), H100, 4)
+    assert p.oom and "exceeds" in p.oom_reason and p.peak_mem_bytes > H100.device.hbm_bytes
+    # activations alone: an absurd batch on a big dense part
+    p2 = predict_step(mid_workload(batch=2_000_000), cfg(), H100, 64)
+    assert p2.oom and p2.peak_mem_bytes > H100.device.hbm_bytes and "exceeds" in p2.oom_reason
+    ok = predict_step(mid_workload(), cfg(), H100, 64)
+    assert not ok.oom and ok.peak_mem_bytes < H100.device.hbm_bytes
+
+
+def test_fp8_dense_faster_than_bf16_on_big_gemms():
+    dense = lambda p: p.phases_s["dense_fwd"] + p.phases_s["dense_bwd"]  # noqa: E731
+    # big square-ish GEMMs: FP8 everywhere wins
+    wide = Workload(name="wide", tables=generate_tables(8, seed=1, dims=(64,)), batch_size=8192,
+                    dense_arch={"kind": "dlrm", "bottom_mlp": [4096, 64], "top_mlp": [8192, 8192, 1]})
+    bf16 = predict_step(wide, cfg(), H100, 8)
+    fp8 = predict_step(wide, cfg(fp8=FP8Choice(policy="all", recipe="tensorwise")), H100, 8)
+    assert dense(fp8) < 0.8 * dense(bf16)
+    assert fp8.dense["site_precisions"].get("fp8", 0) > 0
+    # wukong-large: skinny [B*d, n_emb] GEMMs pay more in casts than they gain, so FP8 only on the
+    # big MLP sites (an explicit placement) beats both bf16 and FP8 everywhere
+    w = DEFAULT_WORKLOADS["wukong-large"]
+    base = predict_step(w, cfg(), H100, 64)
+    everywhere = predict_step(w, cfg(fp8=FP8Choice(policy="all")), H100, 64)
+    sites = {s.name: {"recipe": "tensorwise"} for s in dense_sites(w, w.batch_size)
+             if ".fmb.mlp." in s.name or s.name.endswith(".fmb.out") or s.name == "top.0"}
+    placed = predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement={"sites": sites})), H100, 64)
+    assert dense(placed) < dense(base) and dense(placed) < dense(everywhere)
+    fp32 = predict_step(w, Config(sharding=ShardingChoice(planner="sim")), H100, 64)
+    assert dense(fp32) > dense(base)
+
+
+def test_dense_sites_follow_the_arch():
+    w = DEFAULT_WORKLOADS["wukong-large"]
+    sites = dense_sites(w, 2048)
+    names = {s.name for s in sites}
+    assert {"layers.0.fmb.mlp.0", "layers.7.lcb", "top.0"} <= names
+    assert sum(1 for s in sites if s.name.endswith(".lcb")) == w.dense_arch.num_layers
+    for name in ("dlrm-small", "dmt-small"):
+        assert any(s.name.startswith("top.") for s in dense_sites(DEFAULT_WORKLOADS[name], 64))
+
+
+def test_greedy_plan_covers_every_table_exactly_once():
+    w = mid_workload()
+    for G in (8, 64):
+        shards = greedy_plan(w, G, w.batch_size, H100, 60e9)
+        for ti, t in enumerate(w.tables):
+            mine = [s for s in shards if s.table == ti]
+            area = sum(s.rows * s.cols for s in mine)
+            assert area == t.rows * t.dim
+            assert len({s.rank for s in mine}) == len(mine)  # pieces on distinct ranks
+        assert all(0 <= s.rank < G for s in shards)
+
+
+def test_explicit_plan_document_is_used():
+    w = mid_workload()
+    shards = [{"table": t.name, "sharding_type": "table_wise", "rank": 0, "rows": t.rows, "cols": t.dim}
+              for t in w.tables[:60]]
+    shards += [{"table": t.name, "sharding_type": "table_wise", "rank": 1, "rows": t.rows, "cols": t.dim}
+               for t in w.tables[60:]]
+    doc = {"version": 1, "planner": "manual", "world_size": 2, "group_size": 2, "shards": shards}
+    p = predict_step(w, Config(kernels=BF16, sharding=ShardingChoice(planner="manual", plan=doc)), H100, 2)
+    assert p.plan["planner"] == "manual" and p.plan["shards"] == len(w.tables)
+    bad = dict(doc, shards=shards[:-1])
+    with pytest.raises(SpecError, match="does not place"):
+        predict_step(w, Config(sharding=ShardingChoice(planner="manual", plan=bad)), H100, 2)
