@@ -51,7 +51,7 @@ from pydantic import Field
 from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
 from cost_models.hardware import ClusterSpec, DeviceSpec
 from cubic.config import Config
-from cubic.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Workload, WukongArch
+from cubic.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Workload, WukongArch, stable_hash
 
 SECTOR_BYTES = 32  # GPU DRAM access granularity: a row read costs whole 32-byte sectors
 ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
@@ -327,9 +327,28 @@ class DenseCost:
     precisions: dict[str, int]
 
 
+_DENSE_CACHE: dict[tuple, DenseCost] = {}
+
+
 def dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSpec,
                params: StepModelParams = DEFAULT_PARAMS) -> DenseCost:
     """Forward/backward time of the dense part on one rank, its parameter count and saved activations."""
+    key = (stable_hash(workload.dense_arch.model_dump(mode="json")), workload.data.num_dense_features,
+           tuple((t.dim, t.feature_group) for t in workload.tables), config.kernels.dense_dtype,
+           stable_hash(config.fp8.model_dump(mode="json")), batch, stable_hash(device.model_dump(mode="json")),
+           stable_hash(params.gemm_constants))
+    if key not in _DENSE_CACHE:
+        if len(_DENSE_CACHE) > 4096:
+            _DENSE_CACHE.clear()
+        _DENSE_CACHE[key] = _dense_cost(workload, config, batch, device, params)
+    c = _DENSE_CACHE[key]
+    # gemm_eff scales the GEMM model's throughput; everything else is the cached shape-level cost
+    return DenseCost(c.fwd_s / params.gemm_eff, c.bwd_s / params.gemm_eff, c.params, c.activation_bytes,
+                     c.flops_fwd, dict(c.precisions))
+
+
+def _dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSpec,
+                params: StepModelParams) -> DenseCost:
     consts = params.gemm_constants_obj()
     sites = dense_sites(workload, batch)
     prec = _site_precisions(sites, config)
@@ -360,7 +379,7 @@ def dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSpe
         # saved for backward: the input (and the norm's input), the output for the activation
         act += s.m * s.k * (1 if p == "fp8" else eb) + s.m * s.n * eb * (1 if s.act_after else 0)
         act += s.m * s.k * eb if s.norm_before else 0
-    return DenseCost(fwd / params.gemm_eff, bwd / params.gemm_eff, sum(s.params for s in sites), act,
+    return DenseCost(fwd, bwd, sum(s.params for s in sites), act,
                      sum(s.flops_fwd for s in sites), counts)
 
 
@@ -552,6 +571,27 @@ def plan_from_document(doc: dict[str, Any], workload: Workload) -> tuple[int, li
     return G, out
 
 
+def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
+                  params: StepModelParams = DEFAULT_PARAMS) -> dict[str, Any] | None:
+    """The plan ``predict_step`` would use, as a sharding plan document (None if nothing fits).
+
+    Pinning it in ``Config.sharding.plan`` keeps the plan fixed while other factors vary
+    (calibration fits efficiencies for the plan a measured run actually used).
+    """
+    if config.sharding.plan is not None:
+        return config.sharding.plan
+    pred = predict_step(workload, config, cluster, world_size, params)
+    if pred.oom and not pred.shards:
+        return None
+    wl = config.apply(workload)
+    return {
+        "version": 1, "planner": "sim-greedy", "world_size": world_size, "group_size": pred.group_size,
+        "batch_size": wl.batch_size,
+        "shards": [{"table": wl.tables[s.table].name, "sharding_type": s.kind, "rank": s.rank,
+                    "rows": s.rows, "cols": s.cols} for s in pred.shards],
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Collectives (alpha-beta)
 
@@ -626,6 +666,7 @@ class StepPrediction:
     batch_per_rank: int
     plan: dict[str, Any] = field(default_factory=dict)
     dense: dict[str, Any] = field(default_factory=dict)
+    shards: list[ShardLoad] = field(default_factory=list, repr=False)
 
     @property
     def dominant_phase(self) -> str:
@@ -823,7 +864,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
                              f"{dev.name} (embeddings {memory['embedding_shards'] / 1e9:.1f} GB, activations "
                              f"{memory['activations'] / 1e9:.1f} GB, dense+optimizer "
                              f"{memory['dense_params_grads_optimizer'] / 1e9:.1f} GB)") if oom else None,
-        world_size=W, group_size=G, batch_per_rank=B, plan=plan_info, dense=dense_info,
+        world_size=W, group_size=G, batch_per_rank=B, plan=plan_info, dense=dense_info, shards=shards,
     )
 
 

@@ -1,0 +1,244 @@
+"""Calibration hooks: fit the step model's efficiency factors to measured trials and report the error.
+
+The step model (``cost_models/step_model.py``) is built from datasheet figures and a few assumed
+efficiencies. Where real runs exist -- a user's GPU cluster, or this machine's CPU -- the factors
+that matter most (GEMM efficiency, achieved memory/network bandwidth, overlap, a fixed per-step
+overhead) are fitted to measured step times with ``scipy.optimize.least_squares`` on log step time,
+and the fit's mean absolute percentage error (MAPE) is reported before and after. The same code then
+predicts that cluster more accurately after a few real runs.
+
+For this machine there is no GPU: :func:`measure_cpu_device` describes the CPU as a
+:class:`~cost_models.hardware.DeviceSpec` from torch micro-benchmarks (peak GEMM FLOP/s per dtype,
+memory bandwidth), and :func:`cpu_cluster` wraps it as a one-rank cluster, so measured CPU step times
+(``cubic.runner.LocalRunner`` or measured trials in the store) can be fitted with the same model.
+
+The calibrator is a scikit-learn estimator: ``X`` is a list of ``(workload, config, world_size)``
+cases, ``y`` the measured step times in seconds; fitted attributes end in ``_``; it saves as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+from sklearn.base import BaseEstimator, RegressorMixin
+
+from cost_models.hardware import ClusterSpec, DeviceSpec
+from cost_models.step_model import DEFAULT_PARAMS, StepModelParams, plan_document, predict_step
+from cubic.config import Config
+from cubic.spec import SpecError, Workload
+
+# factor -> (lower, upper) bound; efficiencies are fitted in log space, the rest linearly
+FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_eff": (1e-3, 10.0),
+    "hbm_eff": (1e-3, 1.0),
+    "nvlink_eff": (1e-3, 1.0),
+    "net_eff": (1e-3, 1.0),
+    "overlap": (0.0, 1.0),
+    "step_overhead_s": (0.0, 10.0),
+}
+LOG_FACTORS = frozenset({"gemm_eff", "hbm_eff", "nvlink_eff", "net_eff"})
+Case = tuple[Workload, Config, int]
+
+
+def mape(y_true: Sequence[float], y_pred: Sequence[float]) -> float:
+    """Mean absolute percentage error, in percent."""
+    t, p = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
+    return float(np.mean(np.abs(p - t) / np.abs(t)) * 100.0)
+
+
+class StepModelCalibrator(BaseEstimator, RegressorMixin):
+    """Fit ``factors`` of :class:`StepModelParams` so that predicted step times match measured ones.
+
+    ``cluster``: the cluster the measurements come from; ``base_params``: the starting point (and the
+    values of every factor not fitted). After ``fit``: ``params_`` (fitted StepModelParams),
+    ``factors_`` (fitted values), ``mape_before_``/``mape_`` (percent, on the training cases),
+    ``n_samples_``, ``cost_``.
+    """
+
+    def __init__(self, cluster: ClusterSpec | None = None,
+                 factors: Sequence[str] = ("gemm_eff", "hbm_eff", "step_overhead_s"),
+                 base_params: StepModelParams | None = None):
+        self.cluster = cluster
+        self.factors = factors
+        self.base_params = base_params
+
+    def _check(self) -> tuple[ClusterSpec, StepModelParams, list[str]]:
+        if self.cluster is None:
+            raise SpecError("a calibrator needs the cluster the measurements come from", field="cluster")
+        factors = list(self.factors)
+        unknown = [f for f in factors if f not in FACTOR_BOUNDS]
+        if unknown or not factors:
+            raise SpecError(f"unknown factor {unknown[0] if unknown else '(none)'} "
+                            f"(fittable: {', '.join(FACTOR_BOUNDS)})", field="factors")
+        return self.cluster, self.base_params or DEFAULT_PARAMS, factors
+
+    @staticmethod
+    def _predict_with(params: StepModelParams, cluster: ClusterSpec, X: Sequence[Case]) -> np.ndarray:
+        out = []
+        for workload, config, world_size in X:
+            p = predict_step(workload, config, cluster, world_size, params)
+            out.append(p.step_s if not p.oom else np.nan)
+        return np.array(out)
+
+    def fit(self, X: Sequence[Case], y: Sequence[float]) -> "StepModelCalibrator":
+        cluster, base, factors = self._check()
+        # pin each case's sharding plan: factors are fitted for the plan the measured run used
+        X = [(w, c.model_copy(update={"sharding": c.sharding.model_copy(update={
+                 "plan": plan_document(w, c, cluster, n, base)})}), n) for w, c, n in X]
+        y = np.asarray(y, dtype=float)
+        if len(X) != len(y) or len(X) < len(factors):
+            raise SpecError(f"need at least {len(factors)} measured cases (one per factor) and one time per case, "
+                            f"got {len(X)} cases and {len(y)} times", field="X")
+        if np.any(~np.isfinite(y)) or np.any(y <= 0):
+            raise SpecError("measured step times must be finite and > 0", field="y")
+
+        def unpack(z: np.ndarray) -> StepModelParams:
+            vals = {f: (float(np.exp(v)) if f in LOG_FACTORS else float(v)) for f, v in zip(factors, z)}
+            return base.model_copy(update=vals)
+
+        def residuals(z: np.ndarray) -> np.ndarray:
+            pred = self._predict_with(unpack(z), cluster, X)
+            pred = np.where(np.isfinite(pred) & (pred > 0), pred, 1e3)  # OOM/NaN: far off, not a crash
+            return np.log(pred) - np.log(y)
+
+        lo = np.array([np.log(FACTOR_BOUNDS[f][0]) if f in LOG_FACTORS else FACTOR_BOUNDS[f][0] for f in factors])
+        hi = np.array([np.log(FACTOR_BOUNDS[f][1]) if f in LOG_FACTORS else FACTOR_BOUNDS[f][1] for f in factors])
+        start = np.array([np.log(getattr(base, f)) if f in LOG_FACTORS else getattr(base, f) for f in factors])
+        start = np.clip(start, lo + 1e-9, hi - 1e-9)
+        # overhead starts at the smallest measured step share the model cannot explain, if positive
+        if "step_overhead_s" in factors:
+            gap = y - self._predict_with(base.model_copy(update={"step_overhead_s": 0.0}), cluster, X)
+            start[factors.index("step_overhead_s")] = float(np.clip(np.nanmin(gap), 0.0, hi[factors.index("step_overhead_s")] - 1e-9))
+        before = self._predict_with(base, cluster, X)
+        sol = least_squares(residuals, start, bounds=(lo, hi), x_scale="jac", diff_step=1e-2, max_nfev=200)
+        self.params_ = unpack(sol.x)
+        self.factors_ = {f: getattr(self.params_, f) for f in factors}
+        self.mape_before_ = mape(y, before)
+        self.mape_ = mape(y, self._predict_with(self.params_, cluster, X))
+        self.n_samples_ = len(X)
+        self.cost_ = float(sol.cost)
+        return self
+
+    def predict(self, X: Sequence[Case]) -> np.ndarray:
+        """Predicted step times (s) with the fitted parameters (NaN where the model says OOM)."""
+        if not hasattr(self, "params_"):
+            raise ValueError("call fit() first")
+        return self._predict_with(self.params_, self.cluster, list(X))
+
+    def report(self) -> dict[str, Any]:
+        return {"factors": self.factors_, "mape_before_pct": self.mape_before_, "mape_pct": self.mape_,
+                "n_samples": self.n_samples_, "cluster": self.cluster.name}
+
+    def to_json(self) -> str:
+        """Fitted parameters plus the fit report and the cluster (the calibration a user keeps)."""
+        return json.dumps({"version": 1, "params": self.params_.model_dump(mode="json"), "report": self.report(),
+                           "cluster_spec": self.cluster.model_dump(mode="json")}, indent=1)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(self.to_json() + "\n")
+        return p
+
+
+# --------------------------------------------------------------------------------------------
+# This machine's CPU as a device
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _cpu_memory_bytes() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _cpu_cache_bytes() -> float:
+    """The last-level cache (index3 = L3, else L2) from sysfs; 32 MB if unknown."""
+    for idx in ("index3", "index2"):
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu0/cache/{idx}/size").read_text().strip()
+            mult = {"K": 1024, "M": 1024**2}.get(text[-1], 1)
+            return float(text.rstrip("KM")) * mult
+        except (OSError, ValueError):
+            continue
+    return 32e6
+
+
+def measure_cpu_device(threads: int | None = None, size: int = 1024, repeats: int = 5) -> DeviceSpec:
+    """This CPU as a DeviceSpec: MEASURED peak GEMM FLOP/s (fp32, bf16, fp8 via ``_scaled_mm``) and
+    memory bandwidth (large copy), with ``threads`` torch threads (default: torch's current setting)."""
+    import torch
+
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        a = torch.randn(size, size)
+        b = torch.randn(size, size)
+        flops = 2.0 * size**3
+        fp32 = flops / _median_time(lambda: a @ b, repeats)
+        ab, bb = a.bfloat16(), b.bfloat16()
+        bf16 = flops / _median_time(lambda: ab @ bb, repeats)
+        try:
+            a8 = a.to(torch.float8_e4m3fn)
+            b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+            one = torch.tensor(1.0)
+            fp8 = flops / _median_time(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
+                                                                 out_dtype=torch.bfloat16), repeats)
+        except (RuntimeError, AttributeError, TypeError):  # no fp8 GEMM in this build
+            fp8 = bf16
+        n = 32 * 1024 * 1024  # 128 MB of fp32: well beyond the caches
+        src, dst = torch.empty(n).uniform_(), torch.empty(n)
+        bw = 2 * n * 4 / _median_time(lambda: dst.copy_(src), repeats)
+    finally:
+        torch.set_num_threads(old)
+    note = f"MEASURED on this machine with torch micro-benchmarks ({threads or old} threads, median of {repeats})"
+    return DeviceSpec(name="cpu", peak_flops_fp32=fp32, peak_flops_bf16=bf16, peak_flops_fp8=fp8,
+                      hbm_bytes=_cpu_memory_bytes(), hbm_bw=bw,
+                      sources={k: note for k in ("peak_flops_fp32", "peak_flops_bf16", "peak_flops_fp8", "hbm_bw")}
+                      | {"hbm_bytes": "/proc/meminfo MemTotal"})
+
+
+def cpu_cluster(device: DeviceSpec) -> ClusterSpec:
+    """A one-rank 'cluster' of this CPU (no interconnect is used at world size 1)."""
+    return ClusterSpec(name="cpu", device=device, ranks_per_node=1, nvlink_bw=device.hbm_bw,
+                       network_bw=device.hbm_bw, nvlink_latency_s=0.0, network_latency_s=0.0,
+                       sources={"nvlink_bw": "unused at world size 1", "network_bw": "unused at world size 1"})
+
+
+def cpu_params(threads: int = 1, base: StepModelParams = DEFAULT_PARAMS) -> StepModelParams:
+    """Step-model constants that describe a CPU instead of an H100 (before calibration).
+
+    The GEMM model's SM/tile/wave terms are mapped onto cores and small register tiles; a kernel
+    costs a PyTorch eager dispatch (~10 us) instead of a GPU launch; the 'L2' is the last-level cache.
+    """
+    return base.model_copy(update={
+        "gemm_constants": {"num_sms": max(1, threads), "tiles": [[8, 32, 1.0]], "k_fill_tiles": 0.0,
+                           "kernel_overhead_s": 10e-6, "fp32_gemm_frac": 1.0, "achievable_gemm_frac": 1.0,
+                           "achievable_mem_frac": 1.0},
+        "l2_bytes": _cpu_cache_bytes(),
+        "l2_bw_ratio": 2.0,
+        "reserved_bytes": 0.5e9,
+        "sort_passes": 4.0,
+        "hbm_eff": 0.5,
+    })
