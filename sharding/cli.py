@@ -1,0 +1,217 @@
+"""``cubic shard <verb>``: plan, evaluate, collect, train, export (and calibrate-comm).
+
+    cubic shard plan --tables T --world-size W --memory-gb M [--group-size G] [--batch-size B]
+                     [--planner cubic|torchrec|random|dim_greedy|...] --out plan.json
+    cubic shard evaluate plan.json [--repeats 5] [--out measured.json]
+    cubic shard collect --samples 500 [--seed 0] [--store URL]
+    cubic shard train [--store URL] [--out model.json]
+    cubic shard export plan.json --format torchrec [--out tr.json]
+    cubic shard calibrate-comm
+
+``--tables``: an embedded workload name, a workload YAML/JSON, or a CSV (name, rows, dim,
+pooling_factor, zipf_alpha[, feature_group]). Bad input raises SpecError (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from cubic.spec import SpecError
+
+
+def _estimator(path: str | None):
+    from sharding.estimate import DEFAULT_MODEL_PATH, LearnedEstimator
+
+    p = Path(path) if path else DEFAULT_MODEL_PATH
+    if not p.is_file():
+        raise SpecError("no cost model file (train one with `cubic shard train`)", source=str(p))
+    return LearnedEstimator(path=p)
+
+
+def cmd_plan(args) -> int:
+    from sharding.inputs import load_tables, topology_for
+    from sharding.planners import make_planner
+    from sharding.types import format_plan
+
+    tables, wl = load_tables(args.tables)
+    topo = topology_for(args.world_size, args.memory_gb, wl, args.ranks_per_node, args.device)
+    batch = args.batch_size or (wl.batch_size if wl else 512)
+    kw = {"time_budget_s": args.time_budget} if args.planner == "cubic" else {}
+    planner = make_planner(args.planner, seed=args.seed, estimator=_estimator(args.model), **kw)
+    plan = planner.plan(tables, topo, batch, args.group_size)
+    if args.out:
+        plan.save(args.out)
+    if args.json:
+        print(plan.to_json())
+    else:
+        print(format_plan(plan))
+        print(f"planned in {plan.planning_time_s:.2f} s" + (f"; wrote {args.out}" if args.out else ""))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from sharding.comm import CommModel
+    from sharding.estimate import MeasuredEstimator, plan_cost
+    from sharding.measure import MeasurementCache
+    from sharding.types import format_plan, load_plan
+
+    plan = load_plan(args.plan)
+    cache = MeasurementCache(repeats=args.repeats)
+    cost = plan_cost(plan, MeasuredEstimator(cache), CommModel.from_topology(plan.topology), lower_bound=True)
+    plan = plan.model_copy(update={"measured": cost})
+    if args.out:
+        plan.save(args.out)
+    if args.json:
+        print(cost.model_dump_json(indent=1))
+    else:
+        print(format_plan(plan, cost))
+        if plan.predicted:
+            err = (plan.predicted.max_ms - cost.max_ms) / cost.max_ms
+            print(f"predicted max {plan.predicted.max_ms:.2f} ms vs measured {cost.max_ms:.2f} ms ({err:+.1%})")
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from cubic.cli import open_store, progress_bar
+    from sharding.collect import CAMPAIGN, collect
+
+    store = open_store(args)
+    t0 = time.perf_counter()
+    with progress_bar("measuring rank shard sets") as cb:
+        rows = collect(args.samples, seed=args.seed, repeats=args.repeats, store=store, start_index=args.start,
+                       progress=cb)
+    print(f"recorded {len(rows)} measured samples in campaign {CAMPAIGN!r} of {store!r} "
+          f"in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def cmd_train(args) -> int:
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from cost_models.sharding_cost import ShardingCostModel
+    from cubic.cli import open_store
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+    from sharding.collect import features_and_labels, samples_from_store
+    from sharding.estimate import DEFAULT_MODEL_PATH
+
+    store = open_store(args)
+    samples = samples_from_store(store)
+    if len(samples) < 30:
+        raise SpecError(f"only {len(samples)} samples for this machine in the store; run `cubic shard collect` first",
+                        field="samples")
+    X, y = features_and_labels(samples)
+    idx = np.random.default_rng(args.seed).permutation(len(y))
+    n_test = int(len(y) * args.holdout)
+    test, train = idx[:n_test], idx[n_test:]
+    m = ShardingCostModel(random_state=args.seed).fit(X[train], y[train])
+    scores = {}
+    if n_test >= 5:
+        p = m.predict(X[test])
+        scores = {"holdout_spearman": float(spearmanr(p, y[test])[0]),
+                  "holdout_mape": float(np.mean(np.abs(p - y[test]) / y[test])), "holdout_n": n_test}
+    if not args.holdout_only:
+        m = ShardingCostModel(random_state=args.seed).fit(X, y)  # the shipped model sees every sample
+    fp = fingerprint("cpu")
+    meta = {"trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "samples": len(y),
+            "store": repr(store), "fingerprint": fp, "fingerprint_hash": fingerprint_hash(fp),
+            "label": "measured fwd+bwd ms (thread CPU time, FBGEMM CPU TBE, median of repeats)", **scores}
+    out = Path(args.out) if args.out else DEFAULT_MODEL_PATH
+    m.save(out, meta=meta)
+    print(json.dumps({"wrote": str(out), **{k: v for k, v in meta.items() if k != "fingerprint"}}, indent=1))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from sharding.torchrec_adapter import to_torchrec, to_torchrec_json
+    from sharding.types import load_plan
+
+    plan = load_plan(args.plan)
+    if args.format != "torchrec":
+        raise SpecError(f"unknown format {args.format!r} (known: torchrec)", field="--format")
+    to_torchrec(plan)  # builds TorchRec's own objects: fails here if TorchRec would reject the plan
+    doc = to_torchrec_json(plan)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from sharding.comm import CALIBRATION_PATH, calibrate
+
+    out = args.out or CALIBRATION_PATH
+    doc = calibrate(repeats=args.repeats, path=out)
+    print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"]}, indent=1))
+    return 0
+
+
+def register(subparsers) -> None:
+    from cubic.cli import add_store_argument
+    from sharding.planners import PLANNERS
+
+    p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
+    sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
+
+    pl = sub.add_parser("plan", help="plan the sharding of a set of tables")
+    pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
+    pl.add_argument("--world-size", type=int, default=None)
+    pl.add_argument("--memory-gb", type=float, default=None, help="memory per rank, GB")
+    pl.add_argument("--group-size", type=int, default=None, help="2D sparse parallelism: ranks per group")
+    pl.add_argument("--batch-size", type=int, default=None, help="examples per rank per step")
+    pl.add_argument("--ranks-per-node", type=int, default=None)
+    pl.add_argument("--device", default=None, help="cpu (calibrated comm) or a modelled device, e.g. h100")
+    pl.add_argument("--planner", default="cubic", choices=PLANNERS)
+    pl.add_argument("--model", default=None, help="cost model JSON (default: the shipped one)")
+    pl.add_argument("--time-budget", type=float, default=3.0, help="cubic search budget, seconds")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--out", default=None)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=cmd_plan)
+
+    ev = sub.add_parser("evaluate", help="measure a plan's cost on the real kernel")
+    ev.add_argument("plan")
+    ev.add_argument("--repeats", type=int, default=5)
+    ev.add_argument("--out", default=None, help="write the plan with its measured cost")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_evaluate)
+
+    co = sub.add_parser("collect", help="measure augmented rank shard sets into the trial store")
+    co.add_argument("--samples", type=int, default=200)
+    co.add_argument("--seed", type=int, default=0)
+    co.add_argument("--start", type=int, default=0, help="first sample index (to extend a collection)")
+    co.add_argument("--repeats", type=int, default=3)
+    add_store_argument(co)
+    co.set_defaults(func=cmd_collect)
+
+    tr = sub.add_parser("train", help="fit the learned cost model on collected samples")
+    tr.add_argument("--out", default=None, help="default: the packaged sharding/data/cost_model.json")
+    tr.add_argument("--holdout", type=float, default=0.2)
+    tr.add_argument("--holdout-only", action="store_true", help="save the model fitted without the holdout")
+    tr.add_argument("--seed", type=int, default=0)
+    add_store_argument(tr)
+    tr.set_defaults(func=cmd_train)
+
+    ex = sub.add_parser("export", help="export a plan to another planner's format")
+    ex.add_argument("plan")
+    ex.add_argument("--format", default="torchrec")
+    ex.add_argument("--out", default=None)
+    ex.set_defaults(func=cmd_export)
+
+    ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
+    ca.add_argument("--repeats", type=int, default=10)
+    ca.add_argument("--out", default=None)
+    ca.set_defaults(func=cmd_calibrate)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from cubic.cli import main
+
+    sys.exit(main(["shard", *sys.argv[1:]]))

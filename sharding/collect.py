@@ -1,0 +1,118 @@
+"""Training data for the learned cost model: augmented rank shard sets labelled by measured cost.
+
+Augmentation (NeuroShard's recipe, on cubic.workloads' table generator): each sample is a rank
+holding a random subset of 1..``max_tables`` tables, some with their dim redrawn, some cut
+column-wise (cols = dim / 2^j, multiples of 4) or row-wise (a 1/2^j row block), at a batch drawn
+from ``batches``. The label is the measured forward+backward ms of the set as one fused kernel
+(sharding.measure). Table seeds start at ``TRAIN_SEED_BASE`` so that benchmark tasks (seeds
+0..999) use tables the model never saw.
+
+Samples go into the trial store (cubic.store.TrialStore, campaign ``shard-collect``): workload =
+the sample's parent tables, config = a ShardingChoice naming the sample, result = measured
+compute ms; the shard ranges ride in ``Result.extra['shards']`` so features can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from cubic.config import Config, ShardingChoice
+from cubic.fingerprint import fingerprint, fingerprint_hash, versions
+from cubic.result import Result
+from cubic.spec import Table, Topology, Workload, stable_hash
+from cubic.workloads import DIM_CHOICES, generate_tables
+from sharding.estimate import rank_features
+from sharding.measure import ShardWork, measure_compute
+
+TRAIN_SEED_BASE = 100_000
+CAMPAIGN = "shard-collect"
+
+
+def augmented_sample(rng: np.random.Generator, index: int, max_tables: int = 24,
+                     batches: tuple[int, ...] = (256, 512, 1024)) -> tuple[list[ShardWork], int]:
+    k = int(np.clip(np.round(np.exp(rng.uniform(0, np.log(max_tables)))), 1, max_tables))
+    tables = generate_tables(k, seed=TRAIN_SEED_BASE + index, prefix=f"s{index}_")
+    works = []
+    for t in tables:
+        if rng.random() < 0.3:
+            t = t.model_copy(update={"dim": int(rng.choice(DIM_CHOICES))})
+        u = rng.random()
+        if u < 0.25 and t.dim >= 8:
+            j = int(rng.integers(1, int(np.log2(t.dim // 4)) + 1))
+            works.append(ShardWork(t, 0, t.rows, max(4, t.dim >> j)))
+        elif u < 0.4 and t.rows >= 4:
+            j = int(rng.integers(1, 4))
+            n = t.rows >> j
+            i = int(rng.integers(0, 1 << j))
+            works.append(ShardWork(t, i * n, n if i < (1 << j) - 1 else t.rows - i * n, t.dim))
+        else:
+            works.append(ShardWork(t, 0, t.rows, t.dim))
+    return works, int(rng.choice(batches))
+
+
+def _sample_records(works: list[ShardWork], batch: int, m: dict, index: int):
+    tables = {w.table.name: w.table for w in works}
+    wl = Workload(name=f"shard-sample-{index}", tables=list(tables.values()), batch_size=batch,
+                  topology=Topology(world_size=1, ranks_per_node=1))
+    shards = [{"table": w.table.name, "row_offset": w.row_offset, "rows": w.rows, "cols": w.cols} for w in works]
+    plan = {"shards": shards, "tables": [t.model_dump(mode="json") for t in tables.values()]}
+    cfg = Config(batch_size=batch, sharding=ShardingChoice(planner="rank-sample", plan=plan))
+    fp = fingerprint("cpu")
+    res = Result(status="ok", source="measured", workload=wl.name, workload_hash=wl.content_hash(),
+                 config_hash=cfg.content_hash(), metrics={"compute_ms": m["total_ms"], "fwd_ms": m["fwd_ms"],
+                                                          "bwd_ms": m["bwd_ms"]},
+                 phases_ms={"embedding_fwd": m["fwd_ms"], "embedding_bwd": m["bwd_ms"]},
+                 fingerprint=fp, fingerprint_hash=fingerprint_hash(fp), versions=versions(),
+                 extra={"kind": "sharding_rank_sample", "batch_size": batch,
+                        "kernel": m.get("kernel"), "repeats": m.get("repeats")})
+    return wl, cfg, res
+
+
+def collect(n_samples: int, seed: int = 0, *, repeats: int = 3, store=None, start_index: int = 0,
+            progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Measure ``n_samples`` augmented rank sets; record each in ``store`` (if given). Returns rows."""
+    rng = np.random.default_rng([seed, 7])
+    rows = []
+    if store is not None and store.get_campaign(CAMPAIGN) is None:
+        store.create_campaign(CAMPAIGN, spec={"what": "augmented rank shard sets, measured compute ms",
+                                              "seed": seed, "repeats": repeats}, workload="augmented-tables")
+    for i in range(start_index, start_index + n_samples):
+        works, batch = augmented_sample(rng, i + seed * 1_000_000)
+        t0 = time.perf_counter()
+        m = measure_compute(works, batch, repeats=repeats, warmup=1, seed=i)
+        rows.append({"works": works, "batch": batch, "compute_ms": m["total_ms"], "wall_s": time.perf_counter() - t0})
+        if store is not None:
+            wl, cfg, res = _sample_records(works, batch, m, i + seed * 1_000_000)
+            store.record(wl, cfg, res, campaign=CAMPAIGN)
+        if progress:
+            progress(i - start_index + 1, n_samples)
+    return rows
+
+
+def samples_from_store(store) -> list[tuple[list[ShardWork], int, float]]:
+    """(works, batch, measured ms) of every stored rank sample on this machine's fingerprint."""
+    fp_hash = fingerprint_hash(fingerprint("cpu"))
+    out = []
+    for tr in store.trials(campaign=CAMPAIGN, source="measured", status="ok"):
+        if tr.fingerprint_hash != fp_hash:
+            continue  # another machine's timings would mislead this machine's model
+        res = tr.result
+        # the store keeps the workload's name and hash only; the sample's tables ride in the config
+        plan = tr.config.get("sharding", {}).get("plan") or {}
+        tables = {t["name"]: Table.model_validate(t) for t in plan.get("tables", [])}
+        works = [ShardWork(tables[s["table"]], s["row_offset"], s["rows"], s["cols"]) for s in plan["shards"]]
+        out.append((works, int(res.extra["batch_size"]), float(res.metrics["compute_ms"])))
+    return out
+
+
+def features_and_labels(samples) -> tuple[np.ndarray, np.ndarray]:
+    X = np.stack([rank_features(w, b) for w, b, _ in samples])
+    y = np.array([ms for _, _, ms in samples])
+    return X, y
+
+
+def sample_hash(works: list[ShardWork], batch: int) -> str:
+    return stable_hash([w.key() for w in works] + [batch])

@@ -1,0 +1,272 @@
+"""Communication cost of a plan: all-to-all volumes per rank under an alpha-beta model.
+
+Per rank r of a model-parallel group of G ranks, per-rank batch B, a step moves (TorchRec's
+table-/column-/row-wise pipeline):
+- input dist (forward): ids of the local batch go to the owner of each shard (int64), a row-wise
+  shard gets only the ids of its row range;
+- output dist (forward): pooled embeddings of each shard for every rank's batch (fp32), a row-wise
+  shard sends partial sums (reduce-scatter volume);
+- backward: the gradients of the pooled embeddings take the reverse route (same volume).
+An all-to-all costs ``alpha + alpha_peer*(G-1) + beta*max(bytes sent, bytes received)``: the
+collective is bound by the busier direction of the rank's link.
+Data-parallel tables all-reduce their dense gradient over every replica (ring: 2(W-1)/W x bytes).
+2D sparse parallelism (G < W): each rank exchanges the rows its group touched with the same rank
+of the other W/G - 1 groups every step (sparse all-gather of touched rows; expected touched rows
+under the table's Zipf law).
+
+The constants come from one of two places:
+- ``CommModel.calibrated()``: fitted to real torch.distributed (gloo) all-to-all runs between
+  processes on this machine (loopback), stored with the machine fingerprint in
+  ``sharding/data/comm_calibration.json`` (re-measure with ``calibrate()`` / ``cubic shard
+  calibrate-comm``). Used when the topology's device is "cpu": the plan's ground truth here.
+- ``CommModel.from_topology(topo)``: a modelled cluster (bandwidths from the Topology, latencies
+  from cost_models.hardware's defaults), for devices such as "h100". Figures are modelled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from cubic.spec import Table, Topology
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+CALIBRATION_PATH = DATA_DIR / "comm_calibration.json"
+ID_BYTES = 8
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class CommModel:
+    alpha_s: float  # fixed cost of one collective
+    alpha_peer_s: float  # per peer in the collective (gloo exchanges pairwise)
+    beta_intra_s_per_byte: float
+    beta_inter_s_per_byte: float
+    ranks_per_node: int = 1 << 30
+    source: str = "calibrated"
+
+    @classmethod
+    def calibrated(cls, path: str | Path = CALIBRATION_PATH) -> "CommModel":
+        d = json.loads(Path(path).read_text())
+        c = d["constants"]
+        return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated")
+
+    @classmethod
+    def from_topology(cls, topo: Topology) -> "CommModel":
+        if topo.device == "cpu" and CALIBRATION_PATH.is_file():
+            return cls.calibrated()
+        from cost_models.hardware import ClusterSpec
+
+        lat_intra = ClusterSpec.model_fields["nvlink_latency_s"].default
+        lat_inter = ClusterSpec.model_fields["network_latency_s"].default
+        multi_node = topo.world_size > topo.ranks_per_node
+        return cls(
+            alpha_s=lat_inter if multi_node else lat_intra,
+            alpha_peer_s=0.0,  # NCCL all-to-all overlaps peers; latency is per collective
+            beta_intra_s_per_byte=1.0 / (topo.intra_node_bw_gbps * 1e9),
+            beta_inter_s_per_byte=1.0 / (topo.inter_node_bw_gbps * 1e9),
+            ranks_per_node=topo.ranks_per_node,
+            source="modelled",
+        )
+
+    def beta(self, peers: int) -> float:
+        """Seconds per byte when a rank's bytes are spread evenly over ``peers`` other ranks."""
+        if peers <= 0:
+            return 0.0
+        intra = min(peers, self.ranks_per_node - 1)
+        inter = peers - intra
+        return (intra * self.beta_intra_s_per_byte + inter * self.beta_inter_s_per_byte) / peers
+
+    def all_to_all_ms(self, group: int, sent: float, received: float) -> float:
+        if group <= 1:
+            return 0.0
+        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * max(sent, received))
+
+    def all_reduce_ms(self, group: int, nbytes: float) -> float:
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * 2 * (group - 1) / group * nbytes)
+
+    def all_gather_ms(self, group: int, nbytes_each: float) -> float:
+        if group <= 1 or nbytes_each <= 0:
+            return 0.0
+        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * (group - 1) * nbytes_each)
+
+
+@lru_cache(maxsize=200_000)
+def expected_unique_rows(rows: int, alpha: float, draws: float) -> float:
+    """E[#distinct rows] among ``draws`` Zipf(alpha) draws over ``rows`` rows (log-binned sum)."""
+    if draws <= 0:
+        return 0.0
+    edges = np.unique(np.geomspace(1, rows + 1, num=min(rows + 1, 256)).astype(np.int64))
+    if edges[-1] < rows + 1:
+        edges = np.append(edges, rows + 1)
+    lo, hi = edges[:-1].astype(float), edges[1:].astype(float)
+    if alpha < 1e-6:
+        mass = (hi - lo) / rows
+    elif abs(alpha - 1.0) < 1e-6:
+        mass = (np.log(hi) - np.log(lo)) / math.log(rows + 1)
+    else:
+        e = 1.0 - alpha
+        mass = (hi**e - lo**e) / ((rows + 1.0) ** e - 1.0)
+    count = hi - lo
+    p = np.maximum(mass / count, 1e-300)
+    return float(np.sum(count * -np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-12)))))
+
+
+@dataclass(frozen=True)
+class ShardTraffic:
+    """The per-step quantities of one placed (non-DP) shard that drive communication."""
+
+    rank: int
+    cols: int
+    ids_per_example: float  # mean ids of the shard's row range per example
+
+
+def rank_comm_ms(traffic: list[ShardTraffic], group: int, batch: int, model: CommModel) -> list[float]:
+    """Forward (ids + pooled) and backward (grads) all-to-all time of every rank of the group, ms."""
+    cols = np.zeros(group)
+    ids = np.zeros(group)
+    for t in traffic:
+        cols[t.rank] += t.cols
+        ids[t.rank] += t.ids_per_example
+    tot_cols, tot_ids = cols.sum(), ids.sum()
+    out = []
+    for r in range(group):
+        ids_sent = batch * (tot_ids - ids[r]) * ID_BYTES
+        ids_recv = (group - 1) * batch * ids[r] * ID_BYTES
+        emb_sent = (group - 1) * batch * cols[r] * FP32
+        emb_recv = batch * (tot_cols - cols[r]) * FP32
+        out.append(
+            model.all_to_all_ms(group, ids_sent, ids_recv)
+            + model.all_to_all_ms(group, emb_sent, emb_recv)  # forward pooled embeddings
+            + model.all_to_all_ms(group, emb_recv, emb_sent)  # backward gradients, reversed
+        )
+    return out
+
+
+def rank_comm_ms_fast(cols_r: float, ids_r: float, tot_cols: float, tot_ids: float, group: int, batch: int,
+                      model: CommModel) -> float:
+    """``rank_comm_ms`` for one rank from its own and the group's totals (used inside search loops)."""
+    if group <= 1:
+        return 0.0
+    ids_sent = batch * (tot_ids - ids_r) * ID_BYTES
+    ids_recv = (group - 1) * batch * ids_r * ID_BYTES
+    emb_sent = (group - 1) * batch * cols_r * FP32
+    emb_recv = batch * (tot_cols - cols_r) * FP32
+    return (model.all_to_all_ms(group, ids_sent, ids_recv) + 2 * model.all_to_all_ms(group, emb_sent, emb_recv))
+
+
+def dp_sync_ms(table: Table, world: int, model: CommModel) -> float:
+    """Dense gradient all-reduce of a data-parallel table over every replica."""
+    return model.all_reduce_ms(world, table.rows * table.dim * FP32)
+
+
+def cross_group_sync_ms(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int,
+                        model: CommModel) -> float:
+    """2D sparse parallelism: touched rows of one shard exchanged with the other replicas."""
+    if replicas <= 1:
+        return 0.0
+    draws = group * batch * table.pooling_factor * rows / table.rows
+    touched = expected_unique_rows(int(rows), round(table.access.effective_alpha(), 3), round(draws))
+    return model.all_gather_ms(replicas, touched * (cols * FP32 + ID_BYTES))
+
+
+# ---------------------------------------------------------------- calibration (real gloo runs)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _a2a_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = []
+    try:
+        for chunk in sizes:  # bytes sent to each peer
+            n = max(1, chunk // 4) * world
+            x = torch.randn(n)
+            y = torch.empty_like(x)
+            times = []
+            for i in range(repeats + 2):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_to_all_single(y, x)
+                dt = torch.tensor([time.perf_counter() - t0])
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the collective ends when the slowest rank does
+                if i >= 2:
+                    times.append(float(dt))
+            rows.append({"world": world, "bytes_per_peer": chunk, "sent_bytes": chunk * (world - 1),
+                         "median_s": statistics.median(times), "repeats": repeats})
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(rows))
+
+
+def measure_all_to_all(world: int, sizes: list[int], repeats: int = 10) -> list[dict]:
+    """Median time of gloo all_to_all_single between ``world`` local processes, per size."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "a2a.json")
+        mp.start_processes(_a2a_worker, args=(world, _free_port(), sizes, repeats, out), nprocs=world,
+                           join=True, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def calibrate(worlds=(2, 3, 4), sizes=(256, 4096, 65536, 262144, 1 << 20, 4 << 20), repeats: int = 10,
+              path: str | Path | None = CALIBRATION_PATH) -> dict:
+    """Run gloo all-to-alls, fit t = alpha + alpha_peer*(P-1) + beta*sent_bytes (non-negative LSQ)."""
+    from scipy.optimize import nnls
+
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+
+    runs = [r for w in worlds for r in measure_all_to_all(w, list(sizes), repeats)]
+    A = np.array([[1.0, r["world"] - 1, r["sent_bytes"]] for r in runs])
+    y = np.array([r["median_s"] for r in runs])
+    # relative weighting: small messages matter as much as large ones
+    wts = 1.0 / np.maximum(y, 1e-6)
+    coef, _ = nnls(A * wts[:, None], y * wts)
+    pred = A @ coef
+    fp = fingerprint("cpu")
+    doc = {
+        "version": 1,
+        "what": ("alpha-beta constants of torch.distributed gloo all_to_all_single between processes on this "
+                 "machine over loopback; t = alpha_s + alpha_peer_s*(P-1) + beta_s_per_byte*bytes_sent_per_rank"),
+        "constants": {"alpha_s": coef[0], "alpha_peer_s": coef[1], "beta_s_per_byte": coef[2]},
+        "fit_mape": float(np.mean(np.abs(pred - y) / y)),
+        "runs": runs,
+        "fingerprint": fp,
+        "fingerprint_hash": fingerprint_hash(fp),
+        "loadavg_1m": os.getloadavg()[0],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def comm_constants_dict(model: CommModel) -> dict:
+    return asdict(model)
+
+
+if __name__ == "__main__":
+    print(json.dumps(calibrate(), indent=1)[:2000])

@@ -1,0 +1,110 @@
+"""Enumerate stage: the ways each table may be sharded, under the rank memory limit.
+
+Mirrors TorchRec's EmbeddingEnumerator: for every table, a list of :class:`ShardingOption`s
+(table-wise; column-wise in k pieces with widths multiples of 4; row-wise and table-row-wise in k
+row blocks; data-parallel when a full replica fits on every rank). Also the input checks that turn
+impossible requests into one-line SpecErrors naming the table and the shortfall.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cubic.spec import SpecError, Table
+from sharding.types import COLUMN_MULTIPLE, ShardingOption, ShardSpec, Storage
+
+GB = 1e9
+
+
+def column_pieces(dim: int, k: int) -> list[tuple[int, int]] | None:
+    """(offset, cols) of k column blocks, each a multiple of 4 (the last may take the remainder)."""
+    if k == 1:
+        return [(0, dim)]
+    if dim % COLUMN_MULTIPLE or dim // COLUMN_MULTIPLE < k:
+        return None
+    quads = dim // COLUMN_MULTIPLE
+    sizes = [quads // k + (1 if i < quads % k else 0) for i in range(k)]
+    out, off = [], 0
+    for s in sizes:
+        out.append((off, s * COLUMN_MULTIPLE))
+        off += s * COLUMN_MULTIPLE
+    return out
+
+
+def row_pieces(rows: int, k: int) -> list[tuple[int, int]] | None:
+    """(offset, rows) of k contiguous row blocks (TorchRec's even row-wise split)."""
+    if k > rows:
+        return None
+    block = -(-rows // k)
+    out = []
+    for i in range(k):
+        off = i * block
+        n = min(block, rows - off)
+        if n <= 0:
+            return None
+        out.append((off, n))
+    return out
+
+
+def options_for(table: Table, group: int, memory_bytes: float, ranks_per_node: int = 8) -> list[ShardingOption]:
+    """Every sharding option of a table whose pieces each fit in one rank's memory."""
+    opts: list[ShardingOption] = []
+
+    def fits(rows: int, cols: int) -> bool:
+        return Storage.of(rows, cols).total <= memory_bytes
+
+    if fits(table.rows, table.dim):
+        opts.append(ShardingOption(table=table.name, sharding_type="table_wise",
+                                   shards=[ShardSpec(rows=table.rows, cols=table.dim)]))
+        if group > 1:
+            opts.append(ShardingOption(table=table.name, sharding_type="data_parallel",
+                                       shards=[ShardSpec(rows=table.rows, cols=table.dim)] * group))
+    k = 2
+    while k <= group:
+        cp = column_pieces(table.dim, k)
+        if cp and all(fits(table.rows, c) for _, c in cp):
+            opts.append(ShardingOption(table=table.name, sharding_type="column_wise",
+                                       shards=[ShardSpec(rows=table.rows, col_offset=o, cols=c) for o, c in cp]))
+        rp = row_pieces(table.rows, k)
+        if rp and all(fits(n, table.dim) for _, n in rp):
+            opts.append(ShardingOption(table=table.name, sharding_type="row_wise",
+                                       shards=[ShardSpec(row_offset=o, rows=n, cols=table.dim) for o, n in rp]))
+            if k <= ranks_per_node and group > ranks_per_node:
+                opts.append(ShardingOption(table=table.name, sharding_type="table_row_wise",
+                                           shards=[ShardSpec(row_offset=o, rows=n, cols=table.dim) for o, n in rp]))
+        k *= 2
+    return opts
+
+
+def min_row_pieces(table: Table, memory_bytes: float) -> int:
+    """Fewest row blocks such that each fits in one rank's memory."""
+    per_row = Storage.of(1, table.dim).total
+    return max(1, math.ceil(table.rows * per_row / memory_bytes))
+
+
+def check_inputs(tables: list[Table], group: int, memory_bytes: float, allow_split: bool = True) -> None:
+    """Raise SpecError for duplicated names, a table no split can fit, or too little total memory."""
+    seen: set[str] = set()
+    for t in tables:
+        if t.name in seen:
+            raise SpecError(f"duplicated table name {t.name!r}", field=f"tables.{t.name}")
+        seen.add(t.name)
+    total = 0
+    for t in tables:
+        need = Storage.of(t.rows, t.dim).total
+        total += need
+        if need <= memory_bytes:
+            continue
+        if not allow_split:
+            raise SpecError(f"needs {need / GB:.2f} GB but a rank has {memory_bytes / GB:.2f} GB "
+                            f"(short by {(need - memory_bytes) / GB:.2f} GB) and splitting is not allowed",
+                            field=f"tables.{t.name}")
+        k = min_row_pieces(t, memory_bytes)
+        if k > group:
+            raise SpecError(f"needs {need / GB:.2f} GB; even split row-wise over all {group} ranks a piece needs "
+                            f"{need / group / GB:.2f} GB > {memory_bytes / GB:.2f} GB per rank "
+                            f"(short by {(need / group - memory_bytes) / GB:.2f} GB)", field=f"tables.{t.name}")
+    if total > group * memory_bytes:
+        raise SpecError(f"tables need {total / GB:.2f} GB in all but {group} ranks hold "
+                        f"{group * memory_bytes / GB:.2f} GB (short by {(total - group * memory_bytes) / GB:.2f} GB)",
+                        field="tables")

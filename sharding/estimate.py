@@ -1,0 +1,159 @@
+"""Estimate stage: per-shard and per-rank features, and the cost of a whole plan.
+
+A plan's cost on rank r = compute(r) + comm(r) + sync(r):
+- compute: the rank's shards as one fused kernel - predicted by the learned model
+  (:class:`LearnedEstimator`) or measured on the real kernel (:class:`MeasuredEstimator`);
+- comm: all-to-all volumes under the alpha-beta model (sharding.comm) - the same for both;
+- sync: data-parallel all-reduce and 2D cross-group exchange (sharding.comm).
+Plan cost = max over ranks. Lower bound = max(sum of per-table costs / group, largest indivisible
+piece), with per-table costs from the same estimator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from cubic.spec import Table
+from sharding.comm import (
+    CommModel,
+    ShardTraffic,
+    cross_group_sync_ms,
+    dp_sync_ms,
+    expected_unique_rows,
+    rank_comm_ms,
+)
+from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
+from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost, Shard
+
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "data" / "cost_model.json"
+# additive per-shard quantities (first 7 are the model's sums) + alpha-weighted bytes for the mean
+SHARD_FEATURES = ("count", "lookups", "lookup_bytes", "out_bytes", "touched_bytes", "touched_rows",
+                  "param_bytes", "alpha_x_lookup_bytes")
+RANK_FEATURES = SHARD_FEATURES[:7] + ("mean_alpha", "max_shard_share", "mean_cols")
+
+
+def shard_vector(table: Table, rows: int, cols: int, batch: int) -> np.ndarray:
+    """Additive features of one shard for one step of ``batch`` examples."""
+    ids = table.pooling_factor * rows / table.rows
+    lookups = batch * ids
+    alpha = table.access.effective_alpha()
+    phys = min(rows, ROW_CAP)
+    touched = min(expected_unique_rows(int(rows), round(alpha, 3), round(lookups)), phys)
+    lb = lookups * cols * 4
+    return np.array([1.0, lookups, lb, batch * cols * 4.0, touched * cols * 4.0, touched, phys * cols * 4.0,
+                     alpha * lb])
+
+
+def rank_features_from_sums(sums: np.ndarray, max_lb: np.ndarray, batch: int) -> np.ndarray:
+    """[n_ranks, 8] sums and [n_ranks] largest lookup_bytes -> [n_ranks, 10] model features."""
+    sums = np.atleast_2d(sums)
+    lb = np.maximum(sums[:, 2], 1e-9)
+    n = np.maximum(sums[:, 0], 1e-9)
+    mean_alpha = sums[:, 7] / lb
+    share = np.atleast_1d(max_lb) / lb
+    mean_cols = sums[:, 3] / (4.0 * batch * n)
+    return np.concatenate([sums[:, :7], mean_alpha[:, None], share[:, None], mean_cols[:, None]], axis=1)
+
+
+def rank_features(works: list[ShardWork], batch: int) -> np.ndarray:
+    if not works:
+        return np.zeros(len(RANK_FEATURES))
+    vs = np.stack([shard_vector(w.table, w.rows, w.cols, batch) for w in works])
+    return rank_features_from_sums(vs.sum(axis=0), vs[:, 2].max(), batch)[0]
+
+
+class Estimator(ABC):
+    """Compute cost of each rank's shard set (ms per step)."""
+
+    source: str
+
+    @abstractmethod
+    def compute_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[float]: ...
+
+
+class LearnedEstimator(Estimator):
+    source = "modelled"
+
+    def __init__(self, model=None, path: str | Path = DEFAULT_MODEL_PATH):
+        if model is None:
+            from cost_models.sharding_cost import ShardingCostModel
+
+            model = ShardingCostModel.load(path)
+        self.model = model
+
+    def compute_ms(self, ranks, batch):
+        X = np.stack([rank_features(ws, batch) for ws in ranks])
+        return [float(x) for x in self.model.predict(X)]
+
+    def predict_features(self, X: np.ndarray) -> np.ndarray:
+        return self.model.predict(X)
+
+
+class MeasuredEstimator(Estimator):
+    source = "measured"
+
+    def __init__(self, cache: MeasurementCache | None = None):
+        self.cache = cache or MeasurementCache()
+
+    def compute_ms(self, ranks, batch):
+        return [self.cache.compute(ws, batch)["total_ms"] for ws in ranks]
+
+
+def min_pieces(table: Table, group: int) -> int:
+    """How many pieces a table may be cut into at most (column quarters x row pieces up to group)."""
+    return max(1, min(group, table.dim // COLUMN_MULTIPLE if table.dim % COLUMN_MULTIPLE == 0 else 1))
+
+
+def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound: bool = False) -> PlanCost:
+    """Per-rank compute + comm + sync of a plan, and optionally the lower bound."""
+    G, W, B = plan.group_size, plan.world_size, plan.batch_size
+    tables = {t.name: t for t in plan.tables}
+    works: list[list[ShardWork]] = [[] for _ in range(G)]
+    traffic: list[ShardTraffic] = []
+    sync = [0.0] * G
+    replicas = W // G
+    for s in plan.shards:
+        t = tables[s.table]
+        works[s.rank].append(ShardWork.of(t, s))
+        if s.sharding_type == "data_parallel":
+            sync[s.rank] += dp_sync_ms(t, W, comm)
+        else:
+            traffic.append(ShardTraffic(s.rank, s.cols, t.pooling_factor * s.rows / t.rows))
+            sync[s.rank] += cross_group_sync_ms(t, s.rows, s.cols, G, B, replicas, comm)
+    compute = estimator.compute_ms(works, B)
+    comms = rank_comm_ms(traffic, G, B, comm)
+    mem = plan.memory_per_rank()
+    per_rank = [
+        RankCost(rank=r, compute_ms=compute[r], comm_ms=comms[r], sync_ms=sync[r],
+                 total_ms=compute[r] + comms[r] + sync[r], memory_bytes=mem[r])
+        for r in range(G)
+    ]
+    lb = None
+    if lower_bound:
+        lb = table_lower_bound(plan.tables, G, B, estimator, comm)
+    return PlanCost.from_ranks(estimator.source, per_rank, lower_bound_ms=lb,
+                               details={"batch_size": B, "comm": comm.source})
+
+
+def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Estimator, comm: CommModel) -> float:
+    """max(total / group, largest indivisible piece) + the all-to-all of a perfectly balanced group.
+
+    total = every table fused on one rank (so kernel fusion is credited, unlike a sum of singles);
+    the largest indivisible piece = max over tables of its cost alone divided by the most pieces it
+    may be cut into (dim/4 column pieces, at most ``group``). Approximate, not a proof: cache
+    effects make a rank of 1/group of the tables slightly cheaper than 1/group of all of them.
+    """
+    works = [ShardWork(t, 0, t.rows, t.dim) for t in tables]
+    fused = estimator.compute_ms([works], batch)[0]
+    # the single costliest tables by lookup bytes bound the indivisible piece; measure the top few
+    top = sorted(works, key=lambda w: -w.table.pooling_factor * w.table.dim)[:3]
+    singles = estimator.compute_ms([[w] for w in top], batch)
+    indivisible = max(c / min_pieces(w.table, group) for w, c in zip(top, singles))
+    tot_cols = sum(t.dim for t in tables)
+    tot_ids = sum(t.pooling_factor for t in tables)
+    traffic = [ShardTraffic(r, tot_cols / group, tot_ids / group) for r in range(group)]
+    balanced_comm = rank_comm_ms(traffic, group, batch, comm)[0] if group > 1 else 0.0
+    return max(fused / group, indivisible) + balanced_comm

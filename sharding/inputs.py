@@ -1,0 +1,84 @@
+"""Planner inputs: tables from a workload (embedded name or YAML/JSON file) or a CSV.
+
+CSV columns (header row required): ``name, rows, dim, pooling_factor, zipf_alpha`` and optionally
+``feature_group``. Every error is a one-line SpecError naming the file, the table and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cubic.spec import AccessStats, SpecError, Table, Topology, Workload, spec_error_from_validation
+from cubic.workloads import load_workload
+
+CSV_REQUIRED = ("name", "rows", "dim", "pooling_factor")
+CSV_OPTIONAL = ("zipf_alpha", "feature_group")
+
+
+def read_tables_csv(path: str | Path) -> list[Table]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("no such file", source=str(p))
+    with p.open(newline="") as f:
+        reader = csv.DictReader(f)
+        cols = [c.strip() for c in (reader.fieldnames or [])]
+        missing = [c for c in CSV_REQUIRED if c not in cols]
+        if missing:
+            raise SpecError(f"missing column(s) {', '.join(missing)} (need {', '.join(CSV_REQUIRED)}; "
+                            f"optional {', '.join(CSV_OPTIONAL)})", source=str(p))
+        tables, seen = [], set()
+        for i, raw in enumerate(reader, start=2):
+            row = {k.strip(): (v or "").strip() for k, v in raw.items() if k}
+            name = row.get("name") or f"line {i}"
+            where = f"line {i} (table {name!r})"
+            try:
+                rows, dim = int(row["rows"]), int(row["dim"])
+                pf = float(row["pooling_factor"])
+                alpha = float(row["zipf_alpha"]) if row.get("zipf_alpha") else 1.05
+            except ValueError as e:
+                raise SpecError(f"not a number: {e}", source=str(p), field=where) from None
+            if rows <= 0:
+                raise SpecError(f"rows must be positive, got {rows}", source=str(p), field=f"{where}.rows")
+            if name in seen:
+                raise SpecError(f"duplicated table name {name!r}", source=str(p), field=where)
+            seen.add(name)
+            try:
+                tables.append(Table(name=name, rows=rows, dim=dim, pooling_factor=pf,
+                                    access=AccessStats(zipf_alpha=alpha),
+                                    feature_group=row.get("feature_group") or "default"))
+            except ValidationError as e:
+                raise spec_error_from_validation(e, f"{p}: {where}") from None
+    if not tables:
+        raise SpecError("no tables (only a header?)", source=str(p))
+    return tables
+
+
+def load_tables(spec: str) -> tuple[list[Table], Workload | None]:
+    """Tables (and the workload, when the input is one) from a CSV, a workload file or an embedded name."""
+    if spec.lower().endswith(".csv"):
+        return read_tables_csv(spec), None
+    wl = load_workload(spec)
+    return list(wl.tables), wl
+
+
+def topology_for(args_world: int | None, memory_gb: float | None, workload: Workload | None,
+                 ranks_per_node: int | None = None, device: str | None = None) -> Topology:
+    base = workload.topology if workload else Topology(device="cpu")
+    data = base.model_dump()
+    if args_world is not None:
+        data["world_size"] = args_world
+    if memory_gb is not None:
+        data["memory_per_rank_gb"] = memory_gb
+    if ranks_per_node is not None:
+        data["ranks_per_node"] = ranks_per_node
+    elif args_world is not None and workload is None:
+        data["ranks_per_node"] = args_world  # a CSV says nothing about nodes: one node
+    if device is not None:
+        data["device"] = device
+    try:
+        return Topology.model_validate(data)
+    except ValidationError as e:
+        raise spec_error_from_validation(e, "topology") from None

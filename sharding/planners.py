@@ -1,0 +1,432 @@
+"""Planners: ``Planner.plan(tables, topology, batch_size) -> Plan``.
+
+Stages as in TorchRec's planner: enumerate (sharding.enumerate) -> estimate (sharding.estimate,
+the learned model + comm model) -> propose/search -> partition (placement on ranks under memory).
+
+- Baselines, table-wise only, as defined in DreamShard/NeuroShard/AutoShard's code (greedy: tables
+  sorted by a cost key, largest first, each onto the rank with the lowest running sum of that key
+  among ranks with memory left): ``dim_greedy`` (key = dim), ``lookup_greedy`` (dim x pooling),
+  ``size_greedy`` (rows x dim), ``size_lookup_greedy`` (dim x pooling x log10(rows)), ``random``.
+  Tables too big for one rank are first cut row-wise into the fewest pieces that fit (the same
+  pre-split for every planner), since a table-wise-only baseline could not place them at all.
+- ``cubic``: NeuroShard-style search on the learned cost model: greedy grid search for placement
+  (each piece, costliest first, onto the rank that minimises the predicted plan cost = max over
+  ranks of compute + comm + sync), beam search over column-wise / row-wise / data-parallel splits
+  of the pieces on the bottleneck rank, then a move/swap refinement of the bottleneck; all under
+  the memory limit, with a time budget.
+- ``torchrec``: TorchRec's EmbeddingShardingPlanner (sharding.torchrec_adapter), when installed.
+
+2D sparse parallelism: with ``group_size`` G < world size W every planner plans one group of G
+ranks (each holding the per-rank batch), replicated W/G times; the estimate adds each piece's
+cross-group exchange of touched rows (sharding.comm).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cubic.spec import SpecError, Table, Topology
+from sharding.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
+from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces
+from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
+from sharding.types import Plan, Shard, Storage
+
+
+@dataclass
+class Unit:
+    """One piece to place: a row x column block of a table, with its features."""
+
+    table: Table
+    kind: str
+    row_offset: int
+    rows: int
+    col_offset: int
+    cols: int
+    vec: np.ndarray
+    ids: float
+    mem: int
+    sync_ms: float = 0.0
+    standalone: float = 0.0
+
+
+@dataclass
+class Context:
+    tables: list[Table]
+    topology: Topology
+    batch: int
+    group: int
+    world: int
+    memory_bytes: float
+    comm: CommModel
+    estimator: Estimator | None = None
+    _vec_cache: dict = field(default_factory=dict)
+
+    def unit(self, t: Table, kind: str, ro: int, rows: int, co: int, cols: int) -> Unit:
+        key = (t.name, ro, rows, cols)
+        if key not in self._vec_cache:
+            self._vec_cache[key] = shard_vector(t, rows, cols, self.batch)
+        sync = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group, self.comm)
+        return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
+                    Storage.of(rows, cols).total, sync)
+
+
+def _context(tables, topology, batch_size, group_size, estimator) -> Context:
+    world = topology.world_size
+    group = group_size or world
+    if group < 1 or world % group:
+        raise SpecError(f"group size {group} must divide world size {world}", field="group_size")
+    mem = topology.memory_per_rank_bytes
+    check_inputs(tables, group, mem)
+    return Context(list(tables), topology, batch_size, group, world, mem, CommModel.from_topology(topology), estimator)
+
+
+def presplit(ctx: Context) -> dict[str, tuple[str, int]]:
+    """Row-wise pieces for tables that fit on no single rank (same for every planner)."""
+    out = {}
+    for t in ctx.tables:
+        if Storage.of(t.rows, t.dim).total > ctx.memory_bytes:
+            out[t.name] = ("row_wise", min(ctx.group, min_row_pieces(t, 0.9 * ctx.memory_bytes)))
+    return out
+
+
+def build_units(ctx: Context, splits: dict[str, tuple[str, int]]) -> tuple[list[Unit], list[Unit]]:
+    """(placed units, data-parallel units) for a split decision per table (default table-wise)."""
+    units, dp = [], []
+    for t in ctx.tables:
+        kind, k = splits.get(t.name, ("table_wise", 1))
+        if kind == "data_parallel":
+            dp.append(ctx.unit(t, kind, 0, t.rows, 0, t.dim))
+        elif kind == "column_wise":
+            for o, c in column_pieces(t.dim, k):
+                units.append(ctx.unit(t, kind, 0, t.rows, o, c))
+        elif kind in ("row_wise", "table_row_wise"):
+            for o, n in row_pieces(t.rows, k):
+                units.append(ctx.unit(t, kind, o, n, 0, t.dim))
+        else:
+            units.append(ctx.unit(t, "table_wise", 0, t.rows, 0, t.dim))
+    return units, dp
+
+
+def to_plan(ctx: Context, planner: str, units: list[Unit], ranks: list[int], dp: list[Unit],
+            t0: float, notes: str = "") -> Plan:
+    shards = [Shard(table=u.table.name, sharding_type=u.kind, rank=r, row_offset=u.row_offset, rows=u.rows,
+                    col_offset=u.col_offset, cols=u.cols) for u, r in zip(units, ranks)]
+    for u in dp:
+        shards += [Shard(table=u.table.name, sharding_type="data_parallel", rank=r, rows=u.rows, cols=u.cols)
+                   for r in range(ctx.group)]
+    elapsed = time.perf_counter() - t0
+    plan = Plan(planner=planner, world_size=ctx.world, group_size=ctx.group, batch_size=ctx.batch,
+                topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes)
+    return with_prediction(plan, ctx.estimator, ctx.comm)
+
+
+def with_prediction(plan: Plan, estimator: Estimator | None, comm: CommModel | None = None) -> Plan:
+    if estimator is None:
+        return plan
+    comm = comm or CommModel.from_topology(plan.topology)
+    return plan.model_copy(update={"predicted": plan_cost(plan, estimator, comm)})
+
+
+class Planner(ABC):
+    name: str
+
+    @abstractmethod
+    def plan(self, tables: list[Table], topology: Topology, batch_size: int, group_size: int | None = None) -> Plan: ...
+
+
+# ------------------------------------------------------------------------------------ baselines
+
+HEURISTIC_KEYS = {
+    "dim_greedy": lambda t: float(t.dim),
+    "lookup_greedy": lambda t: t.dim * t.pooling_factor,
+    "size_greedy": lambda t: float(t.rows * t.dim),
+    "size_lookup_greedy": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
+}
+
+
+class HeuristicPlanner(Planner):
+    """One of the five baselines (see the module docstring)."""
+
+    def __init__(self, kind: str, seed: int = 0, estimator: Estimator | None = None):
+        if kind not in HEURISTIC_KEYS and kind != "random":
+            raise SpecError(f"unknown heuristic {kind!r} (known: random, {', '.join(HEURISTIC_KEYS)})", field="planner")
+        self.name, self.seed, self.estimator = kind, seed, estimator
+
+    def plan(self, tables, topology, batch_size, group_size=None):
+        t0 = time.perf_counter()
+        ctx = _context(tables, topology, batch_size, group_size, self.estimator)
+        units, _ = build_units(ctx, presplit(ctx))
+        G = ctx.group
+        mem = np.zeros(G)
+        load = np.zeros(G)
+        ranks = [-1] * len(units)
+        used: dict[str, set[int]] = {}
+        rng = np.random.default_rng(self.seed)
+        if self.name == "random":
+            order = list(range(len(units)))
+        else:
+            key = HEURISTIC_KEYS[self.name]
+            # piece's share of its table's key: pieces of a split table carry their fraction
+            keys = [key(u.table) * (u.rows * u.cols) / (u.table.rows * u.table.dim) for u in units]
+            order = sorted(range(len(units)), key=lambda i: (keys[i], units[i].mem, -i), reverse=True)
+        for i in order:
+            u = units[i]
+            ok = (mem + u.mem <= ctx.memory_bytes)
+            for r in used.get(u.table.name, ()):
+                ok[r] = False
+            cand = np.flatnonzero(ok)
+            if not len(cand):
+                raise SpecError(f"{self.name}: no rank has {u.mem / 1e9:.2f} GB left for table {u.table.name!r}",
+                                field=f"tables.{u.table.name}")
+            if self.name == "random":
+                r = int(rng.choice(cand))
+            else:
+                # lowest running sum, ties broken by least memory used (as in DreamShard's code)
+                r = int(cand[np.lexsort((mem[cand], load[cand]))[0]])
+                load[r] += keys[i]
+            mem[r] += u.mem
+            ranks[i] = r
+            used.setdefault(u.table.name, set()).add(r)
+        return to_plan(ctx, self.name, units, ranks, [], t0)
+
+
+# ---------------------------------------------------------------------------------- cubic search
+
+class _Placement:
+    """Greedy grid search of units onto ranks on the learned cost model (vectorised over ranks)."""
+
+    def __init__(self, ctx: Context, model, units: list[Unit], dp: list[Unit]):
+        self.ctx, self.model = ctx, model
+        G, B, cm = ctx.group, ctx.batch, ctx.comm
+        self.units, self.dp = units, dp
+        self.tot_cols = sum(u.cols for u in units)
+        self.tot_ids = sum(u.ids for u in units)
+        self.k_a2a = 1e3 * (cm.alpha_s + cm.alpha_peer_s * (G - 1)) if G > 1 else 0.0
+        self.beta = 1e3 * cm.beta(G - 1) if G > 1 else 0.0
+        dp_vec = sum((u.vec for u in dp), np.zeros(8))
+        self.base_sums = np.tile(dp_vec, (G, 1))
+        self.base_maxlb = np.full(G, max((u.vec[2] for u in dp), default=0.0))
+        self.base_sync = sum(dp_sync_ms(u.table, ctx.world, cm) for u in dp)
+        self.base_mem = sum(u.mem for u in dp)
+
+    def comm(self, cols: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        G, B = self.ctx.group, self.ctx.batch
+        if G <= 1:
+            return np.zeros_like(cols)
+        ids_sent = B * (self.tot_ids - ids) * ID_BYTES
+        ids_recv = (G - 1) * B * ids * ID_BYTES
+        emb_sent = (G - 1) * B * cols * FP32
+        emb_recv = B * (self.tot_cols - cols) * FP32
+        return 3 * self.k_a2a + self.beta * (np.maximum(ids_sent, ids_recv) + 2 * np.maximum(emb_sent, emb_recv))
+
+    def compute(self, sums: np.ndarray, maxlb: np.ndarray) -> np.ndarray:
+        return self.model.predict(rank_features_from_sums(sums, maxlb, self.ctx.batch))
+
+    def standalone(self) -> np.ndarray:
+        if not self.units:
+            return np.zeros(0)
+        V = np.stack([u.vec for u in self.units])
+        return self.compute(V, V[:, 2])
+
+    def run(self, order: list[int] | None = None) -> tuple[list[int], float, np.ndarray]:
+        ctx, G = self.ctx, self.ctx.group
+        sums = self.base_sums.copy()
+        maxlb = self.base_maxlb.copy()
+        cols = np.zeros(G)
+        ids = np.zeros(G)
+        sync = np.full(G, self.base_sync)
+        mem = np.full(G, float(self.base_mem))
+        cost = self.compute(sums, maxlb) * (sums[:, 0] > 0) + self.comm(cols, ids) + sync
+        ranks = [-1] * len(self.units)
+        used: dict[str, list[int]] = {}
+        if order is None:
+            st = self.standalone()
+            order = list(np.argsort(-st, kind="stable"))
+        for i in order:
+            u = self.units[i]
+            ok = mem + u.mem <= ctx.memory_bytes
+            for r in used.get(u.table.name, ()):
+                ok[r] = False
+            if not ok.any():
+                return ranks, math.inf, cost
+            new_sums = sums + u.vec
+            new_maxlb = np.maximum(maxlb, u.vec[2])
+            new_cost = self.compute(new_sums, new_maxlb) + self.comm(cols + u.cols, ids + u.ids) + sync + u.sync_ms
+            cur_max = cost.max()
+            score = np.where(ok, np.maximum(new_cost, cur_max) + 1e-3 * new_cost, np.inf)
+            r = int(np.argmin(score))
+            sums[r], maxlb[r], cols[r], ids[r] = new_sums[r], new_maxlb[r], cols[r] + u.cols, ids[r] + u.ids
+            sync[r] += u.sync_ms
+            mem[r] += u.mem
+            cost[r] = new_cost[r]
+            ranks[i] = r
+            used.setdefault(u.table.name, []).append(r)
+        # comm of ranks depends on the final totals only, so costs are exact for the model here
+        return ranks, float(cost.max()), cost
+
+    def rank_costs(self, ranks: list[int]) -> np.ndarray:
+        G = self.ctx.group
+        sums = self.base_sums.copy()
+        maxlb = self.base_maxlb.copy()
+        cols, ids = np.zeros(G), np.zeros(G)
+        sync = np.full(G, self.base_sync)
+        for u, r in zip(self.units, ranks):
+            sums[r] += u.vec
+            maxlb[r] = max(maxlb[r], u.vec[2])
+            cols[r] += u.cols
+            ids[r] += u.ids
+            sync[r] += u.sync_ms
+        return self.compute(sums, maxlb) * (sums[:, 0] > 0) + self.comm(cols, ids) + sync
+
+    def refine(self, ranks: list[int], deadline: float, max_iters: int = 200) -> tuple[list[int], float]:
+        """Move a piece off the bottleneck rank, or swap it with a piece elsewhere, while it helps."""
+        ctx, G = self.ctx, self.ctx.group
+        ranks = list(ranks)
+        cost = self.rank_costs(ranks)
+        mem = np.full(G, float(self.base_mem))
+        for u, r in zip(self.units, ranks):
+            mem[r] += u.mem
+        for _ in range(max_iters):
+            if time.perf_counter() > deadline:
+                break
+            b = int(np.argmax(cost))
+            best = (cost.max(), None)
+            on_b = [i for i, r in enumerate(ranks) if r == b]
+            for i in sorted(on_b, key=lambda i: -self.units[i].vec[2])[:4]:
+                u = self.units[i]
+                taken = {ranks[j] for j, v in enumerate(self.units) if v.table.name == u.table.name}
+                for r in range(G):
+                    if r == b or r in taken or mem[r] + u.mem > ctx.memory_bytes:
+                        continue
+                    trial = list(ranks)
+                    trial[i] = r
+                    c = self.rank_costs(trial)
+                    if c.max() < best[0] - 1e-6:
+                        best = (c.max(), trial)
+                if G > 16:  # large groups: moves only, swaps cost G x pieces predictions
+                    continue
+                for j, rj in enumerate(ranks):
+                    if rj == b or self.units[j].table.name == u.table.name:
+                        continue
+                    v = self.units[j]
+                    if any(ranks[k] == rj for k, w in enumerate(self.units) if w.table.name == u.table.name):
+                        continue
+                    if any(ranks[k] == b for k, w in enumerate(self.units) if w.table.name == v.table.name and k != j):
+                        continue
+                    if mem[rj] - v.mem + u.mem > ctx.memory_bytes or mem[b] - u.mem + v.mem > ctx.memory_bytes:
+                        continue
+                    trial = list(ranks)
+                    trial[i], trial[j] = rj, b
+                    c = self.rank_costs(trial)
+                    if c.max() < best[0] - 1e-6:
+                        best = (c.max(), trial)
+            if best[1] is None:
+                break
+            ranks = best[1]
+            cost = self.rank_costs(ranks)
+            mem = np.full(G, float(self.base_mem))
+            for u, r in zip(self.units, ranks):
+                mem[r] += u.mem
+        return ranks, float(cost.max())
+
+
+class CubicPlanner(Planner):
+    """Learned-cost search: greedy grid placement + beam search over splits + refinement."""
+
+    name = "cubic"
+
+    def __init__(self, estimator: LearnedEstimator | None = None, beam_width: int = 3, branch: int = 2,
+                 time_budget_s: float = 3.0, max_rounds: int = 8, allow: tuple[str, ...] = (
+                     "column_wise", "row_wise", "data_parallel")):
+        self.estimator = estimator
+        self.beam_width, self.branch = beam_width, branch
+        self.time_budget_s, self.max_rounds = time_budget_s, max_rounds
+        self.allow = allow
+
+    def _moves(self, ctx: Context, splits: dict, table: Table) -> list[dict]:
+        kind, k = splits.get(table.name, ("table_wise", 1))
+        out = []
+        if kind in ("table_wise", "column_wise") and "column_wise" in self.allow:
+            k2 = 2 if kind == "table_wise" else 2 * k
+            if k2 <= ctx.group and column_pieces(table.dim, k2):
+                out.append({**splits, table.name: ("column_wise", k2)})
+        if kind in ("table_wise", "row_wise") and "row_wise" in self.allow:
+            k2 = 2 if kind == "table_wise" else 2 * k
+            if k2 <= ctx.group and row_pieces(table.rows, k2):
+                out.append({**splits, table.name: ("row_wise", k2)})
+        if (kind == "table_wise" and "data_parallel" in self.allow and ctx.group > 1
+                and Storage.of(table.rows, table.dim).total * 50 <= ctx.memory_bytes):
+            out.append({**splits, table.name: ("data_parallel", 1)})
+        return out
+
+    def plan(self, tables, topology, batch_size, group_size=None):
+        t0 = time.perf_counter()
+        est = self.estimator or LearnedEstimator()
+        ctx = _context(tables, topology, batch_size, group_size, est)
+        deadline = t0 + self.time_budget_s
+        model = est.model
+        by_name = {t.name: t for t in ctx.tables}
+
+        def evaluate(splits):
+            units, dp = build_units(ctx, splits)
+            pl = _Placement(ctx, model, units, dp)
+            ranks, score, cost = pl.run()
+            return score, splits, pl, ranks, cost
+
+        start = evaluate(presplit(ctx))
+        beam = [start]
+        best = start
+        seen = {tuple(sorted(start[1].items()))}
+        rounds = 0
+        while rounds < self.max_rounds and time.perf_counter() < deadline:
+            rounds += 1
+            cands = []
+            for score, splits, pl, ranks, cost in beam:
+                if not math.isfinite(score):
+                    continue
+                b = int(np.argmax(cost))
+                # the bottleneck rank's costliest pieces are the ones worth cutting
+                on_b = sorted((i for i, r in enumerate(ranks) if r == b), key=lambda i: -pl.units[i].vec[2])
+                names = list(dict.fromkeys(pl.units[i].table.name for i in on_b))[: self.branch]
+                for n in names:
+                    for s in self._moves(ctx, splits, by_name[n]):
+                        key = tuple(sorted(s.items()))
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        cands.append(evaluate(s))
+                        if time.perf_counter() > deadline:
+                            break
+            if not cands:
+                break
+            pool = sorted(beam + cands, key=lambda c: c[0])[: self.beam_width]
+            if pool[0][0] >= best[0] - 1e-6 and all(c in beam for c in pool):
+                break
+            beam = pool
+            best = min(best, pool[0], key=lambda c: c[0])
+        score, splits, pl, ranks, _ = best
+        if not math.isfinite(score):
+            raise SpecError("no placement fits the memory limit", field="memory_per_rank_gb")
+        ranks, score = pl.refine(ranks, deadline + 0.25 * self.time_budget_s)
+        n_split = {k: sum(1 for v in splits.values() if v[0] == k) for k in ("column_wise", "row_wise", "data_parallel")}
+        notes = f"search rounds {rounds}; splits {n_split}; predicted max {score:.3f} ms"
+        return to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
+
+
+def make_planner(name: str, seed: int = 0, estimator: Estimator | None = None, **kw) -> Planner:
+    """A planner by name: cubic, torchrec, random, dim_greedy, lookup_greedy, size_greedy, size_lookup_greedy."""
+    if name == "cubic":
+        return CubicPlanner(estimator=estimator, **kw)
+    if name == "torchrec":
+        from sharding.torchrec_adapter import TorchRecPlanner
+
+        return TorchRecPlanner(estimator=estimator)
+    return HeuristicPlanner(name, seed=seed, estimator=estimator)
+
+
+PLANNERS = ("cubic", "torchrec", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")

@@ -1,0 +1,237 @@
+"""Sharding value objects and the plan document (JSON, ``version`` field).
+
+Shaped like TorchRec's planner types: a :class:`ShardingOption` is one way to cut one table into
+shards (a sharding type plus the shards' row/column ranges); a :class:`Shard` is one piece placed on
+one rank; a :class:`Plan` is every table's shards plus the predicted (and, once evaluated, measured)
+per-rank cost breakdown and memory.
+
+Plan schema (``version`` 1), every field documented on the models below:
+
+```
+{"version": 1, "planner": "cubic", "world_size": 4, "group_size": 4, "batch_size": 512,
+ "topology": {...cubic.spec.Topology...}, "tables": [{...cubic.spec.Table...}, ...],
+ "shards": [{"table": "t0", "sharding_type": "column_wise", "rank": 2,
+             "row_offset": 0, "rows": 1000, "col_offset": 0, "cols": 8}, ...],
+ "predicted": {"source": "modelled", "per_rank": [{"rank": 0, "compute_ms": .., "comm_ms": ..,
+               "sync_ms": .., "total_ms": .., "memory_bytes": ..}, ...], "max_ms": .., ...},
+ "measured": null | {same shape, "source": "measured"},
+ "planning_time_s": 0.12, "notes": ""}
+```
+
+Ranks in ``shards`` are ranks of one model-parallel group (0..group_size-1). With 2D sparse
+parallelism (group_size < world_size) the group's plan is replicated world_size/group_size times;
+rank r of the cluster holds the shards of group rank r % group_size. Data-parallel tables have one
+shard per group rank, each covering the whole table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from cubic.spec import Frozen, SpecError, Table, Topology, parse_model, read_structured
+
+PLAN_VERSION = 1
+ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
+SHARDING_TYPES: tuple[str, ...] = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+COLUMN_MULTIPLE = 4  # column-wise splits are in multiples of 4 (FBGEMM's vector width)
+FP32_BYTES = 4
+
+
+class Storage(Frozen):
+    """Memory one shard needs on its rank: fp32 weights plus row-wise Adagrad state (one fp32 per row)."""
+
+    weights_bytes: int = Field(ge=0)
+    optimizer_bytes: int = Field(ge=0)
+
+    @property
+    def total(self) -> int:
+        return self.weights_bytes + self.optimizer_bytes
+
+    @classmethod
+    def of(cls, rows: int, cols: int) -> "Storage":
+        return cls(weights_bytes=rows * cols * FP32_BYTES, optimizer_bytes=rows * FP32_BYTES)
+
+
+class Shard(Frozen):
+    """One piece of one table on one (group) rank: a row range times a column range."""
+
+    table: str
+    sharding_type: ShardingType
+    rank: int = Field(ge=0)
+    row_offset: int = Field(default=0, ge=0)
+    rows: int = Field(gt=0)
+    col_offset: int = Field(default=0, ge=0)
+    cols: int = Field(gt=0)
+
+    def storage(self) -> Storage:
+        return Storage.of(self.rows, self.cols)
+
+
+class ShardSpec(Frozen):
+    """A shard before placement (TorchRec's ``Shard`` without a rank): row and column ranges."""
+
+    row_offset: int = 0
+    rows: int
+    col_offset: int = 0
+    cols: int
+
+
+class ShardingOption(Frozen):
+    """One way to shard one table: its type and the unplaced pieces (placement adds ranks)."""
+
+    table: str
+    sharding_type: ShardingType
+    shards: list[ShardSpec]
+
+
+class RankCost(Frozen):
+    """Cost of one rank per training step, in ms. ``total_ms = compute_ms + comm_ms + sync_ms``."""
+
+    rank: int
+    compute_ms: float = Field(description="embedding forward + backward (with fused optimizer update)")
+    comm_ms: float = Field(description="forward (ids + pooled embeddings) and backward (gradients) all-to-all")
+    sync_ms: float = Field(default=0.0, description="data-parallel all-reduce and 2D cross-group sync")
+    total_ms: float
+    memory_bytes: int = Field(ge=0)
+
+
+class PlanCost(Frozen):
+    """Per-rank breakdown; the plan's cost is the slowest rank."""
+
+    source: Literal["measured", "modelled"]
+    per_rank: list[RankCost]
+    max_ms: float
+    mean_ms: float
+    lower_bound_ms: float | None = Field(default=None, description="max(total/W, largest indivisible shard)")
+    details: dict = Field(default_factory=dict, description="how it was obtained (repeats, batch, constants)")
+
+    @classmethod
+    def from_ranks(cls, source: str, per_rank: list[RankCost], **kw) -> "PlanCost":
+        totals = [r.total_ms for r in per_rank] or [0.0]
+        return cls(source=source, per_rank=per_rank, max_ms=max(totals), mean_ms=sum(totals) / len(totals), **kw)
+
+
+class Plan(Frozen):
+    version: Literal[1] = PLAN_VERSION
+    planner: str = Field(description="which planner produced it")
+    world_size: int = Field(ge=1)
+    group_size: int = Field(ge=1, description="ranks per model-parallel group (== world_size unless 2D)")
+    batch_size: int = Field(ge=1, description="examples per rank per step")
+    topology: Topology
+    tables: list[Table] = Field(min_length=1)
+    shards: list[Shard]
+    predicted: PlanCost | None = None
+    measured: PlanCost | None = None
+    planning_time_s: float = 0.0
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _covers_every_table(self) -> "Plan":
+        validate_shards(self.tables, self.shards, self.group_size, self.world_size)
+        return self
+
+    def table(self, name: str) -> Table:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def rank_shards(self) -> list[list[Shard]]:
+        out: list[list[Shard]] = [[] for _ in range(self.group_size)]
+        for s in self.shards:
+            out[s.rank].append(s)
+        return out
+
+    def memory_per_rank(self) -> list[int]:
+        return [sum(s.storage().total for s in ss) for ss in self.rank_shards()]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json() + "\n")
+        return p
+
+
+def validate_shards(tables: list[Table], shards: list[Shard], group_size: int, world_size: int) -> None:
+    """Every table covered exactly once by its shards (DP: once per rank); ranks in range; one type per table."""
+    if world_size % group_size:
+        raise ValueError(f"group_size {group_size} does not divide world_size {world_size}")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"duplicated table name {dup!r}")
+    by_table: dict[str, list[Shard]] = {n: [] for n in names}
+    for s in shards:
+        if s.table not in by_table:
+            raise ValueError(f"shard of unknown table {s.table!r}")
+        if s.rank >= group_size:
+            raise ValueError(f"shard of {s.table!r} on rank {s.rank} >= group_size {group_size}")
+        by_table[s.table].append(s)
+    for t in tables:
+        ss = by_table[t.name]
+        if not ss:
+            raise ValueError(f"table {t.name!r} has no shard")
+        kinds = {s.sharding_type for s in ss}
+        if len(kinds) != 1:
+            raise ValueError(f"table {t.name!r} mixes sharding types {sorted(kinds)}")
+        kind = kinds.pop()
+        if kind == "data_parallel":
+            if sorted(s.rank for s in ss) != list(range(group_size)) or any(
+                (s.rows, s.cols, s.row_offset, s.col_offset) != (t.rows, t.dim, 0, 0) for s in ss
+            ):
+                raise ValueError(f"data-parallel table {t.name!r} needs one full replica per rank")
+            continue
+        area = 0
+        for s in ss:
+            if s.row_offset + s.rows > t.rows or s.col_offset + s.cols > t.dim:
+                raise ValueError(f"shard of {t.name!r} exceeds the table ({t.rows}x{t.dim})")
+            area += s.rows * s.cols
+        # disjoint and covering: pieces are a grid of row ranges x column ranges
+        cells = {(s.row_offset, s.col_offset) for s in ss}
+        if area != t.rows * t.dim or len(cells) != len(ss):
+            raise ValueError(f"shards of {t.name!r} do not cover it exactly once")
+
+
+def load_plan(path: str | Path) -> Plan:
+    return parse_model(Plan, read_structured(path), source=str(path))
+
+
+def plan_from_dict(data: dict, source: str = "plan") -> Plan:
+    return parse_model(Plan, data, source=source)
+
+
+def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
+    """A readable per-rank table: shards, memory, and cost breakdown."""
+    cost = cost or plan.measured or plan.predicted
+    by_rank = plan.rank_shards()
+    mem = plan.memory_per_rank()
+    lines = [
+        f"plan by {plan.planner}: {len(plan.tables)} tables on {plan.group_size} ranks"
+        + (f" (x{plan.world_size // plan.group_size} replicas, 2D)" if plan.group_size < plan.world_size else "")
+        + f", batch {plan.batch_size}/rank" + (f", cost {cost.source}" if cost else "")
+    ]
+    lines.append(f"{'rank':>4} {'shards':>6} {'mem GB':>8} {'compute':>9} {'comm':>8} {'sync':>8} {'total ms':>9}  tables")
+    rc = {r.rank: r for r in cost.per_rank} if cost else {}
+    for r, ss in enumerate(by_rank):
+        c = rc.get(r)
+        names = ", ".join(
+            s.table + ("" if s.sharding_type == "table_wise" else f"[{s.sharding_type[:2]}:{s.row_offset}+{s.rows},{s.col_offset}+{s.cols}]")
+            for s in ss[:6]
+        ) + (" ..." if len(ss) > 6 else "")
+        nums = f"{c.compute_ms:9.2f} {c.comm_ms:8.2f} {c.sync_ms:8.2f} {c.total_ms:9.2f}" if c else f"{'-':>9} {'-':>8} {'-':>8} {'-':>9}"
+        lines.append(f"{r:>4} {len(ss):>6} {mem[r] / 1e9:8.3f} {nums}  {names}")
+    if cost:
+        lb = f", lower bound {cost.lower_bound_ms:.2f}" if cost.lower_bound_ms else ""
+        lines.append(f"max {cost.max_ms:.2f} ms, mean {cost.mean_ms:.2f} ms{lb}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "PLAN_VERSION", "SHARDING_TYPES", "COLUMN_MULTIPLE", "Storage", "Shard", "ShardSpec", "ShardingOption",
+    "RankCost", "PlanCost", "Plan", "validate_shards", "load_plan", "plan_from_dict", "format_plan", "SpecError",
+]
