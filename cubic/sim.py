@@ -1,0 +1,207 @@
+"""The simulated cluster as a runner backend: ``SimulatedRunner(cluster, world_size)``.
+
+It answers ``run(workload, config)`` like a real runner, but from the analytical step model
+(``cost_models/step_model.py``) instead of training: every Result has ``source="simulated"`` and
+``extra["simulated_cluster"]`` describing the cluster, so the store and reports keep simulated
+trials apart from measured ones. A step that does not fit in HBM is ``Result.failed("oom")``; a
+config the cluster cannot run (group size not dividing the world size, bad plan) is ``invalid``.
+
+``SimulatedRunner.from_spec("h100x64")`` parses ``<cluster>x<gpus>``, where ``<cluster>`` is a known
+cluster name (``cost_models.hardware.CLUSTERS``) or a YAML/JSON cluster file (``my.yamlx64``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cost_models.hardware import CLUSTERS, ClusterSpec, load_cluster
+from cost_models.step_model import DEFAULT_PARAMS, StepModelParams, predict_step
+from cubic.config import Config
+from cubic.fingerprint import versions
+from cubic.result import Result
+from cubic.spec import SpecError, Workload, parse_model, read_structured, stable_hash
+
+try:
+    from cubic.runner import Runner
+except ModuleNotFoundError as _e:  # the runner interface is written in parallel; subclass it once present
+    if _e.name != "cubic.runner":
+        raise
+    Runner = object  # type: ignore[assignment,misc]
+
+STEP_MODEL_VERSION = 1  # bump when the step model's physics change: simulated trials are keyed by it
+SIM_NOTE = "SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated"
+_SPEC = re.compile(r"^(?P<cluster>.+?)x(?P<gpus>\d+)$")
+
+
+class SimulatedRunner(Runner):  # type: ignore[misc,valid-type]
+    """A cluster of ``world_size`` GPUs described by ``cluster``, simulated by the step model."""
+
+    source = "simulated"
+
+    def __init__(self, cluster: ClusterSpec, world_size: int, params: StepModelParams | None = None):
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= 1_000_000:
+            raise SpecError(f"must be an integer in 1..1000000, got {world_size!r}", field="world_size")
+        self.cluster = cluster
+        self.world_size = world_size
+        self.params = params or DEFAULT_PARAMS
+
+    @classmethod
+    def from_spec(cls, spec: str, world_size: int | None = None,
+                  params: StepModelParams | None = None) -> "SimulatedRunner":
+        """``"h100x64"``, ``"cluster.yamlx64"``, or a cluster name/file with ``world_size`` given."""
+        text = str(spec).strip()
+        m = _SPEC.match(text)
+        if world_size is None:
+            if not m:
+                raise SpecError(f"expected <cluster>x<gpus>, e.g. h100x64 (clusters: {', '.join(CLUSTERS)}; "
+                                f"or a YAML cluster file)", source=text or "''", field="--simulate")
+            text, world_size = m.group("cluster"), int(m.group("gpus"))
+        if text not in CLUSTERS and not Path(text).suffix:
+            raise SpecError(f"unknown cluster (known: {', '.join(CLUSTERS)}; or a .yaml/.json cluster file)",
+                            source=text, field="--simulate")
+        if world_size < 1:
+            raise SpecError("the number of GPUs must be >= 1", source=str(spec), field="--simulate")
+        return cls(load_cluster(text), world_size, params)
+
+    # -- identity: what a simulated trial's result depends on -------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cluster
+        return {
+            "name": f"{c.name}x{self.world_size}",
+            "cluster": c.name,
+            "device": c.device.name,
+            "world_size": self.world_size,
+            "ranks_per_node": c.ranks_per_node,
+            "nodes": -(-self.world_size // c.ranks_per_node),
+            "hbm_gb_per_gpu": c.device.hbm_bytes / 1e9,
+            "nvlink_gbps": c.nvlink_bw / 1e9,
+            "network_gbps": c.network_bw / 1e9,
+            "step_model_version": STEP_MODEL_VERSION,
+        }
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "device": f"simulated:{self.cluster.name}x{self.world_size}",
+            "simulated": True,
+            "cluster": self.cluster.model_dump(mode="json"),
+            "world_size": self.world_size,
+            "step_model_version": STEP_MODEL_VERSION,
+            "step_model_params": self.params.model_dump(mode="json"),
+        }
+
+    def fingerprint_hash(self) -> str:
+        return stable_hash(self.fingerprint())
+
+    # -- the runner interface ---------------------------------------------------------------------
+
+    def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
+            progress: Callable[[int, int], None] | None = None) -> Result:
+        """One simulated step stands for all ``steps`` (the model is deterministic); never raises."""
+        t0 = time.perf_counter()
+        fp = self.fingerprint()
+        common: dict[str, Any] = dict(
+            source="simulated", workload=workload.name, workload_hash=workload.content_hash(),
+            config_hash=config.content_hash(), seed=config.seed, fingerprint=fp,
+            fingerprint_hash=stable_hash(fp), versions=versions(),
+        )
+        extra: dict[str, Any] = {"simulated_cluster": self.describe(), "note": SIM_NOTE,
+                                 "steps_requested": steps, "warmup_requested": warmup}
+        if progress:
+            progress(0, steps)
+        try:
+            pred = predict_step(workload, config, self.cluster, self.world_size, self.params)
+        except (SpecError, ValueError) as e:
+            return Result.failed("invalid", " ".join(str(e).split()), extra=extra,
+                                 wall_time_s=time.perf_counter() - t0, **common)
+        except Exception as e:  # a model bug is a failed trial, not a crashed campaign
+            return Result.failed("error", f"{type(e).__name__}: {e}", extra=extra,
+                                 wall_time_s=time.perf_counter() - t0, **common)
+        extra.update({
+            "plan": pred.plan,
+            "dense": pred.dense,
+            "memory_bytes": pred.memory,
+            "group_size": pred.group_size,
+            "batch_per_rank": pred.batch_per_rank,
+        })
+        if pred.oom:
+            return Result.failed("oom", f"SIMULATED: {pred.oom_reason}", metrics={"peak_mem_bytes": pred.peak_mem_bytes},
+                                 extra=extra, wall_time_s=time.perf_counter() - t0, **common)
+        step_ms = pred.step_s * 1e3
+        extra["phases_detail_ms"] = {k: v * 1e3 for k, v in pred.phases_s.items()}
+        extra["dominant_phase"] = pred.dominant_phase
+        if progress:
+            progress(steps, steps)
+        return Result(
+            status="ok",
+            metrics={
+                "examples_per_s": pred.examples_per_s,
+                "examples_per_s_per_gpu": pred.examples_per_s / self.world_size,
+                "step_time_median_ms": step_ms,
+                "step_time_p90_ms": step_ms,
+                "peak_mem_bytes": pred.peak_mem_bytes,
+            },
+            phases_ms=pred.standard_phases_ms(),
+            extra=extra,
+            wall_time_s=time.perf_counter() - t0,
+            **common,
+        )
+
+
+def load_params(path: str | Path) -> StepModelParams:
+    """Step-model parameters from a JSON/YAML file (e.g. written by ``cubic sim calibrate``)."""
+    data = read_structured(path)
+    if isinstance(data, dict) and "params" in data:
+        data = data["params"]
+    return parse_model(StepModelParams, data, source=str(path))
+
+
+def scaling_sweep(workload: Workload, cluster: ClusterSpec, gpus: Sequence[int], group_sizes: Sequence[int] = (),
+                  config: Config | None = None, params: StepModelParams | None = None,
+                  include_full: bool = True) -> list[dict[str, Any]]:
+    """SIMULATED weak scaling (fixed batch per GPU): full model-parallel sharding and 2D sparse
+    parallelism at each group size, for each GPU count. Efficiency is per-GPU throughput relative to
+    the best per-GPU throughput at the smallest GPU count where any strategy fits."""
+    base = config or Config(kernels={"dense_dtype": "bf16"})
+    params = params or DEFAULT_PARAMS
+    strategies: list[tuple[str, int | None]] = ([("full", None)] if include_full else []) + \
+        [(f"2d-g{g}", g) for g in group_sizes]
+    rows: list[dict[str, Any]] = []
+    for W in gpus:
+        for name, G in strategies:
+            if G is not None and (G > W or W % G):
+                continue
+            cfg = base.model_copy(update={"sharding": base.sharding.model_copy(update={"group_size": G, "plan": None})})
+            row: dict[str, Any] = {"gpus": W, "strategy": name, "group_size": G or W}
+            try:
+                p = predict_step(workload, cfg, cluster, W, params)
+            except SpecError as e:
+                rows.append(row | {"status": "invalid", "reason": str(e)})
+                continue
+            if p.oom:
+                rows.append(row | {"status": "oom", "reason": p.oom_reason, "peak_mem_gb": p.peak_mem_bytes / 1e9})
+                continue
+            rows.append(row | {
+                "status": "ok",
+                "step_ms": p.step_s * 1e3,
+                "examples_per_s": p.examples_per_s,
+                "examples_per_s_per_gpu": p.examples_per_s / W,
+                "dominant_phase": p.dominant_phase,
+                "phases_ms": {k: v * 1e3 for k, v in p.phases_s.items()},
+                "peak_mem_gb": p.peak_mem_bytes / 1e9,
+                "embedding_imbalance": p.plan.get("embedding_imbalance"),
+                "sharding_types": p.plan.get("sharding_types"),
+                "a2a_output_bytes_per_rank": p.plan.get("a2a_output_bytes_per_rank"),
+                "embedding_sync_bytes_per_rank": p.plan.get("embedding_sync_bytes_per_rank"),
+            })
+    ok = [r for r in rows if r["status"] == "ok"]
+    if ok:
+        w0 = min(r["gpus"] for r in ok)
+        ref = max(r["examples_per_s_per_gpu"] for r in ok if r["gpus"] == w0)
+        for r in ok:
+            r["scaling_efficiency"] = r["examples_per_s_per_gpu"] / ref
+            r["reference_gpus"] = w0
+    return rows

@@ -1,0 +1,92 @@
+"""SimulatedRunner (cubic/sim.py) and the `cubic sim` CLI: simulated Results, spec parsing, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cost_models.hardware import CLUSTERS
+from cubic.cli import main
+from cubic.config import Config, ShardingChoice
+from cubic.sim import SimulatedRunner, load_params, scaling_sweep
+from cubic.spec import SpecError
+from cubic.workloads import DEFAULT_WORKLOADS
+
+LARGE = DEFAULT_WORKLOADS["wukong-large"]
+
+
+def test_from_spec_parses_cluster_and_world_size(tmp_path):
+    r = SimulatedRunner.from_spec("h100x64")
+    assert r.cluster.name == "h100" and r.world_size == 64 and r.source == "simulated"
+    assert SimulatedRunner.from_spec("h200x8").cluster.device.hbm_bytes == 141e9
+    yaml_file = tmp_path / "mine.yaml"
+    yaml_file.write_text(
+        "name: mine\nranks_per_node: 4\nnvlink_bw: 2.0e11\nnetwork_bw: 2.5e10\n"
+        "device: {name: h100, peak_flops_fp32: 6.7e13, peak_flops_bf16: 9.89e14, peak_flops_fp8: 1.979e15,"
+        " hbm_bytes: 8.0e10, hbm_bw: 3.35e12}\n")
+    mine = SimulatedRunner.from_spec(f"{yaml_file}x16")
+    assert mine.cluster.name == "mine" and mine.world_size == 16 and mine.cluster.ranks_per_node == 4
+    assert SimulatedRunner.from_spec(str(yaml_file), world_size=32).world_size == 32
+
+
+@pytest.mark.parametrize("bad", ["h100", "h100x", "x64", "tpu9x64", "h100x0", "", "nope.yamlx8"])
+def test_from_spec_bad_input_is_a_spec_error(bad):
+    with pytest.raises(SpecError):
+        SimulatedRunner.from_spec(bad)
+
+
+def test_run_returns_a_simulated_result():
+    runner = SimulatedRunner(CLUSTERS["h100"], 64)
+    calls = []
+    res = runner.run(LARGE, Config(kernels={"dense_dtype": "bf16"}), steps=10, progress=lambda d, t: calls.append((d, t)))
+    assert res.ok and res.source == "simulated"
+    assert res.extra["simulated_cluster"]["name"] == "h100x64"
+    assert "SIMULATED" in res.extra["note"]
+    m = res.metrics
+    assert m["examples_per_s"] == pytest.approx(LARGE.batch_size * 64 / (m["step_time_median_ms"] / 1e3))
+    assert 0 < m["peak_mem_bytes"] < 80e9
+    assert set(res.phases_ms) >= {"embedding_fwd", "embedding_bwd", "dense_fwd", "dense_bwd", "optimizer",
+                                  "communication"}
+    assert sum(res.extra["phases_detail_ms"].values()) == pytest.approx(m["step_time_median_ms"])
+    assert res.fingerprint_hash == runner.fingerprint_hash() and res.fingerprint["simulated"] is True
+    assert res.workload_hash == LARGE.content_hash() and calls[-1] == (10, 10)
+    # a different cluster or world size is a different fingerprint: never served for another
+    assert SimulatedRunner(CLUSTERS["h100"], 128).fingerprint_hash() != runner.fingerprint_hash()
+
+
+def test_run_failures_are_results_not_exceptions():
+    oom = SimulatedRunner(CLUSTERS["h100"], 2).run(LARGE, Config())
+    assert not oom.ok and oom.failure_kind == "oom" and oom.source == "simulated" and "SIMULATED" in oom.reason
+    bad = SimulatedRunner(CLUSTERS["h100"], 64).run(LARGE, Config(sharding=ShardingChoice(group_size=24)))
+    assert not bad.ok and bad.failure_kind == "invalid" and "group size" in bad.reason
+    knob = SimulatedRunner(CLUSTERS["h100"], 64).run(LARGE, Config(model={"warp": 3}))
+    assert knob.failure_kind == "invalid"
+
+
+def test_scaling_sweep_rows():
+    rows = scaling_sweep(LARGE, CLUSTERS["h100"], [8, 64], [16, 32])
+    by = {(r["gpus"], r["strategy"]): r for r in rows}
+    assert by[(8, "full")]["status"] == "oom"  # ~470 GB of tables do not fit 8 x 80 GB
+    assert (8, "2d-g16") not in by  # a group larger than the cluster is skipped
+    assert by[(64, "full")]["status"] == "ok" and by[(64, "full")]["scaling_efficiency"] == pytest.approx(1.0)
+    assert all(0 < r["scaling_efficiency"] <= 1.0 + 1e-9 for r in rows if r["status"] == "ok")
+
+
+def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
+    assert main(["sim", "scale", "--gpus", "64,128", "--group-sizes", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["simulated"] is True and {r["strategy"] for r in out["rows"]} == {"full", "2d-g32"}
+    assert main(["sim", "predict", "--simulate", "h100x64", "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert pred["simulated"] and pred["step_ms"] > 0 and pred["dominant_phase"]
+    assert main(["sim", "predict", "--simulate", "h100x64x"]) == 2
+    assert "expected <cluster>x<gpus>" in capsys.readouterr().err
+    params = tmp_path / "p.json"
+    params.write_text(json.dumps({"params": {"net_eff": 0.4}}))
+    assert load_params(params).net_eff == 0.4
+    assert main(["sim", "predict", "--simulate", "h100x64", "--params", str(params), "--json"]) == 0
+    slower = json.loads(capsys.readouterr().out)
+    assert slower["step_ms"] > pred["step_ms"]
+    params.write_text(json.dumps({"params": {"warp": 1}}))
+    assert main(["sim", "predict", "--params", str(params)]) == 2
