@@ -117,7 +117,7 @@ def plot(rows: list[dict], sensitivity: list[dict], path: Path) -> None:
         ax2.plot([r["gpus"] for r in ok], [r["scaling_efficiency"] for r in ok], marker="x", ls=":", color="grey",
                  label=f"{ok[0]['strategy']} per-step gradient sync")
     if ref:
-        gpus = sorted({r["gpus"] for r in rows})
+        gpus = sorted({r["gpus"] for r in rows if r["gpus"] >= ref["gpus"]})
         ax1.plot(gpus, [ref["examples_per_s_per_gpu"] * g for g in gpus], color="black", lw=0.8, ls=":",
                  label="ideal (linear)")
     for ax in (ax1, ax2):
