@@ -1,0 +1,265 @@
+"""The campaign's proxy: learned predictors of a run's metrics, with uncertainty, and feasibility.
+
+CubicML (arXiv 2409.04585) replaces most real runs by a learned predictor trained on the runs made
+so far. Here:
+
+- :class:`EnsembleRegressor` - one model family as an ensemble whose spread is the uncertainty:
+  ``xgboost`` (bootstrapped gradient-boosted trees, one seed per member), ``mlp`` (a small torch
+  MLP deep ensemble: members differ by initialisation), ``gp`` (scikit-learn Gaussian process,
+  whose posterior std is the uncertainty).
+- :class:`Proxy` - picks among families by cross-validated Kendall tau (rank accuracy is what a
+  search needs: it only has to order configurations), then refits the winner on all data.
+- :class:`FeasibilityClassifier` - P(run succeeds) from configurations that failed (OOM, timeout,
+  NaN, violated constraints) and those that did not; XGBoost once both classes are seen.
+
+All follow scikit-learn's API. Persistence is JSON (:meth:`Proxy.to_json`): the training data and
+hyperparameters, from which :meth:`Proxy.from_json` refits the identical model (every member is
+seeded), so no pickle ever crosses a trust boundary.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+from scipy.stats import kendalltau
+
+FAMILIES = ("xgboost", "mlp", "gp")
+
+
+def kendall_tau(y_true, y_pred) -> float:
+    """Kendall's tau-b; 0 where undefined (constant inputs)."""
+    if len(y_true) < 2:
+        return 0.0
+    tau = kendalltau(np.asarray(y_true), np.asarray(y_pred)).statistic
+    return 0.0 if tau is None or not np.isfinite(tau) else float(tau)
+
+
+class _Scaler:
+    def __init__(self, x: np.ndarray):
+        self.mean = x.mean(axis=0)
+        self.std = x.std(axis=0)
+        self.std[self.std < 1e-12] = 1.0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.mean) / self.std
+
+
+class EnsembleRegressor:
+    """One model family as an ensemble; ``predict(X, return_std=True)`` gives mean and spread."""
+
+    def __init__(self, kind: str = "xgboost", n_members: int = 5, random_state: int = 0,
+                 mlp_hidden: int = 64, mlp_epochs: int = 200, xgb_estimators: int = 100):
+        self.kind = kind
+        self.n_members = n_members
+        self.random_state = random_state
+        self.mlp_hidden = mlp_hidden
+        self.mlp_epochs = mlp_epochs
+        self.xgb_estimators = xgb_estimators
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("kind", "n_members", "random_state", "mlp_hidden",
+                                              "mlp_epochs", "xgb_estimators")}
+
+    def fit(self, X, y) -> "EnsembleRegressor":
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        if X.ndim != 2 or len(X) != len(y) or len(y) == 0:
+            raise ValueError(f"X must be 2-D with one row per target (got {X.shape} and {y.shape})")
+        if self.kind not in FAMILIES:
+            raise ValueError(f"unknown proxy family {self.kind!r} (known: {', '.join(FAMILIES)})")
+        self.x_scaler_ = _Scaler(X)
+        self.y_mean_ = float(y.mean())
+        self.y_std_ = float(y.std()) or 1.0
+        Xs, ys = self.x_scaler_(X), (y - self.y_mean_) / self.y_std_
+        self.members_ = getattr(self, f"_fit_{self.kind}")(Xs, ys)
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def _fit_xgboost(self, X, y):
+        import xgboost as xgb
+
+        members = []
+        for i in range(self.n_members):
+            rng = np.random.default_rng(self.random_state * 1009 + i)
+            # bootstrap rows so that members disagree where data is thin: that spread is the uncertainty
+            idx = rng.integers(0, len(y), len(y)) if self.n_members > 1 else np.arange(len(y))
+            m = xgb.XGBRegressor(n_estimators=self.xgb_estimators, max_depth=4, learning_rate=0.08,
+                                 subsample=0.8, colsample_bytree=0.8, min_child_weight=1.0,
+                                 reg_lambda=1.0, tree_method="exact", random_state=self.random_state * 1009 + i,
+                                 n_jobs=1)  # exact: fastest on tens of rows
+            m.fit(X[idx], y[idx])
+            members.append(m)
+        return members
+
+    def _fit_mlp(self, X, y):
+        import torch
+
+        # all members train at once as one batched network (weights [members, in, out]): on tiny
+        # data the cost is per-step overhead, so M members cost about as much as one
+        M, d, h = self.n_members, X.shape[1], self.mlp_hidden
+        Xt = torch.as_tensor(X, dtype=torch.float32).expand(M, -1, -1)
+        yt = torch.as_tensor(y, dtype=torch.float32).expand(M, -1)
+        gen = torch.Generator().manual_seed(self.random_state)
+
+        def init(fan_in, fan_out):
+            bound = 1.0 / fan_in ** 0.5
+            w = (torch.rand(M, fan_in, fan_out, generator=gen) * 2 - 1) * bound
+            b = (torch.rand(M, 1, fan_out, generator=gen) * 2 - 1) * bound
+            return w.requires_grad_(), b.requires_grad_()
+
+        params = [*init(d, h), *init(h, h), *init(h, 1)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny GEMMs: threading only adds overhead on a shared machine
+        try:
+            opt = torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3)
+            for _ in range(self.mlp_epochs):  # full batch: tens to hundreds of rows
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(_mlp_forward(params, Xt), yt)
+                loss.backward()
+                opt.step()
+        finally:
+            torch.set_num_threads(threads)
+        return [tuple(p.detach() for p in params)]
+    def _fit_gp(self, X, y):
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        kernel = ConstantKernel(1.0) * Matern(length_scale=np.ones(X.shape[1]), nu=2.5,
+                                              length_scale_bounds=(1e-2, 1e3)) + WhiteKernel(1e-2, (1e-6, 1.0))
+        gp = GaussianProcessRegressor(kernel=kernel, normalize_y=False, n_restarts_optimizer=1,
+                                      random_state=self.random_state)
+        with warnings.catch_warnings():  # convergence chatter on tiny data sets
+            warnings.simplefilter("ignore")
+            gp.fit(X, y)
+        return [gp]
+
+    def predict(self, X, return_std: bool = False):
+        X = self.x_scaler_(np.asarray(X, dtype=np.float64))
+        if self.kind == "gp":
+            mu, sd = self.members_[0].predict(X, return_std=True)
+        else:
+            preds = np.concatenate([np.atleast_2d(self._member_predict(m, X)) for m in self.members_])
+            mu, sd = preds.mean(axis=0), preds.std(axis=0)
+        mu = mu * self.y_std_ + self.y_mean_
+        sd = sd * self.y_std_
+        return (mu, sd) if return_std else mu
+
+    def _member_predict(self, m, X):
+        if self.kind == "mlp":
+            import torch
+
+            M = m[0].shape[0]
+            with torch.no_grad():
+                out = _mlp_forward(m, torch.as_tensor(X, dtype=torch.float32).expand(M, -1, -1))
+            return out.double().numpy()  # [members, rows]
+        return m.predict(X)
+
+
+def _mlp_forward(params, X):
+    import torch
+
+    w1, b1, w2, b2, w3, b3 = params
+    h = torch.nn.functional.silu(torch.baddbmm(b1, X, w1))
+    h = torch.nn.functional.silu(torch.baddbmm(b2, h, w2))
+    return torch.baddbmm(b3, h, w3).squeeze(-1)
+
+
+class Proxy:
+    """Model selection by cross-validated Kendall tau over families, then a refit on all data."""
+
+    def __init__(self, families: tuple[str, ...] = FAMILIES, n_members: int = 5, cv_folds: int = 4,
+                 random_state: int = 0, mlp_epochs: int = 200):
+        self.families = families
+        self.n_members = n_members
+        self.cv_folds = cv_folds
+        self.random_state = random_state
+        self.mlp_epochs = mlp_epochs
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("families", "n_members", "cv_folds", "random_state", "mlp_epochs")}
+
+    def _make(self, kind: str) -> EnsembleRegressor:
+        return EnsembleRegressor(kind=kind, n_members=self.n_members, random_state=self.random_state,
+                                 mlp_epochs=self.mlp_epochs)
+
+    def fit(self, X, y) -> "Proxy":
+        from sklearn.model_selection import KFold
+
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        self.cv_tau_: dict[str, float] = {}
+        folds = min(self.cv_folds, len(y))
+        if len(self.families) > 1 and len(y) >= 6:
+            kf = KFold(n_splits=folds, shuffle=True, random_state=self.random_state)
+            for kind in self.families:
+                oof = np.zeros_like(y)
+                for tr, te in kf.split(X):
+                    oof[te] = self._make(kind).fit(X[tr], y[tr]).predict(X[te])
+                self.cv_tau_[kind] = kendall_tau(y, oof)
+            # ties go to the earlier family in `families`
+            self.selected_ = max(self.families, key=lambda k: (self.cv_tau_[k], -self.families.index(k)))
+        else:
+            self.selected_ = self.families[0] if len(self.families) == 1 or len(y) >= 3 else "xgboost"
+            if "gp" in self.families and len(y) < 6:
+                self.selected_ = "gp"  # a GP is the sanest guess from a handful of points
+        self.model_ = self._make(self.selected_).fit(X, y)
+        self.X_train_, self.y_train_ = X, y
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def predict(self, X, return_std: bool = False):
+        return self.model_.predict(X, return_std=return_std)
+
+    def score(self, X, y) -> float:
+        """Kendall tau of predictions against ``y`` (what the campaign selects by)."""
+        return kendall_tau(y, self.predict(X))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, "params": {**self.get_params(), "families": list(self.families)},
+                "selected": self.selected_, "cv_tau": self.cv_tau_,
+                "X": self.X_train_.tolist(), "y": self.y_train_.tolist()}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "Proxy":
+        params = dict(doc["params"])
+        params["families"] = (doc["selected"],)  # refit only the family chosen at save time
+        p = cls(**params).fit(np.asarray(doc["X"]), np.asarray(doc["y"]))
+        p.cv_tau_ = doc.get("cv_tau", {})
+        return p
+
+
+class FeasibilityClassifier:
+    """P(a configuration runs and meets the constraints). Until both outcomes have been seen the
+    prior is the observed success rate (Laplace-smoothed), the same for every configuration."""
+
+    def __init__(self, random_state: int = 0):
+        self.random_state = random_state
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {"random_state": self.random_state}
+
+    def fit(self, X, ok) -> "FeasibilityClassifier":
+        import xgboost as xgb
+
+        X = np.asarray(X, dtype=np.float64)
+        ok = np.asarray(ok, dtype=np.int64)
+        self.prior_ = (ok.sum() + 1.0) / (len(ok) + 2.0)
+        self.model_ = None
+        if 0 < ok.sum() < len(ok):
+            self.model_ = xgb.XGBClassifier(n_estimators=60, max_depth=3, learning_rate=0.2,
+                                            random_state=self.random_state, n_jobs=1)
+            self.model_.fit(X, ok)
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def predict_proba(self, X) -> np.ndarray:
+        """P(feasible) per row (a 1-D array, unlike scikit-learn's two columns: there is one class of interest)."""
+        X = np.asarray(X, dtype=np.float64)
+        if self.model_ is None:
+            return np.full(len(X), self.prior_)
+        return self.model_.predict_proba(X)[:, 1]
+
+    def predict(self, X) -> np.ndarray:
+        return (self.predict_proba(X) >= 0.5).astype(np.int64)

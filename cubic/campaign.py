@@ -1,0 +1,349 @@
+"""The campaign engine: propose k points per round, validate them by real runs, retrain, repeat.
+
+Generic API (any space, any evaluate function)::
+
+    from search.space import Space
+    from cubic.campaign import Campaign
+
+    space = Space.model_validate({"parameters": [{"name": "x", "type": "float", "low": 0, "high": 1}],
+                                  "objectives": [{"metric": "score", "direction": "maximize"}]})
+    c = Campaign(space, lambda point: {"score": -(point["x"] - 0.3) ** 2 + 1}, budget=20,
+                 batch_size=4, storage="sqlite:///tune.db", name="my-tune")
+    summary = c.run()
+    print(summary.best_point, summary.best_metrics)
+
+``evaluate(point)`` returns a dict of metrics (a successful run), an :class:`Evaluation` (to say
+a run failed, and whether the failure is transient), or a :class:`cubic.result.Result`; an
+exception is a failed run (kind ``error``), never a crash of the campaign.
+
+Storage. A campaign is an Optuna study in an Optuna RDB storage (SQLite file by default, any
+SQLAlchemy URL such as PostgreSQL so that workers on several machines share it): one Optuna trial
+per finished run, with its metrics, failure kind, round and the proxy's prediction as trial
+attributes, and the campaign's settings (space, strategy, budget, seed...) as study attributes.
+Optuna's storage fits because it already is a durable, multi-writer record of (params, values,
+state) that optuna.importance and Optuna's samplers read directly. A trial is written only when its
+run has finished, in one transaction, so everything a resume needs is in the storage: SIGKILL at
+any moment loses at most the runs in flight, and no finished run is run again (proposals skip
+every stored point). cubic's own evaluate (:class:`RunnerEvaluate`) also records every Result in
+the trial store (cubic.store) with the campaign's name, and serves repeated configs from it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import optuna
+
+from cubic.spec import SpecError
+from search.space import Space
+from search.strategies import Observation, Proposal, Strategy, make_strategy, objective_value
+
+DEFAULT_STORAGE = "sqlite:///.cubic/campaigns.db"
+META_KEY = "cubic_campaign"
+
+
+@dataclass
+class Evaluation:
+    """What an evaluate function reports about one run."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    ok: bool = True
+    failure_kind: str | None = None
+    reason: str | None = None
+    transient: bool = False  # another attempt may succeed (timeout, killed worker)
+    source: str = "measured"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, kind: str, reason: str, transient: bool = False, **kw) -> "Evaluation":
+        return cls(ok=False, failure_kind=kind, reason=reason, transient=transient, **kw)
+
+
+def as_evaluation(out: Any) -> Evaluation:
+    if isinstance(out, Evaluation):
+        return out
+    if isinstance(out, dict):
+        return Evaluation(metrics={k: float(v) for k, v in out.items()})
+    from cubic.result import Result
+
+    if isinstance(out, Result):
+        return Evaluation(metrics=dict(out.metrics), ok=out.ok, failure_kind=out.failure_kind,
+                          reason=out.reason, transient=out.transient, source=out.source,
+                          extra={"config_hash": out.config_hash, "workload": out.workload})
+    raise TypeError(f"evaluate returned {type(out).__name__}; expected dict, Evaluation or Result")
+
+
+def open_storage(url: str | None):
+    """Optuna storage for a URL (None: in memory). Creates the SQLite file's directory."""
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    if isinstance(url, optuna.storages.BaseStorage):
+        return url
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+                                      if url.startswith("sqlite") else {})
+
+
+@dataclass
+class Summary:
+    name: str
+    status: str
+    stop_reason: str
+    runs: int
+    best_point: dict[str, Any] | None
+    best_metrics: dict[str, float] | None
+    best_so_far: list[float]  # primary objective's best feasible value after each run
+    proxy: dict[str, Any]
+    warm_start: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+class Campaign:
+    """Propose -> validate -> record -> retrain, until the budget is spent or progress plateaus."""
+
+    def __init__(self, space: Space, evaluate: Callable[[dict[str, Any]], Any], *, name: str = "campaign",
+                 strategy: str | Strategy = "cubic", budget: int = 40, batch_size: int = 4, seed: int = 0,
+                 storage: Any = None, patience: int | None = None, min_improvement: float = 0.005,
+                 max_retries: int = 2, workers: int = 1, featurize=None, context: dict[str, Any] | None = None,
+                 warm_start: tuple[str, ...] | list[str] = (), resume: bool = False, progress: bool = False,
+                 on_result: Callable[[dict[str, Any], Evaluation], None] | None = None):
+        if budget < 1 or batch_size < 1:
+            raise SpecError("budget and batch size must be >= 1", field="budget" if budget < 1 else "batch_size")
+        self.space = space
+        self.evaluate = evaluate
+        self.name = name
+        self.strategy = make_strategy(strategy) if isinstance(strategy, str) else strategy
+        self.strategy_name = strategy if isinstance(strategy, str) else self.strategy.name
+        self.budget, self.batch_size, self.seed = budget, batch_size, seed
+        self.patience, self.min_improvement = patience, min_improvement
+        self.max_retries, self.workers = max_retries, workers
+        self.featurize, self.context = featurize, dict(context or {})
+        self.warm_start = list(warm_start)
+        self.progress, self.on_result = progress, on_result
+        self.storage = open_storage(storage)
+        self.study = self._open_study(resume)
+
+    # ---- storage --------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        return {"version": 1, "name": self.name, "space": self.space.to_json(), "strategy": self.strategy_name,
+                "budget": self.budget, "batch_size": self.batch_size, "seed": self.seed,
+                "patience": self.patience, "min_improvement": self.min_improvement,
+                "max_retries": self.max_retries, "context": self.context, "warm_start": self.warm_start,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def _open_study(self, resume: bool) -> optuna.Study:
+        directions = [o.direction for o in self.space.objectives]
+        exists = self.name in {s.study_name for s in optuna.get_all_study_summaries(self.storage)}
+        if exists and not resume:
+            raise SpecError("a campaign of this name exists; resume it or pick another name", field=self.name)
+        if not exists and resume:
+            raise SpecError("no such campaign", field=self.name)
+        study = optuna.create_study(study_name=self.name, storage=self.storage, directions=directions,
+                                    load_if_exists=True)
+        if not exists:
+            study.set_user_attr(META_KEY, self.meta())
+            study.set_user_attr("status", "created")
+        return study
+
+    @classmethod
+    def resume(cls, name: str, evaluate, storage: Any = DEFAULT_STORAGE, **overrides) -> "Campaign":
+        """Continue a stored campaign with its stored settings (``overrides`` e.g. a new budget)."""
+        st = open_storage(storage)
+        meta = load_meta(st, name)
+        kw = dict(strategy=meta["strategy"], budget=meta["budget"], batch_size=meta["batch_size"],
+                  seed=meta["seed"], patience=meta["patience"], min_improvement=meta["min_improvement"],
+                  max_retries=meta["max_retries"], context=meta.get("context"),
+                  warm_start=meta.get("warm_start", ()))
+        kw.update(overrides)
+        c = cls(Space.model_validate(meta["space"]), evaluate, name=name, storage=st, resume=True, **kw)
+        if overrides.get("budget") is not None and overrides["budget"] != meta["budget"]:
+            c.study.set_user_attr(META_KEY, {**meta, "budget": overrides["budget"]})
+        return c
+
+    def observations(self) -> list[Observation]:
+        return [trial_observation(t, self.context) for t in self.study.get_trials(deepcopy=False)
+                if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+
+    def _warm_observations(self) -> list[Observation]:
+        out: list[Observation] = []
+        names = {p.name for p in self.space.parameters}
+        for other in self.warm_start:
+            meta = load_meta(self.storage, other)
+            study = optuna.load_study(study_name=other, storage=self.storage)
+            for t in study.get_trials(deepcopy=False):
+                if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
+                    continue
+                o = trial_observation(t, meta.get("context", {}))
+                # another space: keep the shared parameters (the rest default to the space's features)
+                o.point = {k: v for k, v in o.point.items() if k in names}
+                out.append(o)
+        return out
+
+    def _record(self, point: dict[str, Any], ev: Evaluation, round_index: int, attempts: int,
+                proposal: Proposal) -> None:
+        dists = {p.name: p.distribution() for p in self.space.parameters if p.name in point}
+        values = None
+        ok = ev.ok
+        if ok:
+            vals = [ev.metrics.get(o.metric) for o in self.space.objectives]
+            if any(v is None or not math.isfinite(v) for v in vals):
+                ok = False
+                ev = Evaluation.failed("invalid", "objective metric missing from the result",
+                                       metrics=ev.metrics, source=ev.source)
+            else:
+                values = [float(v) for v in vals]
+        violation = max((c.violation(ev.metrics) for c in self.space.constraints), default=0.0) if ok else 0.0
+        attrs = {"metrics": {k: float(v) for k, v in ev.metrics.items() if isinstance(v, (int, float))},
+                 "ok": ok, "failure_kind": ev.failure_kind, "reason": (ev.reason or "")[:500],
+                 "transient": ev.transient, "source": ev.source, "round": round_index, "attempts": attempts,
+                 "violation": violation, "key": self.space.key(point), "predicted": proposal.predicted,
+                 "strategy": self.strategy_name, "finished_at": time.time(), "extra": ev.extra}
+        self.study.add_trial(optuna.trial.create_trial(
+            params=point, distributions=dists, values=values,
+            state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+            user_attrs=attrs, constraints={"feasible": violation} if ok else None))
+
+    def _evaluate_with_retries(self, point: dict[str, Any]) -> tuple[Evaluation, int]:
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                ev = as_evaluation(self.evaluate(point))
+            except Exception as e:  # an evaluate that raises is a failed run, not a failed campaign
+                ev = Evaluation.failed("error", f"{type(e).__name__}: {e}")
+            if not (ev.ok is False and ev.transient) or attempts > self.max_retries:
+                return ev, attempts
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> Summary:
+        self.study.set_user_attr("status", "running")
+        warm = self._warm_observations()
+        stop_reason = "budget"
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.budget, desc=f"campaign {self.name}", unit="run",
+                       initial=min(len(self.observations()), self.budget))
+        try:
+            while True:
+                history = self.observations()
+                if len(history) >= self.budget:
+                    break
+                if self._plateaued(history):
+                    stop_reason = "plateau"
+                    break
+                round_index = 1 + max((t.user_attrs.get("round", -1) for t in self.study.get_trials(deepcopy=False)),
+                                      default=-1)
+                k = min(self.batch_size, self.budget - len(history))
+                proposals = self.strategy.propose(self.space, history, k, seed=self.seed, round_index=round_index,
+                                                  featurize=self.featurize, warm=warm, context=self.context)
+                if not proposals:
+                    stop_reason = "exhausted"
+                    break
+                self._validate(proposals, round_index, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.study.set_user_attr("status", "finished")
+        self.study.set_user_attr("stop_reason", stop_reason)
+        return self.summary(stop_reason=stop_reason, n_warm=len(warm))
+
+    def _validate(self, proposals: list[Proposal], round_index: int, bar) -> None:
+        def one(pr: Proposal):
+            return pr, *self._evaluate_with_retries(pr.point)
+
+        if self.workers <= 1:
+            done = (one(pr) for pr in proposals)
+        else:
+            pool = ThreadPoolExecutor(max_workers=self.workers)
+            done = (f.result() for f in as_completed([pool.submit(one, pr) for pr in proposals]))
+        try:
+            for pr, ev, attempts in done:  # recorded as each run finishes: a kill loses only runs in flight
+                self._record(pr.point, ev, round_index, attempts, pr)
+                if self.on_result is not None:
+                    self.on_result(pr.point, ev)
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if self.workers > 1:
+                pool.shutdown(wait=True)
+
+    def _plateaued(self, history: list[Observation]) -> bool:
+        if not self.patience:
+            return False
+        rounds: dict[int, float] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            o = trial_observation(t, self.context)
+            v = objective_value(self.space, o) if o.feasible else None
+            r = t.user_attrs.get("round", 0)
+            rounds[r] = max(rounds.get(r, -math.inf), v if v is not None else -math.inf)
+        order = sorted(rounds)
+        if len(order) <= self.patience:
+            return False
+        best_before = max(rounds[r] for r in order[: -self.patience])
+        best_recent = max(rounds[r] for r in order[-self.patience:])
+        # objective values are logs for positive metrics: a difference is a relative improvement
+        return not best_recent > best_before + self.min_improvement
+
+    def summary(self, stop_reason: str = "", n_warm: int = 0) -> Summary:
+        obs = self.observations()
+        curve, best, best_obs = [], -math.inf, None
+        for o in obs:
+            v = objective_value(self.space, o) if o.feasible else None
+            if v is not None and v > best:
+                best, best_obs = v, o
+            m = best_obs.metrics[self.space.primary.metric] if best_obs else float("nan")
+            curve.append(m)
+        fit = getattr(self.strategy, "last_fit", {})
+        return Summary(name=self.name, status=self.study.user_attrs.get("status", ""),
+                       stop_reason=stop_reason or self.study.user_attrs.get("stop_reason", ""), runs=len(obs),
+                       best_point=best_obs.point if best_obs else None,
+                       best_metrics=best_obs.metrics if best_obs else None, best_so_far=curve,
+                       proxy=dict(fit), warm_start={"campaigns": self.warm_start, "trials": n_warm})
+
+
+def trial_observation(t: optuna.trial.FrozenTrial, context: dict[str, Any]) -> Observation:
+    a = t.user_attrs
+    ok = t.state == optuna.trial.TrialState.COMPLETE and a.get("ok", True)
+    metrics = a.get("metrics")
+    if metrics is None and t.values:  # a trial written by plain Optuna: its values are the metrics
+        metrics = {f"value{i}": v for i, v in enumerate(t.values)}
+    return Observation(point=dict(t.params), ok=bool(ok), metrics=dict(metrics or {}),
+                       failure_kind=a.get("failure_kind"), violation=float(a.get("violation", 0.0)),
+                       context=dict(context))
+
+
+def load_meta(storage, name: str) -> dict[str, Any]:
+    st = open_storage(storage) if isinstance(storage, str) or storage is None else storage
+    try:
+        study = optuna.load_study(study_name=name, storage=st)
+    except KeyError:
+        raise SpecError("no such campaign", field=name) from None
+    meta = study.user_attrs.get(META_KEY)
+    if not meta:
+        raise SpecError("this Optuna study is not a cubic campaign", field=name)
+    return meta
+
+
+def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
+    st = open_storage(storage)
+    out = []
+    for s in optuna.get_all_study_summaries(st, include_best_trial=False):
+        meta = s.user_attrs.get(META_KEY)
+        if not meta:
+            continue
+        out.append({"name": s.study_name, "strategy": meta["strategy"], "budget": meta["budget"],
+                    "runs": s.n_trials, "status": s.user_attrs.get("status", ""),
+                    "stop_reason": s.user_attrs.get("stop_reason", ""),
+                    "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
+    return out

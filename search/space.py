@@ -1,0 +1,332 @@
+"""Co-design search spaces: a YAML schema of parameters, objectives and constraints.
+
+A space is what a campaign may vary. Parameters are categorical, int, float (optionally
+log-scaled) and may be conditional (``when``: exist only when another parameter has one of some
+values). Objectives name result metrics to maximize or minimize; constraints bound result metrics
+(memory per device, minimum quality) and make a point infeasible when violated.
+
+Schema (``version: 1``)::
+
+    version: 1
+    name: cpu-default
+    objectives:                       # first one is primary
+      - {metric: examples_per_s, direction: maximize}
+    constraints:
+      - {name: memory per device, metric: peak_mem_bytes, max: 8.0e9}
+      - {name: minimum quality, metric: ne_end, max: 1.05}
+    parameters:
+      - {name: batch_size, type: categorical, choices: [256, 512, 1024], log: true}
+      - {name: kernels.embedding, type: categorical, choices: [fbgemm, torch]}
+      - {name: fp8.policy, type: categorical, choices: ["off", budget]}
+      - {name: fp8.budget_sqnr_db, type: float, low: 15, high: 40, when: {fp8.policy: [budget]}}
+      - {name: model.num_layers, type: int, low: 1, high: 4, archs: [wukong]}
+
+``archs`` restricts a parameter to workloads whose dense architecture is of that kind
+(:meth:`Space.for_workload`). For cubic's own campaigns a parameter name is the dotted path of a
+:class:`cubic.config.Config` field (``batch_size``, ``kernels.*``, ``sharding.*``, ``fp8.*``,
+``model.<knob>``); for any other system names are free and the evaluate function interprets them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from cubic.spec import Frozen, SpecError, parse_model, read_structured, stable_hash
+
+SPACE_VERSION = 1
+DEFAULT_SPACE_PATH = Path(__file__).resolve().parent.parent / "cubic" / "data" / "space-default.yaml"
+Value = int | float | str | bool
+
+
+class Parameter(Frozen):
+    name: str = Field(min_length=1, max_length=200)
+    type: Literal["categorical", "int", "float"]
+    choices: list[Value] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = Field(default=None, gt=0)
+    log: bool = False
+    when: dict[str, list[Value]] | None = Field(default=None, description="parent name -> values enabling it")
+    archs: list[Literal["dlrm", "wukong", "dmt"]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Parameter":
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+            if len({repr(c) for c in self.choices}) != len(self.choices):
+                raise ValueError("duplicated choices")
+            if self.low is not None or self.high is not None:
+                raise ValueError("a categorical parameter takes 'choices', not low/high")
+            if self.log and not all(_is_number(c) and c > 0 for c in self.choices):
+                raise ValueError("log: true needs positive numeric choices")
+        else:
+            if self.choices is not None:
+                raise ValueError(f"an {self.type} parameter takes low/high, not 'choices'")
+            if self.low is None or self.high is None:
+                raise ValueError(f"an {self.type} parameter needs 'low' and 'high'")
+            if not self.low < self.high:
+                raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+            if self.log and self.low <= 0:
+                raise ValueError("log: true needs low > 0")
+            if self.log and self.step is not None:
+                raise ValueError("log and step cannot be combined (Optuna's rule)")
+            if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
+                raise ValueError("an int parameter needs integer low/high")
+        return self
+
+    @property
+    def numeric(self) -> bool:
+        """Numbers carry order: such a categorical becomes one ordinal feature, not one-hot."""
+        return self.type != "categorical" or all(_is_number(c) for c in self.choices)
+
+    def distribution(self):
+        import optuna.distributions as od
+
+        if self.type == "categorical":
+            return od.CategoricalDistribution(list(self.choices))
+        if self.type == "int":
+            return od.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return od.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def contains(self, value: Any) -> bool:
+        if self.type == "categorical":
+            return any(value == c and type(value) is type(c) or (_is_number(value) and _is_number(c) and value == c)
+                       for c in self.choices)
+        if not _is_number(value):
+            return False
+        if self.type == "int" and value != int(value):
+            return False
+        return self.low - 1e-12 <= value <= self.high + 1e-12
+
+
+class Objective(Frozen):
+    metric: str = Field(min_length=1)
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+
+class Constraint(Frozen):
+    metric: str = Field(min_length=1)
+    name: str = ""
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _bound(self) -> "Constraint":
+        if self.max is None and self.min is None:
+            raise ValueError("a constraint needs 'max' or 'min'")
+        return self
+
+    def violation(self, metrics: dict[str, float]) -> float:
+        """0 when satisfied (or metric absent), else the relative amount by which it is violated."""
+        v = metrics.get(self.metric)
+        if v is None or not math.isfinite(v):
+            return 0.0
+        out = 0.0
+        if self.max is not None and v > self.max:
+            out = max(out, (v - self.max) / max(abs(self.max), 1e-12))
+        if self.min is not None and v < self.min:
+            out = max(out, (self.min - v) / max(abs(self.min), 1e-12))
+        return out
+
+
+class Space(Frozen):
+    version: Literal[1] = SPACE_VERSION
+    name: str = "space"
+    description: str = ""
+    objectives: list[Objective] = Field(default_factory=lambda: [Objective(metric="examples_per_s")], min_length=1)
+    constraints: list[Constraint] = Field(default_factory=list)
+    parameters: list[Parameter] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Space":
+        names = [p.name for p in self.parameters]
+        for i, p in enumerate(self.parameters):
+            if p.name in names[:i]:
+                raise ValueError(f"parameters.{i}.name: duplicated parameter {p.name!r}")
+            for parent, values in (p.when or {}).items():
+                if parent not in names[:i]:
+                    raise ValueError(f"parameters.{i}.when: {parent!r} must be a parameter listed before {p.name!r}")
+                par = self.parameters[names.index(parent)]
+                for v in values:
+                    if not par.contains(v):
+                        raise ValueError(f"parameters.{i}.when: {v!r} is not a value of {parent!r}")
+        return self
+
+    # ---- construction -------------------------------------------------------------------
+    def for_workload(self, workload) -> "Space":
+        """The parameters that apply to this workload's dense architecture (``archs``)."""
+        kind = workload.dense_arch.kind
+        keep = [p for p in self.parameters if p.archs is None or kind in p.archs]
+        kept = {p.name for p in keep}
+        keep = [p for p in keep if all(parent in kept for parent in (p.when or {}))]
+        return self.model_copy(update={"parameters": keep, "name": f"{self.name}/{workload.name}"})
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_defaults=False)
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.parameters]
+
+    @property
+    def primary(self) -> Objective:
+        return self.objectives[0]
+
+    # ---- points -----------------------------------------------------------------------
+    def active(self, p: Parameter, point: dict[str, Any]) -> bool:
+        return all(point.get(parent) in values for parent, values in (p.when or {}).items())
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Ask an Optuna trial for a point; conditional parameters are asked only when active."""
+        point: dict[str, Any] = {}
+        for p in self.parameters:
+            if not self.active(p, point):
+                continue
+            if p.type == "categorical":
+                point[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+            elif p.type == "int":
+                point[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+            else:
+                point[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log, step=p.step)
+        return point
+
+    def sample(self, rng: np.random.Generator) -> dict[str, Any]:
+        point: dict[str, Any] = {}
+        for p in self.parameters:
+            if not self.active(p, point):
+                continue
+            if p.type == "categorical":
+                point[p.name] = p.choices[int(rng.integers(len(p.choices)))]
+            else:
+                lo, hi = p.low, p.high
+                x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if p.log else rng.uniform(lo, hi)
+                if p.step:
+                    x = lo + round((x - lo) / p.step) * p.step
+                point[p.name] = int(round(x)) if p.type == "int" else float(min(max(x, lo), hi))
+        return point
+
+    def validate_point(self, point: dict[str, Any], source: str = "point") -> dict[str, Any]:
+        """The point restricted to its active parameters; a missing/unknown/out-of-range value is a SpecError."""
+        known = set(self.param_names)
+        for k in point:
+            if k not in known:
+                raise SpecError(f"unknown parameter (known: {', '.join(self.param_names)})", source=source, field=k)
+        out: dict[str, Any] = {}
+        for p in self.parameters:
+            if not self.active(p, out):
+                continue
+            if p.name not in point:
+                raise SpecError("missing value", source=source, field=p.name)
+            v = point[p.name]
+            if not p.contains(v):
+                raise SpecError(f"{v!r} is outside the space", source=source, field=p.name)
+            out[p.name] = v
+        return out
+
+    def key(self, point: dict[str, Any]) -> str:
+        """Identity of a point: two proposals with the same key are the same configuration."""
+        return stable_hash({k: point[k] for k in sorted(point)})
+
+    def size(self) -> int | None:
+        """Number of distinct points when every parameter is discrete, else None."""
+        if any(p.type == "float" and not p.step for p in self.parameters):
+            return None
+        return len(self.enumerate())
+
+    def enumerate(self, limit: int = 100_000) -> list[dict[str, Any]]:
+        """Every point of a discrete space (depth-first over parameters, honouring ``when``)."""
+        def values(p: Parameter) -> list[Any]:
+            if p.type == "categorical":
+                return list(p.choices)
+            if p.type == "float" and not p.step:
+                raise SpecError("cannot enumerate a continuous parameter", field=p.name)
+            step = p.step or 1
+            n = int(math.floor((p.high - p.low) / step + 1e-9)) + 1
+            xs = [p.low + i * step for i in range(n)]
+            return [int(x) for x in xs] if p.type == "int" else xs
+
+        points: list[dict[str, Any]] = [{}]
+        for p in self.parameters:
+            nxt = []
+            for pt in points:
+                if self.active(p, pt):
+                    nxt.extend({**pt, p.name: v} for v in values(p))
+                else:
+                    nxt.append(pt)
+                if len(nxt) > limit:
+                    raise SpecError(f"more than {limit} points; sample instead", source=self.name)
+            points = nxt
+        return points
+
+    # ---- features for the proxy -------------------------------------------------------------
+    def feature_names(self) -> list[str]:
+        names = []
+        for p in self.parameters:
+            if p.numeric:
+                names.append(p.name)
+            else:
+                names.extend(f"{p.name}={c}" for c in p.choices)
+            if p.when:
+                names.append(f"{p.name}?")
+        return names
+
+    def features(self, point: dict[str, Any]) -> np.ndarray:
+        """Numbers in [0, 1] (log-scaled where ``log``), one-hot for text choices, an 'is active'
+        flag for conditional parameters (inactive numeric -> 0)."""
+        out: list[float] = []
+        for p in self.parameters:
+            v = point.get(p.name)
+            if p.numeric:
+                if v is None:
+                    out.append(0.0)
+                else:
+                    lo, hi = (min(p.choices), max(p.choices)) if p.type == "categorical" else (p.low, p.high)
+                    if lo == hi:
+                        out.append(0.0)
+                    elif p.log:
+                        out.append((math.log(float(v)) - math.log(lo)) / (math.log(hi) - math.log(lo)))
+                    else:
+                        out.append((float(v) - lo) / (hi - lo))
+            else:
+                out.extend(1.0 if v == c else 0.0 for c in p.choices)
+            if p.when:
+                out.append(1.0 if v is not None else 0.0)
+        return np.asarray(out, dtype=np.float64)
+
+    # ---- cubic's own mapping -----------------------------------------------------------------
+    def to_config(self, point: dict[str, Any], base=None):
+        """The cubic Config a point stands for: dotted names set Config fields (``model.*`` are
+        dense-arch knob overrides). Fields the point does not set keep ``base``'s values."""
+        from cubic.config import Config
+
+        data = (base or Config()).model_dump(mode="json")
+        for name, value in point.items():
+            parts = name.split(".")
+            if parts[0] == "model":
+                data["model"][".".join(parts[1:])] = value
+                continue
+            node = data
+            for part in parts[:-1]:
+                if not isinstance(node.get(part), dict):
+                    raise SpecError("not a Config field", source=self.name, field=name)
+                node = node[part]
+            if parts[-1] not in node:
+                raise SpecError("not a Config field", source=self.name, field=name)
+            node[parts[-1]] = value
+        return parse_model(Config, data, source=f"space {self.name}")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def load_space(path: str | Path | None = None) -> Space:
+    """A space from YAML/JSON (default: cubic/data/space-default.yaml). Errors name file and field."""
+    p = Path(path) if path else DEFAULT_SPACE_PATH
+    return parse_model(Space, read_structured(p), source=str(p))

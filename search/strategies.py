@@ -1,0 +1,334 @@
+"""Proposal strategies: given a space and the runs so far, propose the next batch of k points.
+
+- :class:`ProxyGuided` - cubic's loop (CubicML): fit the proxy on every run so far, search it with
+  Optuna (TPE, GP or NSGA-II for several objectives) and return k diverse, uncertainty-aware
+  points: constrained expected improvement (EI x P(feasible) x P(constraints met)), picked greedily
+  with a local penalty around each pick so that a batch is not k copies of one guess.
+- :class:`DirectOptuna` - baseline: an Optuna sampler (TPE or GP) asked directly, every proposal
+  a real run.
+- :class:`RandomSearch` - baseline.
+
+Every strategy proposes from (seed, round, history) alone, so a campaign resumed after SIGKILL
+proposes from its stored history. (The one thing :class:`ProxyGuided` keeps between rounds is which
+proxy family cross-validation chose, to skip re-running CV every round; a resumed campaign simply
+re-runs CV.) Points already run,
+including failed and infeasible ones, are never proposed again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import optuna
+from scipy.stats import norm
+
+from search.space import Space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class Observation:
+    """One finished run as the search sees it."""
+
+    point: dict[str, Any]
+    ok: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    failure_kind: str | None = None
+    violation: float = 0.0  # > 0: ran, but broke a constraint (memory, quality)
+    context: dict[str, Any] = field(default_factory=dict)  # e.g. {"workload": ...}; differs for warm starts
+
+    @property
+    def feasible(self) -> bool:
+        return self.ok and self.violation <= 0.0
+
+
+@dataclass
+class Proposal:
+    point: dict[str, Any]
+    predicted: dict[str, float] | None = None  # the proxy's view at proposal time, kept for the report
+
+
+Featurizer = Callable[[dict[str, Any], dict[str, Any]], np.ndarray]
+
+
+def objective_value(space: Space, obs: Observation, i: int = 0) -> float | None:
+    """The i-th objective as a number to maximize (log of a positive metric: ratios matter)."""
+    o = space.objectives[i]
+    v = obs.metrics.get(o.metric)
+    if v is None or not math.isfinite(v):
+        return None
+    v = math.log(v) if v > 0 else v
+    return v if o.direction == "maximize" else -v
+
+
+def _seed(seed: int, round_index: int, salt: int = 0) -> int:
+    return (seed * 1_000_003 + round_index * 7919 + salt) % (2**31 - 1)
+
+
+def _fresh(space: Space, taken: set[str], rng: np.random.Generator, k: int) -> list[dict[str, Any]]:
+    """k random points not in ``taken`` (exhaustively for small discrete spaces)."""
+    out: list[dict[str, Any]] = []
+    for _ in range(50 * k):
+        if len(out) == k:
+            return out
+        p = space.sample(rng)
+        key = space.key(p)
+        if key not in taken:
+            taken.add(key)
+            out.append(p)
+    size = space.size()
+    if size is not None and size <= 100_000:
+        rest = [p for p in space.enumerate() if space.key(p) not in taken]
+        rng.shuffle(rest)
+        for p in rest[: k - len(out)]:
+            taken.add(space.key(p))
+            out.append(p)
+    return out
+
+
+class Strategy:
+    name = "strategy"
+
+    def propose(self, space: Space, history: list[Observation], k: int, *, seed: int, round_index: int,
+                featurize: Featurizer | None = None, warm: list[Observation] = (),
+                context: dict[str, Any] | None = None) -> list[Proposal]:
+        raise NotImplementedError
+
+
+class RandomSearch(Strategy):
+    name = "random"
+
+    def propose(self, space, history, k, *, seed, round_index, featurize=None, warm=(), context=None):
+        taken = {space.key(o.point) for o in history}
+        rng = np.random.default_rng(_seed(seed, round_index))
+        return [Proposal(p) for p in _fresh(space, taken, rng, k)]
+
+
+def _sampler(kind: str, seed: int, n_startup: int, multivariate: bool = True):
+    # constraints reach the samplers as trial constraints (Optuna 5: create_trial/set_constraint)
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=multivariate,
+                                          constant_liar=True)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
+    if kind == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {kind!r} (known: tpe, gp, nsga2, random)")
+
+
+class DirectOptuna(Strategy):
+    """Optuna on real runs, no proxy. The study is rebuilt from the history each round (so the
+    proposal depends only on seed, round and history); failed runs enter as infeasible trials
+    at the worst observed value, which is how Optuna's samplers learn to avoid them."""
+
+    def __init__(self, sampler: str = "tpe", n_startup: int = 8):
+        self.sampler = sampler
+        self.n_startup = n_startup
+        self.name = f"optuna-{sampler}"
+
+    def propose(self, space, history, k, *, seed, round_index, featurize=None, warm=(), context=None):
+        study = optuna.create_study(direction="maximize",
+                                    sampler=_sampler(self.sampler, _seed(seed, round_index), self.n_startup))
+        values = [objective_value(space, o) for o in history]
+        known = [v for v in values if v is not None]
+        worst = (min(known) - 1.0) if known else 0.0
+        for o, v in zip(history, values):
+            dists = {p.name: p.distribution() for p in space.parameters if p.name in o.point}
+            bad = (not o.feasible) or v is None
+            study.add_trial(optuna.trial.create_trial(
+                params=o.point, distributions=dists, value=worst if v is None else v,
+                constraints={"feasible": (1.0 + o.violation) if bad else 0.0}))
+        taken = {space.key(o.point) for o in history}
+        rng = np.random.default_rng(_seed(seed, round_index, 1))
+        out: list[Proposal] = []
+        for _ in range(20 * k):
+            if len(out) == k:
+                break
+            trial = study.ask()
+            trial.set_constraint("feasible", 0.0)  # a pending proposal: assumed feasible (constant liar)
+            p = space.suggest(trial)
+            key = space.key(p)
+            if key in taken:
+                # already run: tell the sampler it is worthless so it moves on, and ask again
+                trial.set_constraint("feasible", 1.0)
+                study.tell(trial, worst)
+                continue
+            taken.add(key)
+            out.append(Proposal(p))
+        out += [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
+        return out
+
+
+class ProxyGuided(Strategy):
+    """cubic's loop: the proxy stands in for real runs inside an Optuna search; k picks per round."""
+
+    def __init__(self, sampler: str = "tpe", n_init: int | None = None, n_inner: int = 160,
+                 families: tuple[str, ...] = ("xgboost", "mlp", "gp"), reselect_every: int = 3,
+                 xi: float = 0.0):
+        self.sampler = sampler
+        self.n_init = n_init
+        self.n_inner = n_inner
+        self.families = families
+        self.reselect_every = reselect_every
+        self.xi = xi
+        self.name = f"cubic-{sampler}"
+        self.last_fit: dict[str, Any] = {}  # for reports: which family, its CV tau
+
+    def _features(self, space: Space, featurize, obs_points, contexts) -> np.ndarray:
+        rows = []
+        for p, c in zip(obs_points, contexts):
+            f = space.features(p)
+            if featurize is not None:
+                f = np.concatenate([f, np.asarray(featurize(p, c), dtype=np.float64)])
+            rows.append(f)
+        return np.asarray(rows)
+
+    def propose(self, space, history, k, *, seed, round_index, featurize=None, warm=(), context=None):
+        from cost_models.proxy import FeasibilityClassifier, Proxy
+
+        context = context or {}
+        taken = {space.key(o.point) for o in history}
+        rng = np.random.default_rng(_seed(seed, round_index))
+        train = list(warm) + list(history)
+        ok = [o for o in train if o.ok and objective_value(space, o) is not None]
+        n_init = self.n_init if self.n_init is not None else max(k, 4)
+        if len(train) < n_init or len(ok) < 3:  # initial design: n_init runs, whatever their outcome
+            return [Proposal(p) for p in _fresh(space, taken, rng, k)]
+
+        X_all = self._features(space, featurize, [o.point for o in train], [o.context for o in train])
+        ok_mask = np.array([o.ok and objective_value(space, o) is not None for o in train])
+        X_ok = X_all[ok_mask]
+        # the family is re-chosen by cross-validation every few rounds (CV is the costly part)
+        families = self.families
+        if round_index % self.reselect_every and self.last_fit.get("family") in self.families:
+            families = (self.last_fit["family"],)
+        proxies = []
+        for i in range(len(space.objectives)):
+            y = np.array([objective_value(space, o, i) for o in train if o.ok and objective_value(space, o) is not None])
+            y = np.nan_to_num(y.astype(float), nan=float(np.nanmin(y)) if np.isfinite(y).any() else 0.0)
+            proxies.append(Proxy(families=families if i == 0 else (self.last_fit.get("family") or families[0],),
+                                 random_state=_seed(seed, round_index, i)).fit(X_ok, y))
+        best_prev = self.last_fit.get("cv_tau", {})
+        self.last_fit = {"family": proxies[0].selected_, "cv_tau": proxies[0].cv_tau_ or best_prev,
+                         "n_train": int(len(X_ok)), "n_warm": len(warm)}
+        feas = FeasibilityClassifier(random_state=seed).fit(X_all, [o.ok for o in train])
+        # constraint metrics (memory per device, quality) get a proxy each: P(bound met) from mean/std
+        cons_models = []
+        for c in space.constraints:
+            rows = [(x, o.metrics[c.metric]) for x, o in zip(X_all, train) if o.ok and c.metric in o.metrics
+                    and math.isfinite(o.metrics[c.metric])]
+            if len(rows) >= 4 and len({v for _, v in rows}) > 1:
+                model = Proxy(families=("xgboost",), n_members=4, random_state=seed).fit(
+                    np.array([r[0] for r in rows]), np.array([r[1] for r in rows]))
+                cons_models.append((c, model))
+        y_best = [max(v for o in history if o.feasible and (v := objective_value(space, o, i)) is not None)
+                  if any(o.feasible and objective_value(space, o, i) is not None for o in history)
+                  else max(proxies[i].y_train_) for i in range(len(space.objectives))]
+
+        def score(points: list[dict[str, Any]]):
+            X = self._features(space, featurize, points, [context] * len(points))
+            p_ok = feas.predict_proba(X)
+            for c, model in cons_models:
+                mu, sd = model.predict(X, return_std=True)
+                sd = np.maximum(sd, 1e-9 + 0.02 * np.abs(mu))
+                if c.max is not None:
+                    p_ok = p_ok * norm.cdf((c.max - mu) / sd)
+                if c.min is not None:
+                    p_ok = p_ok * norm.cdf((mu - c.min) / sd)
+            acq, mus, sds = [], [], []
+            for i, px in enumerate(proxies):
+                mu, sd = px.predict(X, return_std=True)
+                sd = np.maximum(sd, 1e-6)
+                z = (mu - y_best[i] - self.xi) / sd
+                ei = (mu - y_best[i] - self.xi) * norm.cdf(z) + sd * norm.pdf(z)
+                acq.append(ei * p_ok)
+                mus.append(mu)
+                sds.append(sd)
+            return X, np.stack(acq, axis=1), mus, sds, p_ok
+
+        # inner search: Optuna over the proxy, in batches so that the models predict many rows at once
+        multi = len(space.objectives) > 1
+        sampler = _sampler("nsga2" if multi else self.sampler, _seed(seed, round_index, 2),
+                           n_startup=min(32, self.n_inner // 4), multivariate=False)
+        # (independent TPE inside: the proxy is cheap but multivariate TPE's own cost is not)
+        study = optuna.create_study(directions=["maximize"] * len(space.objectives), sampler=sampler)
+        pool: dict[str, dict[str, Any]] = {}
+        for p in _fresh(space, set(taken), rng, min(64, self.n_inner // 4)):
+            pool[space.key(p)] = p  # random candidates keep the pool broad beyond the sampler's focus
+        batch = 32
+        for _ in range(max(1, self.n_inner // batch)):
+            trials = [study.ask() for _ in range(batch)]
+            pts = [space.suggest(t) for t in trials]
+            _, acq, *_ = score(pts)
+            for t, p, a in zip(trials, pts, acq):
+                key = space.key(p)
+                already = key in taken
+                study.tell(t, [float(-1.0 if already else v) for v in a])
+                if not already:
+                    pool[key] = p
+        if not pool:
+            return []
+        cands = list(pool.values())
+        X, acq, mus, sds, p_ok = score(cands)
+        picks = _diverse_batch(X, acq, k, multi)
+        out = []
+        for j in picks:
+            pred = {"objective": float(mus[0][j]), "objective_std": float(sds[0][j]),
+                    "p_feasible": float(p_ok[j]), "acquisition": float(acq[j, 0]),
+                    "family": proxies[0].selected_}
+            m = space.objectives[0]
+            if cands[j] and m.direction == "maximize":
+                pred[m.metric] = float(math.exp(mus[0][j]))  # objective_value took a log
+            out.append(Proposal(cands[j], pred))
+        if len(out) < k:
+            taken |= {space.key(c) for c in cands}
+            out += [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
+        return out
+
+
+def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool) -> list[int]:
+    """Greedy picks with local penalization: after each pick, candidates near it (in normalized
+    feature space) have their acquisition scaled down by 1 - exp(-d^2 / r^2)."""
+    n = len(X)
+    span = X.max(axis=0) - X.min(axis=0)
+    span[span < 1e-12] = 1.0
+    Z = (X - X.min(axis=0)) / span
+    if multi:
+        # several objectives: rank by Pareto layer first (non-dominated sorting), then sum of ranks
+        ranks = np.argsort(np.argsort(-acq, axis=0), axis=0).sum(axis=1).astype(float)
+        base = 1.0 / (1.0 + ranks)
+    else:
+        base = acq[:, 0].astype(float)
+        if not np.any(base > 1e-12):
+            base = np.full(n, 1e-12)
+    base = np.maximum(base, 1e-300)
+    radius = max(0.25 * math.sqrt(Z.shape[1]), 1e-6)
+    penalty = np.ones(n)
+    picks: list[int] = []
+    for _ in range(min(k, n)):
+        score = base * penalty
+        score[picks] = -1.0
+        j = int(np.argmax(score))
+        picks.append(j)
+        d2 = ((Z - Z[j]) ** 2).sum(axis=1)
+        penalty *= 1.0 - np.exp(-d2 / radius**2)
+    return picks
+
+
+def make_strategy(name: str, **kw) -> Strategy:
+    """By name: ``cubic`` / ``cubic-tpe`` / ``cubic-gp`` / ``cubic-nsga2``, ``tpe`` / ``gp`` (direct), ``random``."""
+    if name in ("cubic", "cubic-tpe"):
+        return ProxyGuided("tpe", **kw)
+    if name in ("cubic-gp", "cubic-nsga2"):
+        return ProxyGuided(name.split("-")[1], **kw)
+    if name in ("tpe", "gp", "optuna-tpe", "optuna-gp"):
+        return DirectOptuna(name.split("-")[-1], **kw)
+    if name == "random":
+        return RandomSearch()
+    raise ValueError(f"unknown strategy {name!r} (known: cubic, cubic-gp, cubic-nsga2, tpe, gp, random)")

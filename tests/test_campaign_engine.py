@@ -1,0 +1,163 @@
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from cubic.campaign import Campaign, Evaluation, list_campaigns
+from cubic.spec import SpecError
+from search.space import Space
+from search.strategies import ProxyGuided
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SPACE = {
+    "name": "toy",
+    "parameters": [
+        {"name": "x", "type": "float", "low": 0, "high": 1},
+        {"name": "y", "type": "int", "low": 1, "high": 64, "log": True},
+        {"name": "kind", "type": "categorical", "choices": ["a", "b", "c"]},
+        {"name": "z", "type": "float", "low": 0, "high": 1, "when": {"kind": ["b"]}},
+    ],
+    "objectives": [{"metric": "tput"}],
+    "constraints": [{"name": "memory", "metric": "mem", "max": 40}],
+}
+
+
+def toy(p):
+    """Throughput-like: peaks near x=0.3, grows with y; y > 48 'runs out of memory'."""
+    if p["y"] > 48:
+        return Evaluation.failed("oom", "out of memory")
+    t = 100 * math.exp(-8 * (p["x"] - 0.3) ** 2) * (1 + math.log2(p["y"]) / 6)
+    t *= {"a": 1.0, "b": 1.2, "c": 0.8}[p["kind"]] * (1 + 0.3 * p.get("z", 0.0))
+    return {"tput": t, "mem": float(p["y"])}
+
+
+@pytest.mark.parametrize("strategy", ["random", "tpe"])
+def test_baselines_spend_the_budget_without_repeating_points(strategy):
+    space = Space.model_validate(SPACE)
+    seen = []
+    c = Campaign(space, lambda p: (seen.append(space.key(p)), toy(p))[1], strategy=strategy,
+                 budget=20, batch_size=4, seed=3, name=strategy)
+    s = c.run()
+    assert s.runs == 20 == len(seen) == len(set(seen))
+    assert s.best_metrics["mem"] <= 40  # the best is feasible
+    assert all(b2 >= b1 for b1, b2 in zip(s.best_so_far[1:], s.best_so_far[2:]) if not math.isnan(b1))
+    kinds = {o.failure_kind for o in c.observations() if not o.ok}
+    assert kinds <= {"oom"}
+
+
+def test_proxy_guided_loop_learns_and_never_reproposes_failures():
+    space = Space.model_validate(SPACE)
+    calls = []
+    strat = ProxyGuided("tpe", n_init=6, n_inner=64, families=("xgboost",))
+    c = Campaign(space, lambda p: (calls.append(p), toy(p))[1], strategy=strat, budget=18, batch_size=6, seed=0)
+    s = c.run()
+    assert s.runs == 18 and len({space.key(p) for p in calls}) == 18
+    # proposals after the random start carry the proxy's prediction, kept for the report
+    preds = [t.user_attrs["predicted"] for t in c.study.trials if t.user_attrs["round"] > 0]
+    assert preds and all(p and "tput" in p and 0 <= p["p_feasible"] <= 1 for p in preds if p)
+    assert s.proxy["family"] == "xgboost" and s.proxy["n_train"] >= 6
+    assert s.best_metrics["tput"] > 150  # random start alone rarely beats ~150 on this function
+
+
+def test_transient_failures_are_retried_a_bounded_number_of_times_and_exceptions_are_failed_runs():
+    space = Space.model_validate(SPACE)
+    attempts = {}
+
+    def flaky(p):
+        k = space.key(p)
+        attempts[k] = attempts.get(k, 0) + 1
+        if p["kind"] == "c":
+            raise RuntimeError("boom")
+        if p["kind"] == "b":
+            return Evaluation.failed("timeout", "slow machine", transient=True)  # never recovers
+        if attempts[k] == 1:
+            return Evaluation.failed("killed", "worker lost", transient=True)  # recovers on retry
+        return toy(p)
+
+    c = Campaign(space, flaky, strategy="random", budget=12, batch_size=4, max_retries=2)
+    c.run()
+    for t in c.study.trials:
+        kind = t.params["kind"]
+        if kind == "a":
+            assert t.state == optuna.trial.TrialState.COMPLETE or t.user_attrs["failure_kind"] == "oom"
+            assert t.user_attrs["attempts"] == 2
+        elif kind == "b":
+            assert t.user_attrs["failure_kind"] == "timeout" and t.user_attrs["attempts"] == 3
+        else:
+            assert t.user_attrs["failure_kind"] == "error" and "boom" in t.user_attrs["reason"]
+            assert t.user_attrs["attempts"] == 1
+
+
+def test_plateau_stops_early_and_names_are_unique(tmp_path):
+    space = Space.model_validate(SPACE)
+    url = f"sqlite:///{tmp_path}/c.db"
+    s = Campaign(space, lambda p: {"tput": 1.0, "mem": 1.0}, strategy="random", budget=40, batch_size=2,
+                 patience=2, storage=url, name="flat").run()
+    assert s.stop_reason == "plateau" and s.runs < 40
+    with pytest.raises(SpecError, match="exists"):
+        Campaign(space, toy, storage=url, name="flat")
+    with pytest.raises(SpecError, match="no such campaign"):
+        Campaign.resume("nope", toy, storage=url)
+    assert [c["name"] for c in list_campaigns(url)] == ["flat"]
+
+
+def test_warm_start_feeds_the_proxy_with_another_campaigns_trials(tmp_path):
+    space = Space.model_validate(SPACE)
+    url = f"sqlite:///{tmp_path}/c.db"
+    Campaign(space, toy, strategy="random", budget=12, batch_size=4, storage=url, name="old").run()
+    strat = ProxyGuided("tpe", n_init=6, n_inner=32, families=("xgboost",))
+    c = Campaign(space, toy, strategy=strat, budget=4, batch_size=4, storage=url, name="new", warm_start=["old"])
+    s = c.run()
+    assert s.warm_start == {"campaigns": ["old"], "trials": 12}
+    # with 12 warm trials the very first round is already proxy-guided
+    assert all(t.user_attrs["predicted"] for t in c.study.trials)
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tests.test_campaign_engine import SPACE, toy
+    from search.space import Space
+    from cubic.campaign import Campaign
+    space = Space.model_validate(SPACE)
+    def ev(p):
+        with open({log!r}, "a") as f:
+            f.write(space.key(p) + "\\n")
+        time.sleep(0.15)
+        return toy(p)
+    if sys.argv[1] == "run":
+        Campaign(space, ev, strategy="tpe", budget=24, batch_size=3, seed=5, storage={url!r}, name="k").run()
+    else:
+        Campaign.resume("k", ev, storage={url!r}).run()
+""")
+
+
+def test_sigkill_then_resume_loses_and_reruns_no_finished_run(tmp_path):
+    log, url = tmp_path / "calls.log", f"sqlite:///{tmp_path}/k.db"
+    script = tmp_path / "camp.py"
+    script.write_text(KILL_SCRIPT.format(root=str(ROOT), log=str(log), url=url))
+    proc = subprocess.Popen([sys.executable, str(script), "run"], cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or len(log.read_text().split()) < 8):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    study = optuna.load_study(study_name="k", storage=url)
+    finished_before = {t.user_attrs["key"] for t in study.trials}
+    assert 0 < len(finished_before) < 24
+    started_before = len(log.read_text().split())
+    subprocess.run([sys.executable, str(script), "resume"], cwd=tmp_path, check=True, timeout=300)
+    after = log.read_text().split()[started_before:]
+    assert not finished_before & set(after)  # nothing finished was run again
+    study = optuna.load_study(study_name="k", storage=url)
+    keys = [t.user_attrs["key"] for t in study.trials]
+    assert len(keys) == 24 == len(set(keys)) and finished_before <= set(keys)
+    assert study.user_attrs["status"] == "finished"

@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+
+from cost_models.proxy import EnsembleRegressor, FeasibilityClassifier, Proxy, kendall_tau
+
+
+def _data(n, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(size=(n, 4))
+    y = np.log(1 + 5 * X[:, 0]) + 0.7 * X[:, 1] ** 2 - 0.4 * X[:, 2] * X[:, 3]
+    return X, y
+
+
+@pytest.mark.parametrize("kind", ["xgboost", "mlp", "gp"])
+def test_each_family_ranks_held_out_points_and_reports_uncertainty(kind):
+    X, y = _data(40, 0)
+    Xt, yt = _data(200, 1)
+    m = EnsembleRegressor(kind, n_members=3).fit(X, y)
+    mu, sd = m.predict(Xt, return_std=True)
+    assert mu.shape == sd.shape == (200,) and np.all(sd >= 0)
+    assert kendall_tau(yt, mu) > 0.6
+    assert sd.std() > 0  # the spread differs between points
+    if kind != "xgboost":  # (trees extrapolate flat, so their spread cannot grow off the data)
+        _, sd_in = m.predict(X, return_std=True)
+        _, sd_out = m.predict(X + 3.0, return_std=True)
+        assert sd_out.mean() > sd_in.mean()
+
+
+def test_proxy_selects_by_cross_validated_kendall_tau_and_round_trips_json():
+    X, y = _data(30, 2)
+    p = Proxy(families=("xgboost", "gp"), n_members=3, cv_folds=3).fit(X, y)
+    assert set(p.cv_tau_) == {"xgboost", "gp"}
+    assert p.cv_tau_[p.selected_] == max(p.cv_tau_.values())
+    Xt, yt = _data(100, 3)
+    assert p.score(Xt, yt) > 0.6
+    q = Proxy.from_json(p.to_json())
+    assert q.selected_ == p.selected_ and np.allclose(q.predict(Xt), p.predict(Xt))
+
+
+def test_feasibility_classifier_learns_where_runs_fail():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(60, 2))
+    ok = X[:, 0] < 0.6  # e.g. OOM above a batch size
+    clf = FeasibilityClassifier().fit(X, ok)
+    assert clf.predict_proba([[0.1, 0.5]])[0] > 0.8 and clf.predict_proba([[0.95, 0.5]])[0] < 0.2
+    only_ok = FeasibilityClassifier().fit(X[:5], [1] * 5)
+    assert np.allclose(only_ok.predict_proba(X), 6 / 7)  # Laplace prior until a failure is seen
+
+
+def test_bad_family_is_rejected():
+    with pytest.raises(ValueError, match="unknown proxy family"):
+        EnsembleRegressor("forest").fit(np.zeros((3, 1)), np.zeros(3))
