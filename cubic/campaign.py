@@ -347,3 +347,132 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
                     "stop_reason": s.user_attrs.get("stop_reason", ""),
                     "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
     return out
+
+
+# ---- cubic's own evaluate: runs of a workload under a Config -----------------------------------
+
+def analytic_features(workload, config) -> dict[str, float]:
+    """What a run's cost scales with, computed without running it: dense GEMM FLOPs per example
+    (2 x the weights of every linear site of the dense architecture as the config shapes it),
+    embedding bytes read per example and in total, and the step's batch. log1p-scaled."""
+    wl = config.apply(workload)
+    batch = wl.batch_size
+    dense_flops = _dense_flops_per_example(wl.content_hash(), wl)
+    emb_read = sum(t.pooling_factor * t.dim * 4 for t in wl.tables)
+    emb_bytes = sum(t.rows * t.dim * 4 for t in wl.tables)
+    world = max(1, wl.topology.world_size)
+    return {
+        "log_batch": math.log1p(batch),
+        "log_dense_flops_per_example": math.log1p(dense_flops),
+        "log_dense_flops_per_step": math.log1p(dense_flops * batch),
+        "log_emb_bytes_read_per_step": math.log1p(emb_read * batch),
+        "log_emb_bytes_per_rank": math.log1p(emb_bytes / world),
+        "fp8": 0.0 if config.fp8.policy == "off" else 1.0,
+        "bf16": 1.0 if config.kernels.dense_dtype == "bf16" else 0.0,
+    }
+
+
+_FLOPS_CACHE: dict[str, float] = {}
+
+
+def _dense_flops_per_example(key: str, wl) -> float:
+    if key not in _FLOPS_CACHE:
+        import torch
+
+        from cubic.models import build_dense
+
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            dense = build_dense(wl)
+        _FLOPS_CACHE[key] = float(sum(2 * m.in_features * m.out_features for m in dense.modules()
+                                      if isinstance(m, torch.nn.Linear)))
+    return _FLOPS_CACHE[key]
+
+
+def cubic_featurizer(space: Space, base_config=None):
+    """Features for the proxy from each point's workload (``context["workload"]``) and Config."""
+    from cubic.workloads import load_workload
+
+    cache: dict[str, Any] = {}
+
+    def featurize(point: dict[str, Any], context: dict[str, Any]) -> np.ndarray:
+        name = context.get("workload")
+        if not name:
+            return np.zeros(0)
+        if name not in cache:
+            cache[name] = load_workload(name)
+        wl = cache[name]
+        try:
+            config = space.to_config(point, base_config)
+            feats = analytic_features(wl, config)
+        except (SpecError, ValueError):  # a warm-start point from another space/workload
+            feats = {}
+        names = ["log_batch", "log_dense_flops_per_example", "log_dense_flops_per_step",
+                 "log_emb_bytes_read_per_step", "log_emb_bytes_per_rank", "fp8", "bf16"]
+        return np.array([feats.get(n, 0.0) for n in names])
+
+    return featurize
+
+
+def expected_fingerprint_hash(runner) -> str | None:
+    """The fingerprint hash a runner's results carry, so the store can serve a repeated config."""
+    own = getattr(runner, "fingerprint_hash", None)
+    if callable(own):
+        return own()
+    if getattr(runner, "source", "measured") != "measured":
+        return None
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+
+    device = getattr(runner, "device", "auto")
+    if device in (None, "auto"):
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return fingerprint_hash(fingerprint(str(device)))
+
+
+class RunnerEvaluate:
+    """cubic's evaluate: point -> Config -> a run on ``runner`` (local, Ray, simulated) -> metrics.
+
+    Every run is recorded in the trial store with the campaign's name; a config already measured
+    on this fingerprint with the same steps is served from the store instead of run again (this is
+    also what makes a resumed campaign cheap: a run that finished before a kill is never repeated).
+    """
+
+    def __init__(self, workload, runner, space: Space, *, steps: int = 20, warmup: int = 3, store=None,
+                 campaign: str | None = None, base_config=None):
+        self.workload, self.runner, self.space = workload, runner, space
+        self.steps, self.warmup = steps, warmup
+        self.store, self.campaign, self.base_config = store, campaign, base_config
+        self.served = 0
+
+    def attach(self, campaign: "Campaign") -> None:
+        """Create the campaign's row in the trial store (once) so trials can carry its id."""
+        self.campaign = campaign.name
+        if self.store is not None and self.store.get_campaign(campaign.name) is None:
+            self.store.create_campaign(campaign.name, spec=campaign.study.user_attrs.get(META_KEY, {}),
+                                       workload=self.workload.name)
+
+    def __call__(self, point: dict[str, Any]) -> Evaluation:
+        config = self.space.to_config(point, self.base_config)
+        try:
+            config.apply(self.workload)
+        except SpecError as e:
+            return Evaluation.failed("invalid", str(e))
+        source = getattr(self.runner, "source", "measured")
+        fp = expected_fingerprint_hash(self.runner)
+        if self.store is not None and fp is not None:
+            cached = self.store.cached_trial(self.workload.content_hash(), config.content_hash(), fp, source,
+                                             steps=self.steps, warmup=self.warmup)
+            if cached is not None:
+                self.served += 1
+                ev = as_evaluation(cached.result)
+                ev.extra.update(served_from_store=True, trial_id=cached.id)
+                return ev
+        result = self.runner.run(self.workload, config, steps=self.steps, warmup=self.warmup)
+        ev = as_evaluation(result)
+        if self.store is not None:
+            ev.extra["trial_id"] = self.store.record(self.workload, config, result, campaign=self.campaign,
+                                                     steps=self.steps, warmup=self.warmup)
+        if ev.ok:
+            ev.metrics.setdefault("wall_time_s", result.wall_time_s)
+        return ev

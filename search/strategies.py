@@ -151,7 +151,6 @@ class DirectOptuna(Strategy):
             if len(out) == k:
                 break
             trial = study.ask()
-            trial.set_constraint("feasible", 0.0)  # a pending proposal: assumed feasible (constant liar)
             p = space.suggest(trial)
             key = space.key(p)
             if key in taken:

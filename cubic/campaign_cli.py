@@ -1,0 +1,240 @@
+"""``cubic campaign run|resume|report|list``: co-design campaigns from the command line.
+
+A campaign's search state lives in an Optuna storage (``--storage``, default
+$CUBIC_CAMPAIGNS or sqlite:///./.cubic/campaigns.db); every run's Result lives in the trial store
+(``--store``) tagged with the campaign's name. How runs are made (workload, local/simulated/Ray,
+steps) is stored with the campaign, so ``resume NAME`` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from cubic.spec import SpecError
+
+STRATEGIES = ("cubic", "cubic-gp", "cubic-nsga2", "tpe", "gp", "random")
+BASELINES = ("random", "tpe")
+
+
+def default_storage() -> str:
+    return os.environ.get("CUBIC_CAMPAIGNS", "sqlite:///./.cubic/campaigns.db")
+
+
+def _runner_from_context(ctx: dict[str, Any]):
+    """The Runner a campaign's stored context describes (local child process, simulated, Ray)."""
+    r = ctx.get("runner", {})
+    kind = r.get("kind", "local")
+    if kind == "simulated":
+        from cubic.sim import SimulatedRunner
+
+        inner = SimulatedRunner.from_spec(r["simulate"])
+    else:
+        try:
+            from cubic.runner import LocalRunner
+        except ModuleNotFoundError as e:
+            if e.name != "cubic.runner":
+                raise
+            raise SpecError("the local runner (cubic.runner) is not available; use --simulate", field="runner") from None
+        inner = LocalRunner(timeout_s=r.get("timeout", 300.0), device=r.get("device", "auto"))
+    if r.get("ray"):
+        from cubic.ray_runner import RayRunner
+
+        return RayRunner(inner, address=r.get("ray_address"), num_cpus=r.get("cpus_per_trial", 1.0),
+                         num_gpus=r.get("gpus_per_trial", 0.0))
+    return inner
+
+
+def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None):
+    from cubic.campaign import RunnerEvaluate, cubic_featurizer
+    from cubic.store import TrialStore
+    from cubic.workloads import load_workload
+
+    workload = load_workload(meta_context["workload"])
+    runner = _runner_from_context(meta_context)
+    store = TrialStore(store_url, origin="--store") if store_url else TrialStore()
+    r = meta_context.get("runner", {})
+    evaluate = RunnerEvaluate(workload, runner, space, steps=r.get("steps", 20), warmup=r.get("warmup", 3),
+                              store=store, campaign=name)
+    return evaluate, cubic_featurizer(space)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cubic.campaign import Campaign
+    from cubic.workloads import load_workload
+    from search.space import load_space
+
+    workload = load_workload(args.workload)
+    space = load_space(args.space).for_workload(workload)
+    report_dir = Path(args.report) if args.report else None
+    if report_dir is not None and not report_dir.parent.is_dir():
+        raise SpecError("the parent directory does not exist", source=str(report_dir), field="--report")
+    runner_ctx = {"kind": "simulated" if args.simulate else "local", "simulate": args.simulate,
+                  "steps": args.steps, "warmup": args.warmup, "timeout": args.timeout, "device": args.device,
+                  "ray": bool(args.ray or args.ray_address), "ray_address": args.ray_address,
+                  "cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial}
+    context = {"workload": args.workload, "runner": runner_ctx, "store": args.store}
+    storage = args.storage or default_storage()
+    names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
+    summaries = []
+    for name, strategy in names:
+        evaluate, featurize = _build(name, context, space, args.store)
+        c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
+                     seed=args.seed, storage=storage, patience=args.patience, max_retries=args.retries,
+                     workers=args.workers, featurize=featurize, context=context,
+                     warm_start=args.warm_start or (), progress=True)
+        evaluate.attach(c)
+        s = c.run()
+        evaluate.store.set_campaign_status(name, "finished")
+        summaries.append((s, evaluate.served))
+    _print(summaries, args.json)
+    if report_dir is not None:
+        from cubic.campaign_report import write_report
+
+        path = write_report(args.name, storage=storage, out_dir=report_dir,
+                            baselines=[n for n, _ in names[1:]], store_url=args.store)
+        print(f"report: {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from cubic.campaign import Campaign, load_meta
+
+    storage = args.storage or default_storage()
+    meta = load_meta(storage, args.name)
+    from search.space import Space
+
+    space = Space.model_validate(meta["space"])
+    ctx = meta.get("context", {})
+    evaluate, featurize = _build(args.name, ctx, space, args.store or ctx.get("store"))
+    overrides = {"budget": args.budget} if args.budget else {}
+    c = Campaign.resume(args.name, evaluate, storage=storage, featurize=featurize, progress=True, **overrides)
+    evaluate.attach(c)
+    s = c.run()
+    evaluate.store.set_campaign_status(args.name, "finished")
+    _print([(s, evaluate.served)], args.json)
+    if args.report:
+        from cubic.campaign_report import write_report
+
+        print(f"report: {write_report(args.name, storage=storage, out_dir=Path(args.report))}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cubic.campaign_report import write_report
+
+    storage = args.storage or default_storage()
+    path = write_report(args.name, storage=storage, out_dir=Path(args.out), baselines=args.baseline or None,
+                        store_url=args.store)
+    print(path)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from cubic.campaign import list_campaigns
+
+    rows = list_campaigns(args.storage or default_storage())
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    from cubic.cli import stdout_console
+
+    t = Table(title="campaigns")
+    for col in ("name", "workload", "strategy", "runs", "budget", "status", "stop_reason", "created_at"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*(str(r.get(c, "")) for c in ("name", "workload", "strategy", "runs", "budget", "status",
+                                               "stop_reason", "created_at")))
+    stdout_console().print(t)
+    return 0
+
+
+def _print(summaries, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([{**s.to_json(), "served_from_store": served} for s, served in summaries], indent=2,
+                         default=str))
+        return
+    from cubic.cli import stdout_console
+
+    con = stdout_console()
+    for s, served in summaries:
+        best = s.best_metrics or {}
+        con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({served} served from the trial store), "
+                  f"stopped on {s.stop_reason}; best examples/s "
+                  f"{best.get('examples_per_s', float('nan')):,.0f} at {s.best_point}")
+        if s.proxy:
+            con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")
+
+
+def register(sub: Any) -> None:
+    from cubic.cli import _nonnegative_int, _positive_float, _positive_int, add_store_argument
+
+    p = sub.add_parser("campaign", help="proxy-guided co-design search campaigns (CubicML)",
+                       description="Search a co-design space for the highest throughput that fits memory and "
+                                   "keeps quality: a learned proxy proposes, real runs validate, the proxy "
+                                   "retrains. Campaigns are stored and resumable.")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def common(q):
+        q.add_argument("--storage", metavar="URL", help="Optuna storage of campaigns (default $CUBIC_CAMPAIGNS or "
+                                                         "sqlite:///./.cubic/campaigns.db; a PostgreSQL URL shares "
+                                                         "one campaign between machines)")
+        q.add_argument("--json", action="store_true", help="machine-readable output")
+
+    run = verbs.add_parser("run", help="start a campaign", description="Start a new campaign and run it to its "
+                           "budget or a plateau; optionally also the random and direct-TPE baselines, and a report.")
+    run.add_argument("--workload", required=True, metavar="NAME|FILE")
+    run.add_argument("--space", metavar="FILE", help="space YAML (default cubic/data/space-default.yaml)")
+    run.add_argument("--name", required=True, help="campaign name (unique in the storage)")
+    run.add_argument("--strategy", choices=STRATEGIES, default="cubic",
+                     help="cubic (proxy + Optuna TPE, default), cubic-gp, cubic-nsga2; baselines: tpe, gp, random")
+    run.add_argument("--budget", type=_positive_int, default=12, help="real runs (default 12)")
+    run.add_argument("--batch", type=_positive_int, default=4, help="proposals validated per round (default 4)")
+    run.add_argument("--seed", type=_nonnegative_int, default=0)
+    run.add_argument("--patience", type=_positive_int, default=None, help="stop after N rounds without improvement")
+    run.add_argument("--retries", type=_nonnegative_int, default=2, help="retries of a transient failure (default 2)")
+    run.add_argument("--workers", type=_positive_int, default=1, help="runs in parallel (default 1)")
+    run.add_argument("--steps", type=_positive_int, default=20, help="timed steps per run (default 20)")
+    run.add_argument("--warmup", type=_nonnegative_int, default=3, help="warm-up steps per run (default 3)")
+    run.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="per run (default 300)")
+    run.add_argument("--device", default="auto")
+    run.add_argument("--simulate", metavar="CLUSTERxN", help="runs on the simulated cluster, e.g. h100x64 (SIMULATED)")
+    run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")
+    run.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (implies --ray)")
+    run.add_argument("--cpus-per-trial", type=_positive_float, default=1.0)
+    run.add_argument("--gpus-per-trial", type=float, default=0.0)
+    run.add_argument("--warm-start", nargs="+", metavar="CAMPAIGN", help="learn from these campaigns' trials too")
+    run.add_argument("--baselines", action="store_true",
+                     help=f"also run the baselines ({', '.join(BASELINES)}) as NAME-random and NAME-tpe")
+    run.add_argument("--report", metavar="DIR", help="write the HTML report here when done")
+    add_store_argument(run)
+    common(run)
+    run.set_defaults(func=cmd_run)
+
+    res = verbs.add_parser("resume", help="continue a stopped or killed campaign",
+                           description="Continue a campaign from its stored state; no finished run is run again.")
+    res.add_argument("name")
+    res.add_argument("--budget", type=_positive_int, help="a new total budget")
+    res.add_argument("--report", metavar="DIR")
+    add_store_argument(res)
+    common(res)
+    res.set_defaults(func=cmd_resume)
+
+    rep = verbs.add_parser("report", help="write a campaign's HTML report with PNG plots and the winning job config")
+    rep.add_argument("name")
+    rep.add_argument("--out", required=True, metavar="DIR")
+    rep.add_argument("--baseline", nargs="+", metavar="CAMPAIGN",
+                     help="campaigns to compare against (default: NAME-random, NAME-tpe when present)")
+    add_store_argument(rep)
+    common(rep)
+    rep.set_defaults(func=cmd_report)
+
+    ls = verbs.add_parser("list", help="stored campaigns")
+    common(ls)
+    ls.set_defaults(func=cmd_list)
