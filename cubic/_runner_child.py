@@ -1,0 +1,70 @@
+"""Child-process entry point of :class:`cubic.runner.LocalRunner` (not a user command).
+
+``python -m cubic._runner_child FD``: reads the request (JSON) from stdin, writes JSON lines
+``{"type": "progress", ...}`` and one ``{"type": "result", ...}`` to file descriptor FD.
+Every exception becomes a failed Result; only a signal or a hard crash leaves without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _read_vm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> None:
+    out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+
+    def send(msg: dict) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    from cubic.result import Result
+
+    request = json.loads(sys.stdin.read())
+    header: dict = {}
+    try:
+        # heavy imports first, so that the memory limit covers the run and not the libraries
+        import torch
+
+        from cubic import models  # noqa: F401  (imports fbgemm_gpu where present)
+        from cubic.config import Config
+        from cubic.runner import Fault, _result_header, train_and_measure
+        from cubic.spec import Workload
+
+        workload = Workload.model_validate(request["workload"])
+        config = Config.model_validate(request["config"])
+        header = _result_header(workload, config)
+        if request.get("threads"):
+            torch.set_num_threads(int(request["threads"]))
+        limit = request.get("memory_limit_bytes")
+        if limit:
+            import resource
+
+            cap = _read_vm_bytes() + int(limit)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        fault = Fault.model_validate(request["fault"]) if request.get("fault") else None
+        result = train_and_measure(
+            workload, config, steps=request["steps"], warmup=request["warmup"], device=request["device"],
+            eval_every=request.get("eval_every"), fault=fault,
+            progress=lambda done, total: send({"type": "progress", "done": done, "total": total}),
+        )
+    except BaseException as e:  # noqa: BLE001 -- every failure is reported as data
+        from cubic.runner import classify_exception
+
+        kind, reason = classify_exception(e)
+        result = Result.failed(kind, reason, **header)
+    send({"type": "result", "result": result.model_dump(mode="json")})
+    out.close()
+
+
+if __name__ == "__main__":
+    main()

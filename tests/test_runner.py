@@ -1,0 +1,108 @@
+import pytest
+
+from cubic.config import Config, FP8Choice, ShardingChoice
+from cubic.runner import PHASES, Fault, LocalRunner, validate_config
+from cubic.spec import DataSpec, DLRMArch, Table, Workload
+from cubic.workloads import DEFAULT_WORKLOADS
+
+TINY = Workload(
+    name="tiny",
+    tables=[Table(name="a", rows=500, dim=8, pooling_factor=2.0), Table(name="b", rows=2000, dim=4, pooling_factor=1.0)],
+    dense_arch=DLRMArch(bottom_mlp=[16, 8], top_mlp=[16, 1]),
+    batch_size=64,
+    data=DataSpec(num_dense_features=4, eval_batch_size=256),
+)
+
+
+@pytest.fixture
+def faults(monkeypatch):
+    monkeypatch.setenv("CUBIC_ALLOW_FAULTS", "1")
+
+
+def test_ok_run_reports_everything():
+    seen = []
+    r = LocalRunner(timeout_s=300, threads=1).run(TINY, Config(seed=3), steps=4, warmup=1,
+                                                  progress=lambda d, t: seen.append((d, t)))
+    assert r.ok, r.reason
+    assert r.source == "measured" and r.workload == "tiny" and r.seed == 3
+    assert r.workload_hash == TINY.content_hash() and r.config_hash == Config(seed=3).content_hash()
+    for key in ("examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes",
+                "loss_start", "loss_end", "ne_start", "ne_end"):
+        assert r.metrics[key] > 0, key
+    assert r.metrics["step_time_p90_ms"] >= r.metrics["step_time_median_ms"]
+    assert set(r.phases_ms) == set(PHASES) and r.phases_ms["communication"] == 0.0
+    assert r.phases_ms["embedding_fwd"] > 0 and r.phases_ms["dense_bwd"] > 0
+    assert r.trajectory[0]["step"] == 0 and r.trajectory[-1]["step"] == 5
+    assert r.trajectory[-1]["ne"] == r.metrics["ne_end"]
+    assert r.fingerprint["device"] == "cpu" and len(r.fingerprint_hash) == 16 and "torch" in r.versions
+    assert r.extra["threads"] == 1 and len(r.extra["step_times_ms"]) == 4
+    assert seen and seen[-1] == (5, 5)
+    assert r.wall_time_s > 0
+
+
+def test_faults_refused_without_opt_in(monkeypatch):
+    monkeypatch.delenv("CUBIC_ALLOW_FAULTS", raising=False)
+    with pytest.raises(ValueError, match="CUBIC_ALLOW_FAULTS"):
+        LocalRunner(fault=Fault(kind="raise"))
+
+
+@pytest.mark.parametrize(
+    "fault, kind, words",
+    [
+        (Fault(kind="raise", at_step=1), "error", "injected fault"),
+        (Fault(kind="nan", at_step=2), "nan", "nan"),
+        (Fault(kind="oom", at_step=0), "oom", "alloc"),
+        (Fault(kind="kill", at_step=0), "killed", "SIGKILL"),
+    ],
+)
+def test_failures_come_back_as_results(faults, fault, kind, words):
+    r = LocalRunner(timeout_s=300, threads=1, fault=fault).run(TINY, Config(), steps=3, warmup=1)
+    assert r.status == "failed" and r.failure_kind == kind, (r.failure_kind, r.reason)
+    assert words.lower() in r.reason.lower()
+    assert r.workload == "tiny" and r.config_hash == Config().content_hash()
+
+
+def test_hang_times_out(faults):
+    r = LocalRunner(timeout_s=6, threads=1, fault=Fault(kind="hang")).run(TINY, Config(), steps=3, warmup=0)
+    assert r.failure_kind == "timeout" and r.transient
+    assert r.wall_time_s < 30
+
+
+def test_memory_limit_gives_oom():
+    big = TINY.model_copy(update={"tables": [Table(name="huge", rows=50_000_000, dim=16, pooling_factor=1.0)]})
+    r = LocalRunner(timeout_s=300, threads=1, memory_limit_bytes=256 * 2**20).run(big, Config(), steps=2, warmup=0)
+    assert r.failure_kind == "oom", (r.failure_kind, r.reason)
+
+
+def test_invalid_configs_rejected_without_a_child():
+    runner = LocalRunner(timeout_s=300)
+    r = runner.run(TINY, Config(sharding=ShardingChoice(planner="greedy")), steps=2)
+    assert r.failure_kind == "invalid" and "distributed runner" in r.reason
+    r = runner.run(TINY, Config(model={"no_such_knob": 3}), steps=2)
+    assert r.failure_kind == "invalid" and "no_such_knob" in r.reason
+    r = runner.run(TINY, Config(), steps=0)
+    assert r.failure_kind == "invalid"
+
+
+def test_fp8_needs_its_runtime():
+    why = validate_config(TINY, Config(fp8=FP8Choice(policy="all")))
+    from importlib.util import find_spec
+
+    if find_spec("fp8.runtime") is None:
+        assert why and "fp8.runtime" in why
+    else:
+        assert why is None
+
+
+def test_error_in_child_is_reported():
+    # an exception the runner did not plan for: an unknown device string reaches torch in the child
+    r = LocalRunner(timeout_s=300, device="cuda:99").run(TINY, Config(), steps=1, warmup=0)
+    assert r.status == "failed" and r.failure_kind == "error" and r.reason
+
+
+@pytest.mark.slow
+def test_wukong_small_300_steps_lowers_ne():
+    r = LocalRunner(timeout_s=1800).run(DEFAULT_WORKLOADS["wukong-small"], Config(), steps=300)
+    assert r.ok, r.reason
+    assert r.metrics["ne_end"] < r.metrics["ne_start"] - 0.1, r.metrics
+    assert r.metrics["ne_end"] < 1.0
