@@ -242,11 +242,13 @@ class Campaign:
                 if self._plateaued(history):
                     stop_reason = "plateau"
                     break
-                round_index = 1 + max((t.user_attrs.get("round", -1) for t in self.study.get_trials(deepcopy=False)),
-                                      default=-1)
-                k = min(self.batch_size, self.budget - len(history))
-                proposals = self.strategy.propose(self.space, history, k, seed=self.seed, round_index=round_index,
+                round_index, before, done_keys = self._next_round()
+                k = min(self.batch_size, self.budget - len(before))
+                proposals = self.strategy.propose(self.space, before, k, seed=self.seed, round_index=round_index,
                                                   featurize=self.featurize, warm=warm, context=self.context)
+                # a round cut short by a kill is finished as first proposed: same result as no kill
+                proposals = [p for p in proposals if self.space.key(p.point) not in done_keys]
+                proposals = proposals[: self.budget - len(history)]
                 if not proposals:
                     stop_reason = "exhausted"
                     break
@@ -257,6 +259,28 @@ class Campaign:
         self.study.set_user_attr("status", "finished")
         self.study.set_user_attr("stop_reason", stop_reason)
         return self.summary(stop_reason=stop_reason, n_warm=len(warm))
+
+    def _next_round(self) -> tuple[int, list[Observation], set[str]]:
+        """(round index, the history it proposes from, keys it already finished). A round that a
+        kill cut short is resumed, not skipped: it is re-proposed from the history before it, so a
+        resumed campaign makes the same proposals as one never interrupted."""
+        trials = [t for t in self.study.get_trials(deepcopy=False)
+                  if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+        if not trials:
+            return 0, [], set()
+        last = max(t.user_attrs.get("round", 0) for t in trials)
+        before = [t for t in trials if t.user_attrs.get("round", 0) < last]
+        in_last = [t for t in trials if t.user_attrs.get("round", 0) == last]
+        if len(in_last) < min(self.batch_size, self.budget - len(before)):
+            round_index, used, done = last, before, {t.user_attrs.get("key") for t in in_last}
+        else:
+            round_index, used, done = last + 1, trials, set()
+        fit = getattr(self.strategy, "last_fit", None)
+        if isinstance(fit, dict):  # the proxy family chosen before this round, as the stored trials say
+            fams = [t.user_attrs["predicted"]["family"] for t in used if (t.user_attrs.get("predicted") or {}).get("family")]
+            if fams:
+                self.strategy.last_fit = {**fit, "family": fams[-1]}
+        return round_index, [trial_observation(t, self.context) for t in used], done
 
     def _validate(self, proposals: list[Proposal], round_index: int, bar) -> None:
         def one(pr: Proposal):
