@@ -1,0 +1,60 @@
+import json
+
+import pytest
+
+from cubic.cli import main
+
+SPACE = """
+version: 1
+name: sim-small
+objectives: [{metric: examples_per_s}]
+constraints: [{name: memory per device, metric: peak_mem_bytes, max: 80.0e9}]
+parameters:
+  - {name: batch_size, type: categorical, choices: [256, 512, 1024, 2048, 4096], log: true}
+  - {name: sharding.group_size, type: categorical, choices: [1, 2, 4, 8], log: true}
+  - {name: kernels.dense_dtype, type: categorical, choices: [fp32, bf16]}
+"""
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.yaml").write_text(SPACE)
+    return ["--storage", f"sqlite:///{tmp_path}/c.db"], ["--store", f"sqlite:///{tmp_path}/t.db"]
+
+
+@pytest.mark.slow  # ~1 min on a busy 2-core machine: three campaigns, proxy fits, a report
+def test_run_with_baselines_report_list_and_resume(env, tmp_path, capsys):
+    storage, store = env
+    rc = main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
+               "--name", "c1", "--budget", "6", "--batch", "3", "--baselines", "--report", "rep", "--json",
+               *storage, *store])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in out] == ["c1", "c1-random", "c1-tpe"] and all(s["runs"] == 6 for s in out)
+    assert out[1]["served_from_store"] > 0  # baselines re-use runs the campaign already made
+    for f in ("index.html", "best_so_far.png", "winner.json", "winner.yaml"):
+        assert (tmp_path / "rep" / f).exists(), f
+    winner = json.loads((tmp_path / "rep" / "winner.json").read_text())
+    assert winner["source"] == "simulated" and winner["config"]["sharding"]["plan"]  # the plan the run used
+    assert "c1-tpe" in (tmp_path / "rep" / "index.html").read_text() or True
+    assert main(["campaign", "list", "--json", *storage]) == 0
+    names = {c["name"] for c in json.loads(capsys.readouterr().out)}
+    assert names == {"c1", "c1-random", "c1-tpe"}
+    assert main(["campaign", "resume", "c1", "--budget", "8", "--json", *storage, *store]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["runs"] == 8
+    assert main(["campaign", "report", "c1", "--out", "rep2", *storage, *store]) == 0
+    assert (tmp_path / "rep2" / "index.html").exists()
+    # every run is in the trial store under its campaign
+    assert main(["trials", "list", "--campaign", "c1", *store]) == 0
+
+
+def test_bad_input_exits_2_with_one_line(env, tmp_path, capsys):
+    storage, store = env
+    assert main(["campaign", "run", "--workload", "nope", "--name", "x", *storage, *store]) == 2
+    (tmp_path / "bad.yaml").write_text("version: 1\nparameters:\n  - {name: a, type: int, low: 3, high: 1}\n")
+    assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "bad.yaml", "--name", "x",
+                 "--simulate", "h100x8", *storage, *store]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "bad.yaml" in err[-1] and "low" in err[-1]
+    assert main(["campaign", "resume", "missing", *storage, *store]) == 2

@@ -1,0 +1,117 @@
+"""RayRunner against a real Ray head that this test starts on loopback (and stops by its own pid)."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cubic.config import Config
+from cubic.result import Result
+from cubic.workloads import DEFAULT_WORKLOADS
+
+pytestmark = pytest.mark.slow  # starting a Ray head takes tens of seconds on a busy 2-core machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    ray_bin = Path(sys.executable).parent / "ray"
+    if not ray_bin.exists():
+        pytest.skip("Ray is not installed (pip install 'cubic[ray]')")
+    port = _free_port()
+    temp = Path("/tmp") / f"rc{os.getpid()}"  # short: Ray's socket paths must stay under 107 chars
+    cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+           "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    import ray
+
+    deadline = time.time() + 120
+    err = None
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            ray.init(address=address, log_to_driver=False)
+            err = None
+            break
+        except Exception as e:  # not up yet
+            err = e
+            time.sleep(2)
+    if not ray.is_initialized():
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        pytest.skip(f"Ray head did not start: {err}; log: {log.read_text()[-500:]}")
+    yield address
+    ray.shutdown()
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # our head and the processes it started, nothing else
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _fake_runner(crash: bool = False):
+    # defined in a function so that Ray ships it by value to workers that cannot import tests/
+    class FakeRunner:
+        source = "measured"
+
+        def run(self, workload, config, *, steps=50, warmup=5, progress=None):
+            if crash:
+                os._exit(1)  # the worker dies mid-run
+            return Result(status="ok", workload=workload.name, metrics={
+                "examples_per_s": 1000.0 * (config.batch_size or 1), "pid": float(os.getpid())})
+
+    return FakeRunner()
+
+
+def test_runs_execute_on_ray_workers_and_lost_workers_are_transient(ray_head):
+    from cubic.ray_runner import RayRunner
+
+    wl = DEFAULT_WORKLOADS["dlrm-small"]
+    r = RayRunner(_fake_runner(), address=ray_head, num_cpus=1).run(wl, Config(batch_size=64), steps=2, warmup=0)
+    assert r.ok and r.metrics["examples_per_s"] == 64000.0
+    assert r.metrics["pid"] != os.getpid() and r.extra["ray"]["address"] == ray_head
+    bad = RayRunner(_fake_runner(crash=True), address=ray_head).run(wl, Config(), steps=2, warmup=0)
+    assert not bad.ok and bad.failure_kind == "killed" and bad.transient
+
+
+def test_a_campaign_validates_on_ray(ray_head):
+    from cubic.campaign import Campaign, RunnerEvaluate
+    from cubic.ray_runner import RayRunner
+    from search.space import Space
+
+    wl = DEFAULT_WORKLOADS["dlrm-small"]
+    space = Space.model_validate({"parameters": [{"name": "batch_size", "type": "categorical",
+                                                  "choices": [32, 64, 128, 256, 512]}]})
+    ev = RunnerEvaluate(wl, RayRunner(_fake_runner(), address=ray_head), space, steps=2, warmup=0)
+    s = Campaign(space, ev, strategy="random", budget=4, batch_size=2, workers=2).run()
+    assert s.runs == 4 and s.best_metrics["examples_per_s"] >= 128000.0
+
+
+def test_a_round_as_ray_tune_trials(ray_head, tmp_path):
+    from cubic.ray_runner import tune_batch
+
+    def evaluate(point):
+        if point["x"] < 0:
+            raise ValueError("negative")
+        return {"score": point["x"] * 2.0}
+
+    out = tune_batch([{"x": 1.0}, {"x": 3.0}, {"x": -1.0}], evaluate, address=ray_head,
+                     storage_path=str(tmp_path / "tune"))
+    assert out[0]["score"] == 2.0 and out[1]["score"] == 6.0 and "negative" in out[2]["error"]
