@@ -32,7 +32,7 @@ CAMPAIGN = "shard-collect"
 
 
 def augmented_sample(rng: np.random.Generator, index: int, max_tables: int = 24,
-                     batches: tuple[int, ...] = (256, 512, 1024)) -> tuple[list[ShardWork], int]:
+                     batches: tuple[int, ...] = (512, 1024, 2048, 4096)) -> tuple[list[ShardWork], int]:
     k = int(np.clip(np.round(np.exp(rng.uniform(0, np.log(max_tables)))), 1, max_tables))
     tables = generate_tables(k, seed=TRAIN_SEED_BASE + index, prefix=f"s{index}_")
     works = []

@@ -166,9 +166,9 @@ def rank_comm_ms_fast(cols_r: float, ids_r: float, tot_cols: float, tot_ids: flo
     return (model.all_to_all_ms(group, ids_sent, ids_recv) + 2 * model.all_to_all_ms(group, emb_sent, emb_recv))
 
 
-def dp_sync_ms(table: Table, world: int, model: CommModel) -> float:
-    """Dense gradient all-reduce of a data-parallel table over every replica."""
-    return model.all_reduce_ms(world, table.rows * table.dim * FP32)
+def dp_sync_ms(nbytes: float, world: int, model: CommModel) -> float:
+    """One bucketed all-reduce of the data-parallel tables' dense gradients over every replica."""
+    return model.all_reduce_ms(world, nbytes)
 
 
 def cross_group_sync_ms(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int,

@@ -108,22 +108,35 @@ def min_pieces(table: Table, group: int) -> int:
 
 
 def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound: bool = False) -> PlanCost:
-    """Per-rank compute + comm + sync of a plan, and optionally the lower bound."""
+    """Per-rank compute + comm + sync of a plan, and optionally the lower bound.
+
+    A sharded piece's owner pools it for the whole group's batch (group_size x per-rank batch, the
+    ids arrive by all-to-all), so its pieces run as one fused kernel at that batch; data-parallel
+    tables run on the rank's own batch (a second kernel) and all-reduce their gradients in one
+    bucket per step.
+    """
     G, W, B = plan.group_size, plan.world_size, plan.batch_size
     tables = {t.name: t for t in plan.tables}
     works: list[list[ShardWork]] = [[] for _ in range(G)]
+    dp_works: list[list[ShardWork]] = [[] for _ in range(G)]
     traffic: list[ShardTraffic] = []
     sync = [0.0] * G
+    dp_bytes = [0.0] * G
     replicas = W // G
     for s in plan.shards:
         t = tables[s.table]
-        works[s.rank].append(ShardWork.of(t, s))
         if s.sharding_type == "data_parallel":
-            sync[s.rank] += dp_sync_ms(t, W, comm)
+            dp_works[s.rank].append(ShardWork.of(t, s))
+            dp_bytes[s.rank] += s.rows * s.cols * 4
         else:
+            works[s.rank].append(ShardWork.of(t, s))
             traffic.append(ShardTraffic(s.rank, s.cols, t.pooling_factor * s.rows / t.rows))
             sync[s.rank] += cross_group_sync_ms(t, s.rows, s.cols, G, B, replicas, comm)
-    compute = estimator.compute_ms(works, B)
+    for r in range(G):
+        sync[r] += dp_sync_ms(dp_bytes[r], W, comm)
+    compute = estimator.compute_ms(works, G * B)
+    if any(dp_works):
+        compute = [a + b for a, b in zip(compute, estimator.compute_ms(dp_works, B))]
     comms = rank_comm_ms(traffic, G, B, comm)
     mem = plan.memory_per_rank()
     per_rank = [
@@ -135,7 +148,7 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
     if lower_bound:
         lb = table_lower_bound(plan.tables, G, B, estimator, comm)
     return PlanCost.from_ranks(estimator.source, per_rank, lower_bound_ms=lb,
-                               details={"batch_size": B, "comm": comm.source})
+                               details={"per_rank_batch": B, "kernel_batch": G * B, "comm": comm.source})
 
 
 def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Estimator, comm: CommModel) -> float:
@@ -147,10 +160,11 @@ def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Es
     effects make a rank of 1/group of the tables slightly cheaper than 1/group of all of them.
     """
     works = [ShardWork(t, 0, t.rows, t.dim) for t in tables]
-    fused = estimator.compute_ms([works], batch)[0]
+    kernel_batch = group * batch  # a sharded piece is pooled for the whole group's batch
+    fused = estimator.compute_ms([works], kernel_batch)[0]
     # the single costliest tables by lookup bytes bound the indivisible piece; measure the top few
     top = sorted(works, key=lambda w: -w.table.pooling_factor * w.table.dim)[:3]
-    singles = estimator.compute_ms([[w] for w in top], batch)
+    singles = estimator.compute_ms([[w] for w in top], kernel_batch)
     indivisible = max(c / min_pieces(w.table, group) for w, c in zip(top, singles))
     tot_cols = sum(t.dim for t in tables)
     tot_ids = sum(t.pooling_factor for t in tables)

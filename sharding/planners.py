@@ -67,9 +67,11 @@ class Context:
     _vec_cache: dict = field(default_factory=dict)
 
     def unit(self, t: Table, kind: str, ro: int, rows: int, co: int, cols: int) -> Unit:
-        key = (t.name, ro, rows, cols)
+        # a sharded piece is pooled for the group's whole batch; a data-parallel one for the rank's
+        batch = self.batch if kind == "data_parallel" else self.group * self.batch
+        key = (t.name, ro, rows, cols, batch)
         if key not in self._vec_cache:
-            self._vec_cache[key] = shard_vector(t, rows, cols, self.batch)
+            self._vec_cache[key] = shard_vector(t, rows, cols, batch)
         sync = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group, self.comm)
         return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
                     Storage.of(rows, cols).total, sync)
@@ -208,10 +210,14 @@ class _Placement:
         self.tot_ids = sum(u.ids for u in units)
         self.k_a2a = 1e3 * (cm.alpha_s + cm.alpha_peer_s * (G - 1)) if G > 1 else 0.0
         self.beta = 1e3 * cm.beta(G - 1) if G > 1 else 0.0
-        dp_vec = sum((u.vec for u in dp), np.zeros(8))
-        self.base_sums = np.tile(dp_vec, (G, 1))
-        self.base_maxlb = np.full(G, max((u.vec[2] for u in dp), default=0.0))
-        self.base_sync = sum(dp_sync_ms(u.table, ctx.world, cm) for u in dp)
+        # data-parallel tables: the same second kernel and one gradient bucket on every rank
+        self.base_sums = np.zeros((G, 8))
+        self.base_maxlb = np.zeros(G)
+        dp_compute = 0.0
+        if dp:
+            V = np.stack([u.vec for u in dp])
+            dp_compute = float(self.compute(V.sum(axis=0, keepdims=True), V[:, 2].max(keepdims=True), ctx.batch)[0])
+        self.base_sync = dp_compute + dp_sync_ms(sum(u.rows * u.cols * 4 for u in dp), ctx.world, cm)
         self.base_mem = sum(u.mem for u in dp)
 
     def comm(self, cols: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -224,8 +230,9 @@ class _Placement:
         emb_recv = B * (self.tot_cols - cols) * FP32
         return 3 * self.k_a2a + self.beta * (np.maximum(ids_sent, ids_recv) + 2 * np.maximum(emb_sent, emb_recv))
 
-    def compute(self, sums: np.ndarray, maxlb: np.ndarray) -> np.ndarray:
-        return self.model.predict(rank_features_from_sums(sums, maxlb, self.ctx.batch))
+    def compute(self, sums: np.ndarray, maxlb: np.ndarray, batch: int | None = None) -> np.ndarray:
+        batch = batch or self.ctx.group * self.ctx.batch
+        return self.model.predict(rank_features_from_sums(sums, maxlb, batch))
 
     def standalone(self) -> np.ndarray:
         if not self.units:
@@ -365,6 +372,13 @@ class CubicPlanner(Planner):
         return out
 
     def plan(self, tables, topology, batch_size, group_size=None):
+        from threadpoolctl import threadpool_limits
+
+        # the model's matmuls are tiny: a BLAS thread pool only adds wake-up latency to each call
+        with threadpool_limits(1):
+            return self._plan(tables, topology, batch_size, group_size)
+
+    def _plan(self, tables, topology, batch_size, group_size):
         t0 = time.perf_counter()
         est = self.estimator or LearnedEstimator()
         ctx = _context(tables, topology, batch_size, group_size, est)
@@ -376,6 +390,8 @@ class CubicPlanner(Planner):
             units, dp = build_units(ctx, splits)
             pl = _Placement(ctx, model, units, dp)
             ranks, score, cost = pl.run()
+            if not math.isfinite(score):  # memory-tight: place the biggest pieces first instead
+                ranks, score, cost = pl.run(order=sorted(range(len(units)), key=lambda i: -units[i].mem))
             return score, splits, pl, ranks, cost
 
         start = evaluate(presplit(ctx))
