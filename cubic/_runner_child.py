@@ -35,14 +35,16 @@ def main() -> None:
         # heavy imports first, so that the memory limit covers the run and not the libraries
         import torch
 
-        from cubic import models  # noqa: F401  (imports fbgemm_gpu where present)
         from cubic.config import Config
+        from cubic.models import fbgemm_available
         from cubic.runner import Fault, _result_header, train_and_measure
         from cubic.spec import Workload
 
         workload = Workload.model_validate(request["workload"])
         config = Config.model_validate(request["config"])
         header = _result_header(workload, config)
+        if config.kernels.embedding != "torch":
+            fbgemm_available()  # imports fbgemm_gpu now, outside the memory limit
         if request.get("threads"):
             torch.set_num_threads(int(request["threads"]))
         limit = request.get("memory_limit_bytes")
@@ -54,7 +56,7 @@ def main() -> None:
         fault = Fault.model_validate(request["fault"]) if request.get("fault") else None
         result = train_and_measure(
             workload, config, steps=request["steps"], warmup=request["warmup"], device=request["device"],
-            eval_every=request.get("eval_every"), fault=fault,
+            eval_every=request.get("eval_every"), fault=fault, versions_info=request.get("versions"),
             progress=lambda done, total: send({"type": "progress", "done": done, "total": total}),
         )
     except BaseException as e:  # noqa: BLE001 -- every failure is reported as data

@@ -55,6 +55,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cubic.config import Config
+from cubic.fingerprint import versions
 from cubic.result import Result
 from cubic.spec import SpecError, Workload
 
@@ -160,6 +161,9 @@ class LocalRunner(Runner):
             "steps": steps, "warmup": warmup, "device": self.device, "threads": self.threads,
             "memory_limit_bytes": self.memory_limit_bytes, "eval_every": self.eval_every,
             "fault": self.fault.model_dump() if self.fault is not None else None,
+            # collected once per parent process (lru_cache): the version probe imports optional peers
+            # (torchrec, xgboost, ...) and costs seconds, which every child would otherwise pay again
+            "versions": versions(),
         }
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
@@ -300,14 +304,14 @@ class _Inject:
 
 def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
                       device: str = "auto", eval_every: int | None = None, fault: Fault | None = None,
-                      progress: ProgressFn | None = None) -> Result:
+                      progress: ProgressFn | None = None, versions_info: dict[str, str] | None = None) -> Result:
     """One measurement in this process (the child's body). Exceptions propagate to the caller."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     from cubic.data import SyntheticData, normalized_entropy
-    from cubic.fingerprint import fingerprint, fingerprint_hash, versions
+    from cubic.fingerprint import fingerprint, fingerprint_hash
     from cubic.models import build_model, build_optimizer
 
     head = _result_header(workload, config)
@@ -418,7 +422,8 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
     return Result(
         status="ok", source="measured", metrics=metrics,
         phases_ms={p: float(np.median(times[p])) for p in PHASES},
-        trajectory=trajectory, fingerprint=fp, fingerprint_hash=fingerprint_hash(fp), versions=versions(),
+        trajectory=trajectory, fingerprint=fp, fingerprint_hash=fingerprint_hash(fp),
+        versions=versions_info if versions_info is not None else versions(),
         extra={"device": str(dev), "threads": torch.get_num_threads(), "embedding_kernel": model.embedding.kernel,
                "dense_dtype": config.kernels.dense_dtype, "steps": steps, "warmup": warmup, "eval_every": every,
                "data_gen_s": gen_s, "step_times_ms": [round(x, 4) for x in step_ms.tolist()],

@@ -1,0 +1,149 @@
+"""Runner overhead: LocalRunner's measured step time vs a bare hand-written PyTorch loop.
+
+Both train the same model (``cubic.models.build_model``, same seed) on the same batches
+(``SyntheticData(workload).batch(step)``, generated before timing), with the same intra-op thread
+count, for the same warm-up and timed steps; each reports the median of its per-step times.
+Repeats are interleaved (runner first on even repeats, bare first on odd ones) so that load from
+other processes hits both alike. Overhead = median runner step / median bare step - 1; target
+<= 5 %. The runner's fixed cost per run (child start-up, imports, model build, evaluations) is
+reported separately: it is paid once per run, not per step. All figures are MEASURED on this CPU.
+
+    .venv/bin/python experiments/runner_overhead.py [--quick] [--repeats R] [--steps N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from cubic.config import Config  # noqa: E402
+from cubic.data import SyntheticData  # noqa: E402
+from cubic.models import build_model, build_optimizer  # noqa: E402
+from cubic.runner import LocalRunner  # noqa: E402
+from cubic.workloads import DEFAULT_WORKLOADS  # noqa: E402
+from experiments.common import png_path, run_context, write_result  # noqa: E402
+
+NAME = "runner_overhead"
+TARGET_PCT = 5.0
+
+
+def bare_loop(workload, config: Config, batches, warmup: int) -> list[float]:
+    """The hand-written loop: forward, loss, backward, optimizer step; per-step wall times in ms."""
+    model = build_model(workload, config)
+    opt = build_optimizer(model)
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        loss = F.binary_cross_entropy_with_logits(model(b), b.labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(dt * 1e3)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, few steps")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both (1: least noise on a shared box)")
+    ap.add_argument("--workloads", default="dlrm-small,wukong-small")
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.steps, args.warmup = 1, 4, 1
+    torch.set_num_threads(args.threads)
+    ctx = run_context("measured")
+    config = Config()
+    runner = LocalRunner(timeout_s=1800, threads=args.threads, eval_every=10**9)
+    rows = {}
+    for name in args.workloads.split(","):
+        w = config.apply(DEFAULT_WORKLOADS[name])
+        data = SyntheticData(w)
+        batches = [data.batch(s) for s in range(args.warmup + args.steps)]
+        for b in batches:
+            b.sparse.to_tbe()  # as the runner does while preparing batches
+        runner_ms, bare_ms, fixed_s, loads, failures = [], [], [], [], []
+        for rep in range(args.repeats):
+            order = ("runner", "bare") if rep % 2 == 0 else ("bare", "runner")
+            for who in order:
+                loads.append(os.getloadavg()[0])
+                if who == "runner":
+                    r = runner.run(w, config, steps=args.steps, warmup=args.warmup)
+                    if not r.ok:
+                        failures.append(f"{r.failure_kind}: {r.reason}")
+                        continue
+                    runner_ms.append(r.metrics["step_time_median_ms"])
+                    fixed_s.append(r.wall_time_s - sum(r.extra["step_times_ms"]) / 1e3)
+                else:
+                    bare_ms.append(float(np.median(bare_loop(w, config, batches, args.warmup))))
+            if runner_ms and bare_ms:
+                print(f"  {name} repeat {rep}: runner {runner_ms[-1]:.2f} ms  bare {bare_ms[-1]:.2f} ms  "
+                      f"load {loads[-1]:.1f}", flush=True)
+        row = {"runner_step_ms": runner_ms, "bare_step_ms": bare_ms, "runner_fixed_cost_s": fixed_s,
+               "loadavg_1m": loads, "failures": failures}
+        if runner_ms and bare_ms:
+            rm, bm = float(np.median(runner_ms)), float(np.median(bare_ms))
+            paired = [r / b - 1 for r, b in zip(runner_ms, bare_ms)]
+            row.update(runner_median_ms=rm, bare_median_ms=bm, overhead_pct=100 * (rm / bm - 1),
+                       paired_overhead_pct_median=100 * float(np.median(paired)),
+                       met_target=bool(100 * (rm / bm - 1) <= TARGET_PCT))
+        rows[name] = row
+
+    print(f"\nrunner overhead (MEASURED, CPU, {args.threads} thread(s), {args.repeats} interleaved repeats x "
+          f"{args.steps} timed steps, batch from the workload)")
+    print(f"{'workload':<14}{'runner ms':>11}{'bare ms':>10}{'overhead':>10}{'target':>8}{'fixed/run s':>13}")
+    for name, row in rows.items():
+        if "overhead_pct" not in row:
+            print(f"{name:<14} no comparison: {row['failures']}")
+            continue
+        print(f"{name:<14}{row['runner_median_ms']:>11.2f}{row['bare_median_ms']:>10.2f}"
+              f"{row['overhead_pct']:>9.1f}%{'met' if row['met_target'] else 'MISSED':>8}"
+              f"{np.median(row['runner_fixed_cost_s']):>13.1f}")
+
+    payload = {**ctx, "benchmark": NAME, "target_overhead_pct": TARGET_PCT,
+               "settings": {k: v for k, v in vars(args).items()}, "workloads": rows,
+               "note": ("overhead compares per-step medians; the runner's fixed cost per run (child start-up, "
+                        "imports, model build, evaluations) is listed separately")}
+    path = write_result(NAME, payload)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, r in rows.items() if "overhead_pct" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = np.arange(len(names))
+    for off, key, label in ((-0.2, "runner_step_ms", "LocalRunner (child process)"), (0.2, "bare_step_ms", "bare loop")):
+        vals = [rows[n][key] for n in names]
+        med = [np.median(v) for v in vals]
+        err = np.array([[m - np.min(v), np.max(v) - m] for m, v in zip(med, vals)]).T
+        ax.bar(x + off, med, 0.4, yerr=err, capsize=4, label=label)
+    for i, n in enumerate(names):
+        ax.text(i, max(rows[n]["runner_median_ms"], rows[n]["bare_median_ms"]) * 1.08,
+                f"{rows[n]['overhead_pct']:+.1f}%", ha="center")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("median step time, ms (MEASURED)")
+    ax.set_title(f"Runner overhead vs bare loop (measured, CPU, {args.threads} thread)\nbars: median of repeats, "
+                 "whiskers: min-max")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png_path(NAME), dpi=120)
+    print(f"wrote {path} and {png_path(NAME)}")
+
+
+if __name__ == "__main__":
+    main()
