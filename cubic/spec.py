@@ -230,6 +230,8 @@ def read_structured(path: str | Path) -> Any:
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         one_line = " ".join(str(e).split())
         raise SpecError(f"not valid {p.suffix.lstrip('.') or 'YAML'}: {one_line}", source=str(p)) from None
+    except RecursionError:  # e.g. "[[[[..." thousands deep: the parsers recurse
+        raise SpecError("nested too deeply to be a cubic document", source=str(p)) from None
 
 
 def parse_model(cls: type[BaseModel], data: Any, source: str | None = None):
