@@ -22,6 +22,13 @@ def read_tables_csv(path: str | Path) -> list[Table]:
     p = Path(path)
     if not p.is_file():
         raise SpecError("no such file", source=str(p))
+    try:
+        return _read_tables_csv(p)
+    except (csv.Error, UnicodeDecodeError) as e:  # NUL bytes, oversized fields, not UTF-8
+        raise SpecError(f"not a readable CSV: {' '.join(str(e).split())}", source=str(p)) from None
+
+
+def _read_tables_csv(p: Path) -> list[Table]:
     with p.open(newline="") as f:
         reader = csv.DictReader(f)
         cols = [c.strip() for c in (reader.fieldnames or [])]
