@@ -1,0 +1,202 @@
+"""``cubic fp8 <verb>``: probe, model, check, kernels.
+
+    cubic fp8 probe --workload wukong-small --budget-sqnr 20 --out fp8.json [--no-require-fast]
+                    [--target-batch B] [--keep-first-last] [--max-batches 24] [--ci-db 1.0]
+    cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|block128|mx32
+                    [--norm-before] [--act-after sigmoid] [--json]          (modelled H100 times)
+    cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
+    cubic fp8 kernels --m M --k K --n N [--budget-sqnr DB] [--json]       (measured, this device)
+
+Bad input raises SpecError/ValueError: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from cubic.spec import SpecError
+
+
+def _threads() -> None:
+    # one thread: the machine is usually shared, and two threads fighting other jobs are slower
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _out_path(path: str) -> Path:
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        raise SpecError("the directory does not exist", source=str(p), field="--out")
+    return p
+
+
+def cmd_probe(args) -> int:
+    from cubic.workloads import load_workload
+    from fp8.recommend import recommend
+
+    _threads()
+    w = load_workload(args.workload)
+    out = _out_path(args.out) if args.out else None
+    placement = recommend(w, args.budget_sqnr, require_fast=args.require_fast, target_device=args.target,
+                          target_batch=args.target_batch, warmup_steps=args.warmup_steps,
+                          max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
+                          keep_first_last=args.keep_first_last)
+    text = placement.model_dump_json(indent=2)
+    if out:
+        out.write_text(text + "\n")
+    if args.json:
+        print(text)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"FP8 placement for {w.name} (budget {args.budget_sqnr} dB; speed modelled on {args.target})")
+    for col in ("site", "M x K x N", "recipe", "kernel", "SQNR dB [95% CI]", "batches", "safe", "fast",
+                "speedup", "reason"):
+        t.add_column(col)
+    for name, s in placement.sites.items():
+        r = s.recipe or max(s.error, key=lambda k: s.error[k].ci_low_db if k != "bf16" else -1e9)
+        e = s.error.get(r)
+        err = f"{e.sqnr_db:.1f} [{e.ci_low_db:.1f}, {e.ci_high_db:.1f}]" if e else "-"
+        t.add_row(name, f"{s.m}x{s.k}x{s.n}", s.recipe or "-", s.kernel or "-", err, str(e.batches if e else 0),
+                  "yes" if s.safe else "no", "yes" if s.fast else "no",
+                  f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or "")
+    Console().print(t)
+    print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}" + (f"; wrote {out}" if out else ""))
+    return 0
+
+
+def cmd_model(args) -> int:
+    from cost_models.gpu_gemm import block_speedup, linear_block_kernels
+    from cost_models.hardware import load_device
+
+    dev = load_device(args.device)
+    kw = dict(norm_before=args.norm_before, act_after=args.act_after, device=dev, fuse_casts=not args.no_fusion)
+    r = block_speedup(args.m, args.k, args.n, args.recipe, **kw)
+    out = {
+        "source": "modelled", "device": dev.name, "m": args.m, "k": args.k, "n": args.n, "recipe": args.recipe,
+        "norm_before": args.norm_before, "act_after": args.act_after, "fuse_casts": not args.no_fusion,
+        "bf16_ms": r["bf16_ms"], "fp8_ms": r["fp8_ms"], "speedup": r["speedup"],
+    }
+    if args.breakdown:
+        out["fp8_kernels"] = [k.__dict__ for k in linear_block_kernels(args.m, args.k, args.n, "fp8", args.recipe, **kw)]
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"modelled on {dev.name}: fwd+bwd block {args.m}x{args.k}x{args.n}"
+              f"{' [norm before]' if args.norm_before else ''}{f' [{args.act_after} after]' if args.act_after else ''}: "
+              f"bf16 {r['bf16_ms']:.4f} ms, fp8 {args.recipe} {r['fp8_ms']:.4f} ms, speedup {r['speedup']:.2f}x")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from cubic.config import FP8Choice
+    from cubic.workloads import load_workload
+    from fp8.placement import load_placement
+    from fp8.quality import compare
+
+    _threads()
+    w = load_workload(args.workload)
+    variants = {}
+    if args.placement:
+        p = load_placement(args.placement)
+        variants["placement"] = FP8Choice(policy="placement", placement=p.model_dump(mode="json"))
+    if args.all:
+        variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
+    if not variants:
+        raise SpecError("give --placement and/or --all", field="--placement")
+    r = compare(w, variants, args.steps, seed=args.seed)
+    if args.json:
+        print(json.dumps(r, indent=2, default=float))
+        return 0
+    base = r["full_precision"]
+    print(f"{w.name}, {args.steps} steps, seed {args.seed} (measured): full precision NE {base['ne']:.5f} "
+          f"loss {base['loss']:.5f}")
+    for name, v in r.items():
+        if name != "full_precision":
+            print(f"  {name}: NE {v['ne']:.5f} ({100 * v['ne_rel_diff']:+.3f}% rel), loss {v['loss']:.5f} "
+                  f"({v['loss_diff']:+.5f})")
+    return 0
+
+
+def cmd_kernels(args) -> int:
+    from fp8.dispatch import Dispatcher
+
+    _threads()
+    d = Dispatcher(repeats=args.repeats)
+    times = d.times(args.m, args.k, args.n)
+    out = {"source": "measured", "device": str(d.device), "shape": [args.m, args.k, args.n],
+           "times_ms": times, "unavailable": d.unavailable(args.m, args.k, args.n)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in sorted(times.items(), key=lambda kv: kv[1]):
+            print(f"{k:24s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured)")
+        for k, why in out["unavailable"].items():
+            print(f"{k:24s} unavailable: {why}")
+    return 0
+
+
+def _positive(kind):
+    def parse(s: str):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise SpecError(f"not a number: {s!r}") from None
+        if not (v > 0) or (isinstance(v, float) and not math.isfinite(v)):
+            raise SpecError(f"must be > 0, got {s}")
+        return v
+    return parse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("fp8", help="FP8 placement: probe, model, check, kernels")
+    sub = p.add_subparsers(dest="fp8_command", metavar="<verb>", required=True)
+
+    pr = sub.add_parser("probe", help="probe a workload and write an FP8 placement")
+    pr.add_argument("--workload", required=True, help="embedded workload name or YAML/JSON file")
+    pr.add_argument("--budget-sqnr", type=_positive(float), required=True, metavar="DB",
+                    help="a site is safe when its SQNR lower 95%% bound (worst of the 3 GEMMs) >= DB")
+    pr.add_argument("--out", help="write the placement JSON here")
+    pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
+                    help="FP8 only where the modelled target speedup > 1 (default: yes)")
+    pr.add_argument("--target", default="h100", help="device of the speed model (h100, h200 or YAML)")
+    pr.add_argument("--target-batch", type=_positive(int), help="batch size for the speed prediction")
+    pr.add_argument("--keep-first-last", action="store_true", help="first and last sites stay high precision")
+    pr.add_argument("--warmup-steps", type=int, default=30, help="fp32 steps before probing (default 30)")
+    pr.add_argument("--max-batches", type=_positive(int), default=24, help="probe at most this many batches")
+    pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")
+    pr.add_argument("--json", action="store_true", help="print the placement JSON")
+    pr.set_defaults(func=cmd_probe)
+
+    mo = sub.add_parser("model", help="modelled H100 fwd+bwd time of a linear block, bf16 vs FP8")
+    for d in ("m", "k", "n"):
+        mo.add_argument(f"--{d}", type=_positive(int), required=True)
+    mo.add_argument("--recipe", choices=["tensorwise", "rowwise", "block128", "mx32"], default="tensorwise")
+    mo.add_argument("--norm-before", action="store_true", help="a LayerNorm feeds the linear")
+    mo.add_argument("--act-after", choices=["sigmoid", "relu", "gelu", "silu"], help="activation after it")
+    mo.add_argument("--device", default="h100", help="h100, h200 or a device YAML")
+    mo.add_argument("--no-fusion", action="store_true", help="do not fuse casts into the norm/activation")
+    mo.add_argument("--breakdown", action="store_true", help="include every FP8 kernel in --json")
+    mo.add_argument("--json", action="store_true")
+    mo.set_defaults(func=cmd_model)
+
+    ch = sub.add_parser("check", help="train with a placement and in full precision; compare NE and loss")
+    ch.add_argument("--workload", required=True)
+    ch.add_argument("--placement", help="placement JSON (from `cubic fp8 probe`)")
+    ch.add_argument("--all", action="store_true", help="also train with every site in FP8")
+    ch.add_argument("--recipe", choices=["tensorwise", "rowwise"], default="tensorwise", help="recipe for --all")
+    ch.add_argument("--steps", type=_positive(int), default=150)
+    ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--json", action="store_true")
+    ch.set_defaults(func=cmd_check)
+
+    ke = sub.add_parser("kernels", help="time every registered kernel for one linear shape (this device)")
+    for d in ("m", "k", "n"):
+        ke.add_argument(f"--{d}", type=_positive(int), required=True)
+    ke.add_argument("--repeats", type=_positive(int), default=7)
+    ke.add_argument("--json", action="store_true")
+    ke.set_defaults(func=cmd_kernels)

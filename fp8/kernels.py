@@ -1,0 +1,179 @@
+"""The kernel registry (what can compute a linear site's GEMMs) and the drop-in FP8 linear module.
+
+A kernel realises one recipe's numerics (fp32, bf16, or an FP8 recipe) with one implementation:
+``torch._scaled_mm`` (real FP8 GEMM) or dequantize-and-multiply emulation. Kernels with the same
+recipe give the same numbers up to summation order, and differ only in speed, which is what
+Dispatch measures.
+
+:class:`Fp8Linear` is an ``nn.Linear`` (same parameters, same state dict) whose forward and both
+backward GEMMs go through its kernel: forward e4m3 x e4m3, grad-input e5m2 x e4m3, grad-weight
+e5m2 x e4m3, each accumulated in fp32. Optionally it logs each GEMM's SQNR against fp32 during
+training (the "error measured in training" that the Probe's prediction is checked against).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fp8.recipes import ALL_RECIPES, REAL_SCALED_MM, scaled_matmul, scaled_mm_unsupported, sqnr_db
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    recipe: str
+    real: bool  # torch._scaled_mm (True) or emulation / plain matmul (False)
+    description: str
+
+    def unavailable(self, device: torch.device | str, m: int, k: int, n: int) -> str | None:
+        """Why this kernel cannot run a [m, k] x [k, n] linear on ``device`` (None: it can)."""
+        device = torch.device(device)
+        if not self.real:
+            return None
+        # every one of the three GEMMs must be supported
+        for p, r, q, fa in ((m, k, n, "e4m3"), (m, n, k, "e5m2"), (n, m, k, "e5m2")):
+            why = scaled_mm_unsupported(device, self.recipe, p, r, q, fa, "e4m3")
+            if why:
+                return why
+        return None
+
+    def gemm(self, a: torch.Tensor, b: torch.Tensor, fmt_a: str = "e4m3", fmt_b: str = "e4m3") -> torch.Tensor:
+        """``a @ b.T`` in fp32 under this kernel's recipe."""
+        return scaled_matmul(a, b, self.recipe, fmt_a, fmt_b, real=self.real)  # type: ignore[arg-type]
+
+
+KERNELS: dict[str, Kernel] = {
+    k.name: k
+    for k in (
+        Kernel("fp32", "fp32", False, "torch.matmul in fp32 (the reference)"),
+        Kernel("bf16", "bf16", False, "torch.matmul on bf16 operands, fp32 result"),
+        Kernel("scaled_mm_tensorwise", "tensorwise", True, "torch._scaled_mm, one scale per tensor"),
+        Kernel("scaled_mm_rowwise", "rowwise", True, "torch._scaled_mm, one scale per row / column"),
+        Kernel("emulated_tensorwise", "tensorwise", False, "quantize-dequantize then fp32 matmul"),
+        Kernel("emulated_rowwise", "rowwise", False, "quantize-dequantize then fp32 matmul"),
+        Kernel("emulated_block128", "block128", False, "1x128 block scales, quantize-dequantize + fp32 matmul"),
+        Kernel("emulated_mx32", "mx32", False, "32-element power-of-two (MX) scales, emulated"),
+    )
+}
+
+
+def skipped_kernels() -> dict[str, str]:
+    """Kernels of the design that are not registered on this machine, with the reason."""
+    out = {}
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        out["triton_fp8"] = ("a Triton FP8 GEMM needs Triton and a CUDA GPU with FP8 tensor cores; "
+                             "neither is present here, so it is not registered")
+    return out
+
+
+def kernels_for_recipe(recipe: str) -> list[Kernel]:
+    return [k for k in KERNELS.values() if k.recipe == recipe]
+
+
+def default_kernel(recipe: str, device: torch.device | str = "cpu", shape: tuple[int, int, int] = (16, 16, 16)) -> Kernel:
+    """The real ``_scaled_mm`` kernel for a recipe where it can run, else its emulation."""
+    if recipe not in ALL_RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}")
+    if recipe in REAL_SCALED_MM:
+        real = KERNELS[f"scaled_mm_{recipe}"]
+        if real.unavailable(device, *shape) is None:
+            return real
+        return KERNELS[f"emulated_{recipe}"]
+    return KERNELS[recipe] if recipe in KERNELS else KERNELS[f"emulated_{recipe}"]
+
+
+class ErrorLog:
+    """Per-GEMM SQNR (dB) of every training step, for comparison with the Probe's prediction."""
+
+    def __init__(self) -> None:
+        self.sqnr: dict[str, list[float]] = {"fwd": [], "grad_input": [], "grad_weight": []}
+
+    def add(self, gemm: str, ref: torch.Tensor, approx: torch.Tensor) -> None:
+        self.sqnr[gemm].append(min(sqnr_db(ref, approx), 200.0))
+
+
+class _KernelLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, kernel: Kernel, log: ErrorLog | None):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.kernel, ctx.log = kernel, log
+        y = kernel.gemm(x, weight, "e4m3", "e4m3")
+        if log is not None:
+            log.add("fwd", x.float() @ weight.float().t(), y)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        kernel, log = ctx.kernel, ctx.log
+        dx = dw = None
+        dy = dy.contiguous()
+        if ctx.needs_input_grad[0]:
+            wt = weight.t().contiguous()
+            dx = kernel.gemm(dy, wt, "e5m2", "e4m3")
+            if log is not None:
+                log.add("grad_input", dy.float() @ weight.float(), dx)
+            dx = dx.to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = kernel.gemm(dy.t().contiguous(), x.t().contiguous(), "e5m2", "e4m3")
+            if log is not None:
+                log.add("grad_weight", dy.float().t() @ x.float(), dw)
+            dw = dw.to(weight.dtype)
+        return dx, dw, None, None
+
+
+class Fp8Linear(nn.Linear):
+    """Drop-in ``nn.Linear`` whose three GEMMs run on ``kernel`` (see the module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, kernel: str = "scaled_mm_rowwise",
+                 track_error: bool = False, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+        self.kernel = KERNELS[kernel]
+        self.error_log: ErrorLog | None = ErrorLog() if track_error else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str, track_error: bool = False) -> "Fp8Linear":
+        """Wrap an existing layer, sharing its Parameters (optimizers built before keep working)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+        new.kernel = KERNELS[kernel]
+        new.error_log = ErrorLog() if track_error else None
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.dtype not in (torch.float32, torch.bfloat16):
+            x2 = x2.float()
+        y = _KernelLinearFn.apply(x2.contiguous(), self.weight, self.kernel, self.error_log)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", kernel={self.kernel.name}"
+
+
+def swap_linears(model: nn.Module, kernels: dict[str, str], track_error: bool = False) -> nn.Module:
+    """Replace the named ``nn.Linear`` submodules of ``model`` (in place) by :class:`Fp8Linear`."""
+    modules = dict(model.named_modules())
+    for name, kernel in kernels.items():
+        mod = modules.get(name)
+        if not isinstance(mod, nn.Linear):
+            raise KeyError(name)
+        parent_name, _, child = name.rpartition(".")
+        parent = modules[parent_name] if parent_name else model
+        setattr(parent, child, Fp8Linear.from_linear(mod, kernel, track_error))
+    return model

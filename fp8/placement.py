@@ -1,0 +1,158 @@
+"""Placement documents: which sites run in FP8 (recipe, kernel), with the error and speed evidence.
+
+Schema (JSON, ``version`` 1)::
+
+    {
+      "version": 1,
+      "workload": "wukong-small", "workload_hash": "...",
+      "budget_sqnr_db": 25.0,            # a site is safe when its SQNR lower bound meets this
+      "target_device": "h100",           # device of the speed prediction (modelled)
+      "probe_device": "cpu",             # device the kernels were timed on (measured)
+      "require_fast": true,              # FP8 only where also predicted faster on the target
+      "probe": {"batches": 12, "ci_halfwidth_db": 0.5, "confidence": 0.95, "warmup_steps": 30},
+      "sites": {
+        "<module name>": {
+          "m": 512, "k": 256, "n": 256, "norm_before": false, "act_after": null,
+          "recipe": "rowwise" | null,    # FP8 recipe, null = kept in high precision
+          "kernel": "scaled_mm_rowwise" | null,
+          "safe": true, "fast": false,   # for the chosen recipe (else the best candidate)
+          "predicted_speedup": 0.61,     # H100 fwd+bwd block, bf16 time / fp8 time (modelled)
+          "error": {"<recipe>": {"sqnr_db", "ci_low_db", "ci_high_db", "rel_error", "batches",
+                                  "per_gemm_sqnr_db": {"fwd", "grad_input", "grad_weight"}}},
+          "speedups": {"<recipe>": 0.61},
+          "dispatch": {"kernel": "bf16", "time_ms": 0.4, "times_ms": {...}, "acceptable": [...]},
+          "reason": "why it is kept in high precision" | null
+        }
+      },
+      "module_filter": ["<module name>", ...]   # the FP8 sites: torchao's module_filter_fn
+    }
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from pydantic import Field, model_validator
+
+from cubic.spec import Frozen, SpecError, parse_model, read_structured
+from fp8.kernels import KERNELS
+from fp8.recipes import FP8_RECIPES
+
+PLACEMENT_VERSION = 1
+
+
+class SiteError(Frozen):
+    sqnr_db: float
+    ci_low_db: float
+    ci_high_db: float
+    rel_error: float = Field(ge=0.0)
+    batches: int = Field(ge=0)
+    per_gemm_sqnr_db: dict[str, float] = Field(default_factory=dict)
+
+
+class SitePlacement(Frozen):
+    m: int = Field(ge=0)
+    k: int = Field(ge=1)
+    n: int = Field(ge=1)
+    norm_before: bool = False
+    act_after: str | None = None
+    recipe: Literal["tensorwise", "rowwise", "block128", "mx32"] | None = None
+    kernel: str | None = None
+    safe: bool = False
+    fast: bool = False
+    predicted_speedup: float | None = None
+    error: dict[str, SiteError] = Field(default_factory=dict)
+    speedups: dict[str, float] = Field(default_factory=dict)
+    dispatch: dict[str, Any] | None = None
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SitePlacement":
+        if self.recipe is not None:
+            if self.kernel is None:
+                raise ValueError("an FP8 site needs a kernel")
+            if self.kernel not in KERNELS:
+                raise ValueError(f"unknown kernel {self.kernel!r} (known: {', '.join(KERNELS)})")
+            if KERNELS[self.kernel].recipe != self.recipe:
+                raise ValueError(f"kernel {self.kernel!r} does not implement recipe {self.recipe!r}")
+        elif not self.reason:
+            raise ValueError("a site kept in high precision needs a reason")
+        return self
+
+
+class Placement(Frozen):
+    version: Literal[1] = PLACEMENT_VERSION
+    workload: str = ""
+    workload_hash: str = ""
+    budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=200.0)
+    target_device: str = "h100"
+    probe_device: str = "cpu"
+    require_fast: bool = True
+    probe: dict[str, Any] = Field(default_factory=dict)
+    sites: dict[str, SitePlacement] = Field(default_factory=dict)
+    module_filter: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _filter_matches_sites(self) -> "Placement":
+        fp8_sites = sorted(n for n, s in self.sites.items() if s.recipe is not None)
+        listed = sorted(self.module_filter)
+        if self.sites and listed != fp8_sites:
+            raise ValueError("module_filter must list exactly the sites with a recipe")
+        if not self.sites and self.module_filter:
+            raise ValueError("module_filter names sites but 'sites' is empty")
+        return self
+
+    def fp8_sites(self) -> dict[str, SitePlacement]:
+        return {n: s for n, s in self.sites.items() if s.recipe is not None}
+
+    def kernels(self) -> dict[str, str]:
+        return {n: s.kernel for n, s in self.fp8_sites().items()}  # type: ignore[misc]
+
+
+def parse_placement(data: Any, source: str = "placement") -> Placement:
+    """Validate a placement document (dict); errors are one-line SpecErrors naming the field."""
+    return parse_model(Placement, data, source=source)
+
+
+def load_placement(path: str) -> Placement:
+    return parse_placement(read_structured(path), source=str(path))
+
+
+def module_filter_fn(placement: Placement) -> Callable[[Any, str], bool]:
+    """torchao's ``module_filter_fn(module, fqn) -> bool``: convert exactly the placement's FP8 sites."""
+    names = set(placement.module_filter)
+    return lambda module, fqn: fqn in names
+
+
+def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,
+           recipes: tuple[str, ...] = FP8_RECIPES) -> tuple[str | None, bool, bool, float | None, str | None]:
+    """(recipe, safe, fast, speedup, reason) for one probed site (``site`` from Probe.summary
+    plus ``speedups``). The recipe is the safe (and, with ``require_fast``, fast) one with the
+    highest predicted speedup; ties go to the higher SQNR."""
+    errs, speedups = site["errors"], site["speedups"]
+    cands = [r for r in recipes if r in errs]
+    if not cands:
+        raise SpecError("the probe measured no FP8 recipe", field="recipes")
+    safe = {r: budget_db is None or errs[r]["ci_low_db"] >= budget_db for r in cands}
+    fast = {r: speedups.get(r, 0.0) > fast_threshold for r in cands}
+    ok = [r for r in cands if safe[r] and (fast[r] or not require_fast)]
+    if ok:
+        best = max(ok, key=lambda r: (round(speedups.get(r, 0.0), 3), errs[r]["sqnr_db"]))
+        return best, True, fast[best], speedups.get(best), None
+    # kept in high precision: report the most accurate candidate and why it failed
+    best = max(cands, key=lambda r: errs[r]["ci_low_db"])
+    reasons = []
+    if not any(safe.values()):
+        reasons.append(f"unsafe: best SQNR lower bound {errs[best]['ci_low_db']:.1f} dB ({best}) "
+                       f"< budget {budget_db:.1f} dB")
+    if require_fast:
+        safe_r = [r for r in cands if safe[r]]
+        pool = safe_r or cands
+        fastest = max(pool, key=lambda r: speedups.get(r, 0.0))
+        if not any(fast[r] for r in pool):
+            reasons.append(f"slow: predicted block speedup {speedups.get(fastest, 0.0):.2f}x ({fastest}) "
+                           f"<= {fast_threshold:.2f}x on the target")
+        best = fastest if safe_r else best
+    if not reasons:  # safe recipes exist, fast ones exist, but no recipe is both
+        reasons.append("no recipe is both safe and fast")
+    return None, safe[best], fast[best], speedups.get(best), "; ".join(reasons)

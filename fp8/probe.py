@@ -1,0 +1,291 @@
+"""Probe: learn per-site statistics and FP8 error online, during real training steps.
+
+Hooks on every ``nn.Linear`` site see its input ``x`` and weight ``w`` in the forward pass and its
+output gradient ``dy`` in the backward pass (a tensor hook on the output). For each site and batch:
+
+- statistics of ``x``, ``w`` and ``dy`` (:class:`TensorStats`): amax, |x| percentiles (p50, p99,
+  p99.9), outlier fraction (share of |x| above 6 standard deviations), dynamic range
+  (log2 of amax over the 1st percentile of nonzero |x|), per-row spread (log2 of the largest row
+  amax over the median row amax) and the same across columns (channel outliers);
+- the error of each recipe on the three GEMMs of the layer (forward, grad-input, grad-weight),
+  computed for real (``torch._scaled_mm`` where it runs) against fp32: SQNR in dB and relative error.
+
+Sampling is sequential: a site keeps being measured until, for every recipe, the 95% confidence
+interval (Student t over batches) of its worst-GEMM SQNR is narrower than ``ci_halfwidth_db`` on
+each side (at least ``min_batches``, at most ``max_batches``). The interval and the number of
+batches each site needed are reported; a site is *safe* for a recipe when the interval's lower
+end meets the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from scipy import stats as sps
+from torch import nn
+
+from fp8.recipes import FP8_RECIPES, linear_gemm_errors
+
+GEMMS: tuple[str, ...] = ("fwd", "grad_input", "grad_weight")
+SQNR_CAP_DB = 200.0  # exact results (inf) are capped so that means and intervals stay finite
+NORMS = (nn.LayerNorm, nn.BatchNorm1d, nn.GroupNorm, nn.RMSNorm)
+ACTS = {nn.Sigmoid: "sigmoid", nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu"}
+
+
+class Welford:
+    """Running mean and variance (Welford 1962): numerically stable, one pass."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self._m2 = 0, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self._m2 += d * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self._m2 / (self.n - 1)) if self.n > 1 else math.inf
+
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """Student-t confidence interval of the mean (infinite with fewer than two samples)."""
+        if self.n < 2:
+            return (-math.inf, math.inf)
+        if self._m2 == 0.0:
+            return (self.mean, self.mean)
+        h = sps.t.ppf(0.5 + confidence / 2, self.n - 1) * self.std / math.sqrt(self.n)
+        return (float(self.mean - h), float(self.mean + h))
+
+
+@dataclass
+class TensorStats:
+    """Online statistics of one tensor role (x, w or dy) at one site; means over batches, amax max."""
+
+    batches: int = 0
+    amax: float = 0.0
+    sums: dict[str, float] = field(default_factory=dict)
+
+    KEYS = ("p50", "p99", "p999", "outlier_frac", "dynamic_range_log2", "row_spread_log2", "col_spread_log2")
+
+    @torch.no_grad()
+    def add(self, t: torch.Tensor, max_samples: int = 1 << 14) -> None:
+        t = t.detach().float().reshape(-1, t.shape[-1])
+        a = t.abs()
+        flat = a.flatten()
+        if flat.numel() > max_samples:  # quantiles of a fixed random subsample bound the cost
+            idx = torch.randint(0, flat.numel(), (max_samples,), generator=torch.Generator().manual_seed(self.batches))
+            flat = flat[idx.to(flat.device)]
+        q = torch.quantile(flat, torch.tensor([0.5, 0.99, 0.999], device=flat.device)).tolist()
+        amax = a.amax().item()
+        std = t.std().item() if t.numel() > 1 else 0.0
+        nz = flat[flat > 0]
+        p1 = torch.quantile(nz, 0.01).item() if nz.numel() else 0.0
+        row = a.amax(dim=1)
+        col = a.amax(dim=0)
+
+        def spread(v: torch.Tensor) -> float:
+            med = v.median().item()
+            return math.log2(v.max().item() / med) if med > 0 else 0.0
+
+        vals = {
+            "p50": q[0], "p99": q[1], "p999": q[2],
+            "outlier_frac": (a > 6 * std).float().mean().item() if std > 0 else 0.0,
+            "dynamic_range_log2": math.log2(amax / p1) if p1 > 0 else 0.0,
+            "row_spread_log2": spread(row),
+            "col_spread_log2": spread(col),
+        }
+        self.batches += 1
+        self.amax = max(self.amax, amax)
+        for k, v in vals.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+
+    def summary(self) -> dict[str, float]:
+        out = {"amax": self.amax}
+        out.update({k: self.sums.get(k, 0.0) / max(self.batches, 1) for k in self.KEYS})
+        return out
+
+
+@dataclass
+class SiteRecord:
+    """Everything the Probe learned about one site."""
+
+    name: str
+    in_features: int
+    out_features: int
+    rows: int = 0  # M: rows of the flattened input (batch x any leading dims)
+    norm_before: bool = False
+    act_after: str | None = None
+    stats: dict[str, TensorStats] = field(default_factory=lambda: {r: TensorStats() for r in ("x", "w", "dy")})
+    sqnr: dict[str, dict[str, Welford]] = field(default_factory=dict)  # recipe -> gemm|worst -> running
+    rel: dict[str, dict[str, Welford]] = field(default_factory=dict)
+    batches: int = 0
+    converged: bool = False
+
+    def error(self, recipe: str, confidence: float = 0.95) -> dict:
+        w = self.sqnr[recipe]["worst"]
+        lo, hi = w.interval(confidence)
+        return {
+            "sqnr_db": w.mean, "ci_low_db": lo, "ci_high_db": hi, "batches": w.n,
+            "rel_error": self.rel[recipe]["worst"].mean,
+            "per_gemm_sqnr_db": {g: self.sqnr[recipe][g].mean for g in GEMMS},
+        }
+
+
+class Probe:
+    """Attach to a model, run training steps, and read :attr:`sites` (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, recipes: Iterable[str] = ("bf16",) + FP8_RECIPES, *,
+                 sites: Iterable[str] | None = None, ci_halfwidth_db: float = 1.0, confidence: float = 0.95,
+                 min_batches: int = 4, max_batches: int = 24, real: bool = True, max_rows: int = 4096,
+                 seed: int = 0):
+        self.model = model
+        self.recipes = tuple(recipes)
+        self.ci_halfwidth_db = ci_halfwidth_db
+        self.confidence = confidence
+        self.min_batches = min_batches
+        self.max_batches = max_batches
+        self.real = real
+        self.max_rows = max_rows
+        self._gen = torch.Generator().manual_seed(seed)
+        linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        wanted = set(sites) if sites is not None else set(linears)
+        unknown = wanted - set(linears)
+        if unknown:
+            raise KeyError(f"not linear sites of the model: {', '.join(sorted(unknown))}")
+        self.modules = {n: m for n, m in linears.items() if n in wanted}
+        self.sites: dict[str, SiteRecord] = {
+            n: SiteRecord(n, m.in_features, m.out_features) for n, m in self.modules.items()
+        }
+        for rec in self.sites.values():
+            rec.sqnr = {r: {g: Welford() for g in (*GEMMS, "worst")} for r in self.recipes}
+            rec.rel = {r: {g: Welford() for g in (*GEMMS, "worst")} for r in self.recipes}
+        self._handles: list = []
+        self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.steps = 0
+
+    # -- hooks -----------------------------------------------------------------------------
+    def attach(self) -> "Probe":
+        self._detect_neighbours()
+        for name, mod in self.modules.items():
+            self._handles.append(mod.register_forward_hook(self._forward_hook(name)))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._pending.clear()
+
+    def __enter__(self) -> "Probe":
+        return self.attach()
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def _forward_hook(self, name: str):
+        def hook(mod: nn.Module, inputs, output):
+            rec = self.sites[name]
+            if rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
+                return
+            x = inputs[0].detach()
+            self._pending[name] = (x.reshape(-1, x.shape[-1]), mod.weight.detach().clone())
+            output.register_hook(self._grad_hook(name))
+        return hook
+
+    def _grad_hook(self, name: str):
+        def hook(dy: torch.Tensor):
+            pending = self._pending.pop(name, None)
+            if pending is not None:
+                self._measure(name, pending[0], pending[1], dy.detach().reshape(-1, dy.shape[-1]))
+        return hook
+
+    @torch.no_grad()
+    def _measure(self, name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> None:
+        rec = self.sites[name]
+        rec.rows = x.shape[0]
+        for role, t in (("x", x), ("w", w), ("dy", dy)):
+            rec.stats[role].add(t)
+        if x.shape[0] > self.max_rows:
+            # a fixed-size random subset of rows (the same rows of x and dy) bounds the cost
+            idx = torch.randperm(x.shape[0], generator=self._gen)[: self.max_rows].to(x.device)
+            x, dy = x[idx], dy[idx]
+        all_errs = linear_gemm_errors(x, w, dy, self.recipes, real=self.real)
+        for recipe in self.recipes:
+            errs = all_errs[recipe]
+            worst_s, worst_r = SQNR_CAP_DB, 0.0
+            for g, (s, r) in errs.items():
+                s = min(s, SQNR_CAP_DB)
+                rec.sqnr[recipe][g].add(s)
+                rec.rel[recipe][g].add(r)
+                worst_s, worst_r = min(worst_s, s), max(worst_r, r)
+            rec.sqnr[recipe]["worst"].add(worst_s)
+            rec.rel[recipe]["worst"].add(worst_r)
+        rec.batches += 1
+        rec.converged = self._narrow(rec) or rec.batches >= self.max_batches
+
+    def _narrow(self, rec: SiteRecord) -> bool:
+        if rec.batches < self.min_batches:
+            return False
+        for recipe in self.recipes:
+            lo, hi = rec.sqnr[recipe]["worst"].interval(self.confidence)
+            if (hi - lo) / 2 > self.ci_halfwidth_db:
+                return False
+        return True
+
+    def _detect_neighbours(self) -> None:
+        """Which sites follow a norm module / precede an activation module, from execution order."""
+        order: list[nn.Module] = []
+        leaves = [m for m in self.model.modules() if not list(m.children())]
+        hs = [m.register_forward_pre_hook(lambda m, i: order.append(m)) for m in leaves]
+        self._order_hooks = hs
+        self._leaf_order = order
+
+    def note_order(self) -> None:
+        """Use the leaf execution order of the first probed step to set norm_before / act_after."""
+        order = getattr(self, "_leaf_order", [])
+        for h in getattr(self, "_order_hooks", []):
+            h.remove()
+        self._order_hooks = []
+        ids = {id(m): n for n, m in self.modules.items()}
+        for i, m in enumerate(order):
+            name = ids.get(id(m))
+            if name is None:
+                continue
+            rec = self.sites[name]
+            rec.norm_before = i > 0 and isinstance(order[i - 1], NORMS)
+            if i + 1 < len(order):
+                rec.act_after = next((v for k, v in ACTS.items() if isinstance(order[i + 1], k)), None)
+
+    # -- driving ---------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return all(r.converged for r in self.sites.values())
+
+    def run(self, step_fn: Callable[[int], None], start_step: int = 0) -> "Probe":
+        """Call ``step_fn(step)`` (one training step: forward, backward, optimizer) until every
+        site's intervals are narrow or ``max_batches`` steps have run."""
+        with self:
+            step = start_step
+            while not self.done and self.steps < self.max_batches:
+                step_fn(step)
+                if self.steps == 0:
+                    self.note_order()
+                self.steps += 1
+                step += 1
+        return self
+
+    def summary(self) -> dict[str, dict]:
+        out = {}
+        for name, rec in self.sites.items():
+            out[name] = {
+                "m": rec.rows, "k": rec.in_features, "n": rec.out_features,
+                "norm_before": rec.norm_before, "act_after": rec.act_after,
+                "batches": rec.batches, "converged_ci": self._narrow(rec),
+                "stats": {role: s.summary() for role, s in rec.stats.items()},
+                "errors": {r: rec.error(r, self.confidence) for r in self.recipes},
+            }
+        return out

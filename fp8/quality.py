@@ -1,0 +1,51 @@
+"""End-to-end quality check: train N steps with FP8 variants and in full precision from the same
+seed, and compare NE and loss on the workload's held-out eval batch."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from cubic.config import Config, FP8Choice
+from cubic.spec import Workload
+from fp8.kernels import Fp8Linear
+
+
+def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: int = 0,
+                  track_error: bool = False) -> dict:
+    """Train ``steps`` steps and evaluate; with ``track_error``, each FP8 site's per-GEMM SQNR
+    measured during training (mean over steps) is returned under ``site_sqnr_db``."""
+    from fp8.train import Trainer
+
+    t0 = time.perf_counter()
+    tr = Trainer(workload, Config(seed=seed), fp8=fp8, track_error=track_error)
+    losses = tr.train(steps)
+    out = {"steps": len(losses), "train_loss_last10": statistics.fmean(losses[-10:]) if losses else math.nan,
+           "finite": all(math.isfinite(v) for v in losses)}
+    out.update(tr.evaluate() if out["finite"] else {"loss": math.nan, "ne": math.nan})
+    if track_error:
+        sites = {}
+        for name, mod in tr.model.named_modules():
+            if isinstance(mod, Fp8Linear) and mod.error_log is not None:
+                per = {g: statistics.fmean(v) for g, v in mod.error_log.sqnr.items() if v}
+                worst = [min(vals) for vals in zip(*[mod.error_log.sqnr[g] for g in per])] if per else []
+                sites[name] = {"per_gemm_sqnr_db": per,
+                               "sqnr_db": statistics.fmean(worst) if worst else math.nan,
+                               "steps": len(worst)}
+        out["site_sqnr_db"] = sites
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def compare(workload: Workload, variants: dict[str, FP8Choice], steps: int, seed: int = 0,
+            track_error: bool = False) -> dict:
+    """Full precision plus each variant, same seed; NE/loss differences relative to full precision."""
+    base = train_variant(workload, None, steps, seed)
+    out = {"full_precision": base}
+    for name, choice in variants.items():
+        r = train_variant(workload, choice, steps, seed, track_error=track_error)
+        r["ne_rel_diff"] = (r["ne"] - base["ne"]) / base["ne"]
+        r["loss_diff"] = r["loss"] - base["loss"]
+        out[name] = r
+    return out

@@ -1,0 +1,103 @@
+"""From a workload to a placement: train and probe, predict speed, dispatch kernels, decide per site."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cost_models.gpu_gemm import block_speedup
+from cost_models.hardware import load_device
+from cubic.config import Config
+from cubic.spec import SpecError, Workload
+from fp8.dispatch import Dispatcher
+from fp8.kernels import kernels_for_recipe
+from fp8.placement import Placement, choose, parse_placement
+from fp8.probe import Probe
+from fp8.recipes import ALL_RECIPES, FP8_RECIPES
+
+
+def probe_workload(workload: Workload, config: Config | None = None, *, warmup_steps: int = 30,
+                   recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
+                   min_batches: int = 4, max_batches: int = 24, device: str = "cpu") -> tuple[Probe, Any]:
+    """Train ``warmup_steps`` in fp32 (statistics of a trained model, not of the init), then keep
+    training with the Probe attached until every site's intervals are narrow."""
+    from fp8.train import Trainer
+
+    bad = [r for r in recipes if r not in ALL_RECIPES]
+    if bad:
+        raise SpecError(f"unknown recipe {bad[0]!r} (known: {', '.join(ALL_RECIPES)})", field="recipes")
+    trainer = Trainer(workload, config, device=device)
+    trainer.train(warmup_steps)
+    probe = Probe(trainer.model, recipes, ci_halfwidth_db=ci_halfwidth_db, min_batches=min_batches,
+                  max_batches=max_batches)
+    probe.run(trainer.step, start_step=warmup_steps)
+    return probe, trainer
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else (200.0 if x > 0 else -200.0)
+
+
+def recommend(workload: Workload, budget_db: float | None, *, config: Config | None = None,
+              probe: Probe | None = None, require_fast: bool = True, target_device: str = "h100",
+              target_batch: int | None = None, fast_threshold: float = 1.0, dispatcher: Dispatcher | None = None,
+              warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
+              keep_first_last: bool = False) -> Placement:
+    """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
+
+    ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
+    for the speed prediction. ``keep_first_last`` applies the Mod of that name (first and last
+    sites stay in high precision whatever the Probe says).
+    """
+    if probe is None:
+        probe, _ = probe_workload(workload, config, warmup_steps=warmup_steps, max_batches=max_batches,
+                                  ci_halfwidth_db=ci_halfwidth_db)
+    device = load_device(target_device)
+    dispatcher = dispatcher or Dispatcher()
+    batch = (config.batch_size if config and config.batch_size else None) or workload.batch_size
+    summary = probe.summary()
+    names = list(summary)
+    sites: dict[str, dict] = {}
+    for i, (name, s) in enumerate(summary.items()):
+        m = s["m"] or batch
+        m_target = max(1, round(m * (target_batch / batch))) if target_batch else m
+        speedups = {
+            r: block_speedup(m_target, s["k"], s["n"], r, norm_before=s["norm_before"], act_after=s["act_after"],
+                             device=device)["speedup"]
+            for r in FP8_RECIPES if r in s["errors"]
+        }
+        errors = {
+            r: {k: (_finite(v) if isinstance(v, float) else v) for k, v in e.items() if k != "per_gemm_sqnr_db"}
+            | {"per_gemm_sqnr_db": {g: _finite(v) for g, v in e["per_gemm_sqnr_db"].items()}}
+            for r, e in s["errors"].items()
+        }
+        recipe, safe, fast, speedup, reason = choose({"errors": errors, "speedups": speedups}, budget_db,
+                                                     require_fast=require_fast, fast_threshold=fast_threshold)
+        if keep_first_last and i in (0, len(names) - 1) and recipe is not None:
+            recipe, reason = None, "keep_first_last: first and last layers stay in high precision"
+        low = {r: e["ci_low_db"] for r, e in errors.items()} | {"fp32": 200.0}
+        d = dispatcher.decide(m, s["k"], s["n"], low, budget_db)
+        kernel = None
+        if recipe is not None:
+            impl = {k.name for k in kernels_for_recipe(recipe)}
+            kernel = dispatcher.decide(m, s["k"], s["n"], low, None, allowed=impl).kernel
+        sites[name] = {
+            "m": m, "k": s["k"], "n": s["n"], "norm_before": s["norm_before"], "act_after": s["act_after"],
+            "recipe": recipe, "kernel": kernel, "safe": safe, "fast": fast, "predicted_speedup": speedup,
+            "error": errors, "speedups": speedups,
+            "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
+                         "acceptable": list(d.acceptable)},
+            "reason": reason,
+        }
+    doc = {
+        "version": 1, "workload": workload.name, "workload_hash": workload.content_hash(),
+        "budget_sqnr_db": budget_db, "target_device": target_device, "probe_device": str(dispatcher.device),
+        "require_fast": require_fast,
+        "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
+                  "min_batches": probe.min_batches, "max_batches": probe.max_batches,
+                  "warmup_steps": warmup_steps, "target_batch": target_batch or batch,
+                  "stats": {n: s["stats"] for n, s in summary.items()}},
+        "sites": sites,
+        "module_filter": [n for n, s in sites.items() if s["recipe"] is not None],
+    }
+    return parse_placement(doc, source="recommend")

@@ -1,0 +1,96 @@
+"""What the runner calls: ``apply_fp8(model, fp8_choice, workload) -> nn.Module``.
+
+- ``off``: the model unchanged;
+- ``all``: every ``nn.Linear`` site in FP8 with ``fp8_choice.recipe``;
+- ``placement``: the sites of ``fp8_choice.placement`` (a placement document, see
+  :mod:`fp8.placement`), each with its recipe and kernel; a bad document, or a site the model
+  does not have, raises :class:`cubic.spec.SpecError` naming the field;
+- ``budget``: a short Probe on a copy of the model's workload (same seed), then that placement
+  (safety only: no speed requirement, because the present device is what runs it).
+
+Sites are converted in place to :class:`fp8.kernels.Fp8Linear`, which shares the original
+Parameters. A kernel that cannot run on the model's device is replaced by another implementation
+of the same recipe (same numerics), e.g. the emulated one.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from cubic.config import FP8Choice
+from cubic.spec import SpecError, Workload
+from fp8.kernels import KERNELS, default_kernel, swap_linears
+from fp8.placement import Placement, parse_placement
+
+
+def _device_of(model: nn.Module):
+    p = next(model.parameters(), None)
+    return p.device if p is not None else "cpu"
+
+
+def linear_sites(model: nn.Module) -> dict[str, nn.Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _runnable(kernel: str, device, shape: tuple[int, int, int]) -> str:
+    k = KERNELS[kernel]
+    if k.unavailable(device, *shape) is None:
+        return kernel
+    return default_kernel(k.recipe, device, shape).name
+
+
+def apply_fp8(model: nn.Module, fp8_choice: FP8Choice, workload: Workload | None = None, *,
+              track_error: bool = False, dispatch: bool = False) -> nn.Module:
+    """Convert ``model``'s sites to FP8 as ``fp8_choice`` says (in place; returns the model).
+
+    ``dispatch``: placement sites use Dispatch's fastest acceptable kernel recorded in the
+    placement instead of the recipe's kernel.
+    """
+    policy = fp8_choice.policy
+    if policy == "off":
+        return model
+    sites = linear_sites(model)
+    device = _device_of(model)
+    if policy == "all":
+        kernels = {n: default_kernel(fp8_choice.recipe, device, (m.out_features, m.in_features, m.out_features)).name
+                   for n, m in sites.items()}
+        return swap_linears(model, kernels, track_error)
+    if policy == "placement":
+        if fp8_choice.placement is None:
+            raise SpecError("policy 'placement' needs a placement document", field="fp8.placement")
+        placement = parse_placement(fp8_choice.placement, source="fp8.placement")
+    elif policy == "budget":
+        if fp8_choice.budget_sqnr_db is None:
+            raise SpecError("policy 'budget' needs budget_sqnr_db", field="fp8.budget_sqnr_db")
+        if workload is None:
+            raise SpecError("policy 'budget' needs the workload to probe", field="fp8")
+        from fp8.recommend import recommend
+
+        placement = recommend(workload, fp8_choice.budget_sqnr_db, require_fast=False, warmup_steps=20,
+                              max_batches=12)
+    else:  # pragma: no cover - FP8Choice validates the literal
+        raise SpecError(f"unknown policy {policy!r}", field="fp8.policy")
+    return apply_placement(model, placement, track_error=track_error, dispatch=dispatch)
+
+
+def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool = False,
+                    dispatch: bool = False) -> nn.Module:
+    sites = linear_sites(model)
+    device = _device_of(model)
+    kernels: dict[str, str] = {}
+    chosen = placement.sites if dispatch else placement.fp8_sites()
+    for name, site in chosen.items():
+        if dispatch and site.recipe is None and not (site.dispatch and site.dispatch.get("kernel") in KERNELS):
+            continue
+        if name not in sites:
+            raise SpecError(f"the model has no linear site of this name (sites: {len(sites)})",
+                            source="fp8.placement", field=f"sites.{name}")
+        mod = sites[name]
+        if (mod.in_features, mod.out_features) != (site.k, site.n):
+            raise SpecError(f"shape mismatch: placement says k={site.k}, n={site.n}; model has "
+                            f"{mod.in_features}, {mod.out_features}", source="fp8.placement", field=f"sites.{name}")
+        kernel = site.kernel
+        if dispatch and site.dispatch and site.dispatch.get("kernel") in KERNELS:
+            kernel = site.dispatch["kernel"]
+        kernels[name] = _runnable(kernel, device, (max(site.m, 1), site.k, site.n))  # type: ignore[arg-type]
+    return swap_linears(model, kernels, track_error)
