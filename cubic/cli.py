@@ -194,12 +194,16 @@ def _expected_fingerprint_hash(runner: Any) -> str | None:
         return None
     from cubic.fingerprint import fingerprint, fingerprint_hash
 
+    import torch
+
     device = getattr(runner, "device", "auto")
     if device in (None, "auto"):
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return fingerprint_hash(fingerprint(str(device)))
+    try:
+        kind = torch.device(str(device)).type  # the runner fingerprints the device type: cuda:1 -> cuda
+    except RuntimeError:
+        raise SpecError(f"not a torch device: {device!r}", field="--device") from None
+    return fingerprint_hash(fingerprint(kind))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

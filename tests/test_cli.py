@@ -304,3 +304,27 @@ def test_plugins_missing_are_skipped_but_broken_ones_surface(tmp_path, monkeypat
         "cubic_test_plugin_ok"]
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
         cli.register_plugins(sub, ["cubic_test_plugin_broken"])
+
+
+TINY = {
+    "name": "tiny", "batch_size": 64,
+    "tables": [{"name": "a", "rows": 1000, "dim": 8, "pooling_factor": 2},
+               {"name": "b", "rows": 500, "dim": 8, "pooling_factor": 1}],
+    "dense_arch": {"kind": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+    "data": {"num_dense_features": 4, "eval_batch_size": 256},
+}
+
+
+def test_real_run_end_to_end_and_cached_repeat(capsys, tmp_path, isolated_store):
+    """The real LocalRunner in a child process, on a tiny workload file, then the same run served."""
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    argv = ["run", "--workload", "tiny.yaml", "--steps", "3", "--warmup", "1", "--timeout", "300"]
+    code, out, err = run_cli(capsys, *argv, "--json", "r.json")
+    assert code == 0, out + err
+    r = Result.model_validate_json((tmp_path / "r.json").read_text())
+    assert r.ok and r.source == "measured" and r.metrics["examples_per_s"] > 0
+    assert "throughput (examples/s)" in out and "NE start -> end" in out and "trial #1" in out
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and "served from the trial store" in out
+    (t,) = TrialStore(isolated_store).trials()
+    assert t.fingerprint_hash == r.fingerprint_hash and t.steps == 3 and t.workload == "tiny"
