@@ -571,6 +571,35 @@ def plan_from_document(doc: dict[str, Any], workload: Workload) -> tuple[int, li
     return G, out
 
 
+SIM_PLANNER_NAMES = frozenset({"none", "sim", "sim-greedy", ""})  # -> the simulator's own greedy_plan
+
+
+def sharding_planner_document(workload: Workload, planner: str, cluster: ClusterSpec, world_size: int,
+                              group_size: int, mem_budget: float) -> dict[str, Any]:
+    """A plan from the sharding package's planner ``planner`` (``sharding.planners.make_planner``) for
+    this cluster, as a plan document. Raises MemoryError when the planner finds no room, SpecError
+    for an unknown or unavailable planner. Its cost model is the sharding package's (CPU-fitted)."""
+    try:
+        from sharding.planners import make_planner
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "sharding":
+            raise SpecError(f"planner {planner!r} needs the sharding package, which is not installed "
+                            f"(use 'sim' for the simulator's own planner)", field="sharding.planner") from None
+        raise
+    from cubic.spec import Topology
+
+    topo = Topology(world_size=world_size, ranks_per_node=min(cluster.ranks_per_node, world_size),
+                    memory_per_rank_gb=max(mem_budget, 1.0) / 1e9, intra_node_bw_gbps=cluster.nvlink_bw / 1e9,
+                    inter_node_bw_gbps=cluster.network_bw / 1e9, device=cluster.device.name)
+    try:
+        plan = make_planner(planner).plan(workload.tables, topo, workload.batch_size, group_size)
+    except SpecError as e:
+        if "GB" in str(e) or "memory" in str(e).lower() or "fit" in str(e).lower():
+            raise MemoryError(f"planner {planner}: {e}") from None
+        raise
+    return plan.model_dump(mode="json")
+
+
 def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
                   params: StepModelParams = DEFAULT_PARAMS) -> dict[str, Any] | None:
     """The plan ``predict_step`` would use, as a sharding plan document (None if nothing fits).
@@ -587,9 +616,23 @@ def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, worl
     return {
         "version": 1, "planner": "sim-greedy", "world_size": world_size, "group_size": pred.group_size,
         "batch_size": wl.batch_size,
-        "shards": [{"table": wl.tables[s.table].name, "sharding_type": s.kind, "rank": s.rank,
-                    "rows": s.rows, "cols": s.cols} for s in pred.shards],
+        "shards": _with_offsets(wl, pred.shards),
     }
+
+
+def _with_offsets(wl: Workload, shards: list[ShardLoad]) -> list[dict[str, Any]]:
+    """Shard entries of the sharding plan schema: row/column offsets follow the pieces' order."""
+    next_row: dict[int, int] = {}
+    next_col: dict[int, int] = {}
+    out = []
+    for s in shards:
+        ro = next_row.get(s.table, 0) if s.kind == "row_wise" else 0
+        co = next_col.get(s.table, 0) if s.kind == "column_wise" else 0
+        next_row[s.table] = ro + s.rows
+        next_col[s.table] = co + s.cols
+        out.append({"table": wl.tables[s.table].name, "sharding_type": s.kind, "rank": s.rank,
+                    "row_offset": ro, "rows": s.rows, "col_offset": co, "cols": s.cols})
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -727,10 +770,18 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
                     f"of {dev.name} (embeddings >= {emb_bytes / G / 1e9:.1f} GB per rank over a group of {G}, "
                     f"activations {(dc.activation_bytes + emb_act) / 1e9:.1f} GB, dense+optimizer "
                     f"{dense_mem / 1e9:.1f} GB)", planner, dc)
+    # leave room for the all-to-all buffers: a planner fills at most 90% of what remains
+    budget = 0.9 * (dev.hbm_bytes - base_mem)
+    if doc is None and config.sharding.planner not in SIM_PLANNER_NAMES:
+        planner = config.sharding.planner
+        try:
+            doc = sharding_planner_document(wl, planner, cluster, W, G, budget)
+        except MemoryError as e:
+            return _oom(wl, W, G, B, base_mem + emb_bytes / G, str(e), planner, dc)
+        G, shards = plan_from_document(doc, wl)
     if doc is None:
         try:
-            # leave room for the all-to-all buffers: the planner fills at most 90% of what remains
-            shards = greedy_plan(wl, G, B, cluster, 0.9 * (dev.hbm_bytes - base_mem), params, W // G)
+            shards = greedy_plan(wl, G, B, cluster, budget, params, W // G)
         except MemoryError as e:
             return _oom(wl, W, G, B, base_mem + emb_bytes / G, str(e), planner, dc)
 

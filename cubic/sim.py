@@ -24,19 +24,14 @@ from cubic.fingerprint import versions
 from cubic.result import Result
 from cubic.spec import SpecError, Workload, parse_model, read_structured, stable_hash
 
-try:
-    from cubic.runner import Runner
-except ModuleNotFoundError as _e:  # the runner interface is written in parallel; subclass it once present
-    if _e.name != "cubic.runner":
-        raise
-    Runner = object  # type: ignore[assignment,misc]
+from cubic.runner import Runner
 
 STEP_MODEL_VERSION = 1  # bump when the step model's physics change: simulated trials are keyed by it
 SIM_NOTE = "SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated"
 _SPEC = re.compile(r"^(?P<cluster>.+?)x(?P<gpus>\d+)$")
 
 
-class SimulatedRunner(Runner):  # type: ignore[misc,valid-type]
+class SimulatedRunner(Runner):
     """A cluster of ``world_size`` GPUs described by ``cluster``, simulated by the step model."""
 
     source = "simulated"

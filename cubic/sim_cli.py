@@ -143,7 +143,7 @@ def _measured_cases(args: argparse.Namespace, cluster_name: str) -> tuple[list, 
         return cases, y, "measured trials in the store"
     from cubic.runner import LocalRunner  # measuring needs the local runner
 
-    runner = LocalRunner(device="cpu")
+    runner = LocalRunner(device="cpu", threads=1)  # single-thread: less noise on a shared machine
     workloads = [args.workload] if args.workload else ["dlrm-small", "wukong-small", "dmt-small"]
     for name in workloads:
         w = load_workload(name)
@@ -162,11 +162,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from cubic.cli import stdout_console
 
     if args.cluster == "cpu":
-        import torch
-
-        threads = torch.get_num_threads()
-        cluster = cpu_cluster(measure_cpu_device(threads))
-        base = cpu_params(threads)
+        # fresh runs use one thread; stored trials were measured with whatever they used
+        cluster = cpu_cluster(measure_cpu_device(1))
+        base = cpu_params(1)
     else:
         cluster = load_cluster(args.cluster)
         base = _params(args)

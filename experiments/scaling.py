@@ -52,14 +52,12 @@ def cpu_calibration(quick: bool) -> dict:
         if e.name != "cubic.runner":
             raise
         return {"status": "skipped", "reason": "cubic.runner.LocalRunner is not available in this checkout"}
-    import torch
-
     from cost_models.calibration import StepModelCalibrator, cpu_cluster, cpu_params, measure_cpu_device
 
-    threads = torch.get_num_threads()
+    threads = 1  # single-thread kernels: less noise from the other jobs on this shared machine
     device = measure_cpu_device(threads)
     cluster = cpu_cluster(device)
-    runner = LocalRunner(device="cpu")
+    runner = LocalRunner(device="cpu", threads=threads)
     cases, y, runs = [], [], []
     names = ["dlrm-small", "wukong-small"] if quick else ["dlrm-small", "wukong-small", "dmt-small"]
     batches = [128, 1024] if quick else [64, 256, 1024, 2048]

@@ -159,3 +159,25 @@ def test_explicit_plan_document_is_used():
     bad = dict(doc, shards=shards[:-1])
     with pytest.raises(SpecError, match="does not place"):
         predict_step(w, Config(sharding=ShardingChoice(planner="manual", plan=bad)), H100, 2)
+
+
+def test_sharding_package_planner_is_used_by_name():
+    pytest.importorskip("sharding.planners")
+    w = mid_workload()
+    p = predict_step(w, Config(kernels=BF16, sharding=ShardingChoice(planner="lookup_greedy")), H100, 16)
+    assert p.plan["planner"] == "lookup_greedy" and not p.oom and p.step_s > 0
+    with pytest.raises(SpecError):
+        predict_step(w, Config(kernels=BF16, sharding=ShardingChoice(planner="no_such_planner")), H100, 16)
+
+
+def test_plan_document_round_trips_through_the_sharding_schema():
+    from cost_models.step_model import plan_document
+
+    w = mid_workload()
+    c = cfg()
+    doc = plan_document(w, c, H100, 64)
+    pinned = predict_step(w, c.model_copy(update={"sharding": ShardingChoice(plan=doc)}), H100, 64)
+    assert pinned.step_s == pytest.approx(predict_step(w, c, H100, 64).step_s)
+    types = pytest.importorskip("sharding.types")
+    plan = types.plan_from_dict(dict(doc, topology={"world_size": 64}, tables=[t.model_dump() for t in w.tables]))
+    assert len(plan.shards) == len(doc["shards"])
