@@ -90,3 +90,31 @@ def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
     assert slower["step_ms"] > pred["step_ms"]
     params.write_text(json.dumps({"params": {"warp": 1}}))
     assert main(["sim", "predict", "--params", str(params)]) == 2
+
+
+def test_cli_calibrate_from_store_recovers_a_known_factor(tmp_path, capsys):
+    from cost_models.step_model import StepModelParams, predict_step
+    from cubic.result import Result
+    from cubic.store import TrialStore
+
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    truth = StepModelParams(gemm_eff=0.6)
+    with TrialStore(url) as store:
+        for b in (512, 1024, 2048, 4096):
+            cfg = Config(batch_size=b, kernels={"dense_dtype": "bf16"})
+            step = predict_step(LARGE, cfg, CLUSTERS["h100"], 64, truth).step_s
+            # stands in for a run measured on a user's H100 cluster
+            store.record(LARGE, cfg, Result(status="ok", source="measured", workload=LARGE.name,
+                                            metrics={"step_time_median_ms": step * 1e3}))
+        # simulated trials are never used as measurements
+        store.record(LARGE, Config(batch_size=64), Result(status="ok", source="simulated", workload=LARGE.name,
+                                                          metrics={"step_time_median_ms": 1e6}))
+    save = tmp_path / "cal.json"
+    assert main(["sim", "calibrate", "--cluster", "h100", "--from-store", "--store", url, "--world-size", "64",
+                 "--factors", "gemm_eff", "--save", str(save), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["factors"]["gemm_eff"] == pytest.approx(0.6, rel=0.03) and rep["n_samples"] == 4
+    assert rep["mape_pct"] < 1.0 < rep["mape_before_pct"]
+    assert load_params(save).gemm_eff == pytest.approx(0.6, rel=0.03)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["sim", "calibrate", "--cluster", "h100", "--from-store", "--store", empty]) == 2
