@@ -32,7 +32,7 @@ class Trainer:
 
             self.model = apply_fp8(self.model, fp8, self.workload, track_error=track_error)
         self.optimizer = build_optimizer(self.model)
-        self.data = SyntheticData(self.workload, seed=self.config.seed)
+        self.data = SyntheticData(self.workload)  # the runner's data stream
         self.losses: list[float] = []
 
     def step(self, step: int) -> float:

@@ -1,0 +1,151 @@
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cubic.config import Config, FP8Choice
+from cubic.spec import SpecError
+from cubic.workloads import load_workload
+from fp8.dispatch import Dispatcher
+from fp8.kernels import KERNELS, Fp8Linear
+from fp8.placement import choose, module_filter_fn, parse_placement
+from fp8.probe import Probe, Welford
+from fp8.runtime import apply_fp8
+
+
+class Toy(nn.Module):
+    """LayerNorm -> Linear -> Sigmoid -> Linear, fed rows whose scales span 5 decades."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.a = nn.Linear(32, 64)
+        self.act = nn.Sigmoid()
+        self.b = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.b(self.act(self.a(self.norm(x)))) + 0 * x[:, :8]
+
+
+def _toy_probe(**kw):
+    torch.manual_seed(0)
+    model = Toy()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+
+    def step(i):
+        x = torch.randn(128, 32, generator=g)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return Probe(model, ("bf16", "tensorwise", "rowwise"), **kw).run(step), model
+
+
+def test_probe_learns_stats_errors_and_neighbours():
+    probe, _ = _toy_probe(min_batches=3, max_batches=6, ci_halfwidth_db=50.0)
+    s = probe.summary()
+    assert set(s) == {"a", "b"}
+    assert s["a"]["norm_before"] and s["a"]["act_after"] == "sigmoid"
+    assert not s["b"]["norm_before"] and s["b"]["act_after"] is None
+    assert s["a"]["batches"] == 3  # a very wide CI target: stops at min_batches
+    for role in ("x", "w", "dy"):
+        assert {"amax", "p99", "outlier_frac", "dynamic_range_log2", "row_spread_log2"} <= set(s["a"]["stats"][role])
+    e = s["a"]["errors"]
+    assert e["bf16"]["sqnr_db"] > e["rowwise"]["sqnr_db"] + 15
+    assert e["rowwise"]["ci_low_db"] <= e["rowwise"]["sqnr_db"] <= e["rowwise"]["ci_high_db"]
+    assert set(e["rowwise"]["per_gemm_sqnr_db"]) == {"fwd", "grad_input", "grad_weight"}
+
+
+def test_probe_keeps_sampling_until_the_interval_is_narrow():
+    probe, _ = _toy_probe(min_batches=3, max_batches=8, ci_halfwidth_db=1e-6)
+    assert probe.steps == 8 and all(r.batches == 8 for r in probe.sites.values())
+    assert not probe.summary()["a"]["converged_ci"]
+    w = Welford()
+    for v in (1.0, 2.0, 3.0, 4.0):
+        w.add(v)
+    lo, hi = w.interval(0.95)
+    assert w.mean == 2.5 and lo < 2.5 < hi and (hi - lo) / 2 == pytest.approx(2.054, abs=1e-2)
+
+
+def test_choose_gives_reasons():
+    site = {"errors": {"tensorwise": {"sqnr_db": 24.0, "ci_low_db": 23.0},
+                       "rowwise": {"sqnr_db": 26.0, "ci_low_db": 25.0}},
+            "speedups": {"tensorwise": 1.3, "rowwise": 0.8}}
+    assert choose(site, 20.0, require_fast=True)[0] == "tensorwise"
+    assert choose(site, 20.0, require_fast=False)[0] == "tensorwise"  # the faster of the safe ones
+    recipe, safe, fast, _, reason = choose(site, 24.0, require_fast=True)
+    assert recipe is None and safe and not fast and "slow" in reason
+    recipe, safe, _, _, reason = choose(site, 30.0, require_fast=False)
+    assert recipe is None and not safe and "unsafe" in reason and "25.0" in reason
+
+
+def _doc(**site_over):
+    site = {"m": 512, "k": 64, "n": 16, "recipe": "rowwise", "kernel": "scaled_mm_rowwise", "safe": True}
+    site.update(site_over)
+    return {"version": 1, "workload": "dlrm-small", "sites": {"dense.bottom.fc.1": site},
+            "module_filter": ["dense.bottom.fc.1"] if site.get("recipe") else []}
+
+
+def test_placement_schema_errors_name_the_field():
+    parse_placement(_doc())
+    with pytest.raises(SpecError, match="does not implement"):
+        parse_placement(_doc(kernel="emulated_mx32"))
+    with pytest.raises(SpecError, match="needs a reason"):
+        parse_placement(_doc(recipe=None, kernel=None))
+    bad = _doc()
+    bad["module_filter"] = []
+    with pytest.raises(SpecError, match="module_filter"):
+        parse_placement(bad)
+    with pytest.raises(SpecError, match="version"):
+        parse_placement({**_doc(), "version": 7})
+
+
+def test_runtime_applies_placement_and_all_and_rejects_bad_sites():
+    from cubic.models import build_model
+
+    w = load_workload("dlrm-small")
+    model = apply_fp8(build_model(w), FP8Choice(policy="placement", placement=_doc()), w)
+    assert isinstance(model.dense.bottom.fc[1], Fp8Linear) and not isinstance(model.dense.bottom.fc[0], Fp8Linear)
+    assert model.dense.bottom.fc[1].kernel.name == "scaled_mm_rowwise"
+    assert module_filter_fn(parse_placement(_doc()))(None, "dense.bottom.fc.1")
+    every = apply_fp8(build_model(w), FP8Choice(policy="all", recipe="tensorwise"), w)
+    linears = [m for m in every.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(isinstance(m, Fp8Linear) for m in linears)
+    doc = _doc()
+    doc["sites"]["dense.nope"] = doc["sites"].pop("dense.bottom.fc.1")
+    doc["module_filter"] = ["dense.nope"]
+    with pytest.raises(SpecError, match="sites.dense.nope"):
+        apply_fp8(build_model(w), FP8Choice(policy="placement", placement=doc), w)
+    with pytest.raises(SpecError, match="module_filter"):
+        apply_fp8(build_model(w), FP8Choice(policy="placement", placement={"version": 1, "module_filter": ["x"]}), w)
+    with pytest.raises(SpecError, match="shape mismatch"):
+        apply_fp8(build_model(w), FP8Choice(policy="placement", placement=_doc(k=99)), w)
+
+
+def test_dispatch_picks_fastest_acceptable_and_caches(tmp_path):
+    d = Dispatcher({k: KERNELS[k] for k in ("fp32", "bf16", "emulated_rowwise")}, repeats=3,
+                   cache_path=tmp_path / "cache.json")
+    low = {"bf16": 50.0, "rowwise": 24.0}
+    strict = d.decide(256, 64, 32, low, budget_db=40.0)
+    assert strict.kernel in ("fp32", "bf16") and "emulated_rowwise" not in strict.acceptable
+    assert strict.time_ms == min(strict.times_ms[k] for k in strict.acceptable)
+    n = d.measurements
+    loose = d.decide(256, 64, 32, low, budget_db=20.0)
+    assert d.measurements == n == 3  # timings are cached by (shape, dtypes, device)
+    assert loose.time_ms == min(loose.times_ms.values())
+    again = Dispatcher({k: KERNELS[k] for k in ("fp32", "bf16", "emulated_rowwise")}, cache_path=tmp_path / "cache.json")
+    again.times(256, 64, 32)
+    assert again.measurements == 0
+    assert json.loads((tmp_path / "cache.json").read_text())["version"] == 1
+
+
+def test_runner_accepts_a_placement():
+    from cubic.runner import LocalRunner
+
+    w = load_workload("dlrm-small")
+    cfg = Config(batch_size=64, fp8=FP8Choice(policy="placement", placement=_doc(m=64)))
+    r = LocalRunner(timeout_s=300, threads=1).run(w, cfg, steps=3, warmup=1)
+    assert r.ok, r.reason
