@@ -137,17 +137,19 @@ class Trial(BaseModel):
     warmup: int | None
 
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/?#@\s]*:)[^@/\s]*@")
+# greedy to the last "@": an unescaped "@" or "/" inside a password must not leave a piece of it behind
+_PASSWORD_IN_URL = re.compile(r"(://[^:/?#@\s]*:)\S*@")
 
 
 def redact_url(url: str | None) -> str:
     """The URL with any password replaced by ``***`` (also for URLs SQLAlchemy cannot parse)."""
     if url is None:
         return ""
+    url = _PASSWORD_IN_URL.sub(r"\1***@", url)  # first textually: make_url stops a password at an "@"
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparsable: fall back to a textual scrub so a password never leaks
-        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+    except Exception:  # unparsable: the textual scrub alone
+        return url
 
 
 def default_url() -> str:
@@ -225,9 +227,15 @@ class TrialStore:
             password = make_url(self.url).password
         except Exception:
             pass
-        if password:
-            text = text.replace(str(password), "***")
-        return _PASSWORD_IN_URL.sub(r"\1***@", text)[:300]
+        m = _PASSWORD_IN_URL.search(self.url or "")
+        # the password as typed (up to the last "@"), and its "@"-separated pieces, as a driver may echo them
+        pieces = [p for p in (str(password or ""), *(m.group(0)[len(m.group(1)):-1].split("@") if m else ()))
+                  if len(p) >= 3]
+        for piece in sorted(set(pieces), key=len, reverse=True):
+            text = text.replace(piece, "***")
+        text = _PASSWORD_IN_URL.sub(r"\1***@", text)
+        # a driver echoing a host it split at a password's "@" ("wd@127.0.0.1"): drop what precedes "@"
+        return re.sub(r"(?<=[\s\"'(])[^\s\"'@]*@", "***@", text)[:300]
 
     def _write(self):
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite: queue for the lock up front)."""
