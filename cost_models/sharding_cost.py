@@ -72,7 +72,13 @@ class ShardingCostModel:
         mlp = MLPRegressor(hidden_layer_sizes=self.hidden, alpha=self.alpha, max_iter=self.max_iter,
                            learning_rate_init=1e-3, early_stopping=True, validation_fraction=0.15,
                            n_iter_no_change=50, random_state=self.random_state)
-        mlp.fit((Z - self.mean_) / self.scale_, resid)
+        from sklearn import config_context
+        from threadpoolctl import threadpool_limits
+
+        # tiny matmuls: BLAS threads only contend on a shared machine; per-epoch argument
+        # validation (inputs were checked above) was most of the fit time
+        with threadpool_limits(1), config_context(skip_parameter_validation=True, assume_finite=True):
+            mlp.fit((Z - self.mean_) / self.scale_, resid)
         self.coefs_ = [np.asarray(c) for c in mlp.coefs_]
         self.intercepts_ = [np.asarray(b) for b in mlp.intercepts_]
         self.n_features_in_ = X.shape[1]

@@ -20,6 +20,7 @@ Adagrad state): the largest table always fits; the limit binds on tasks with mul
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -42,6 +43,7 @@ from sharding.types import Storage  # noqa: E402
 HEURISTICS = ("random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
 BATCH = 512
 MEMORY_FLOOR = 1e9  # TorchRec reserves fixed per-rank storage (inputs, 15%): below ~1 GB it plans nothing
+TORCHREC_TIMEOUT_S = 300.0  # large tasks: TorchRec's planner runs in a child process with this wall cap
 FAMILIES = (("10-26 tables", 10, 26), ("27-43 tables", 27, 43), ("44-60 tables", 44, 60))
 
 
@@ -51,7 +53,46 @@ def topology_for(tables, world: int) -> Topology:
     return Topology(world_size=world, ranks_per_node=world, memory_per_rank_gb=mem / 1e9, device="cpu")
 
 
-def run_task(name, tables, world, methods, est, comm, cache, budget, lb=True):
+def _torchrec_child(tables_json, topo_json, batch, conn):
+    from cubic.spec import Table
+    from sharding.torchrec_adapter import TorchRecPlanner
+
+    try:
+        tables = [Table.model_validate(t) for t in json.loads(tables_json)]
+        t0 = time.perf_counter()
+        plan = TorchRecPlanner().plan(tables, Topology.model_validate_json(topo_json), batch)
+        conn.send(("ok", plan.model_dump_json(), time.perf_counter() - t0))
+    except Exception as e:  # reported to the parent as data
+        conn.send(("failed", f"{type(e).__name__}: {e}", 0.0))
+
+
+def torchrec_with_timeout(tables, topo, batch, est, timeout_s):
+    """TorchRec's planner in a child process, so a run that takes too long is data, not a hang."""
+    import multiprocessing as mp
+
+    from sharding.planners import with_prediction
+    from sharding.types import Plan
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_torchrec_child, args=(json.dumps([t.model_dump(mode="json") for t in tables]),
+                                                     topo.model_dump_json(), batch, child))
+    proc.start()
+    try:
+        if not parent.poll(timeout_s):
+            raise SpecError(f"TorchRec's planner did not finish within {timeout_s:.0f} s (wall, shared machine)")
+        status, body, secs = parent.recv()
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(5)
+    if status != "ok":
+        raise SpecError(body)
+    plan = Plan.model_validate_json(body).model_copy(update={"planning_time_s": secs})
+    return with_prediction(plan, est)
+
+
+def run_task(name, tables, world, methods, est, comm, cache, budget, lb=True, torchrec_timeout_s=None):
     topo = topology_for(tables, world)
     out = {"task": name, "tables": len(tables), "ranks": world, "memory_per_rank_gb": topo.memory_per_rank_gb,
            "methods": {}}
@@ -60,11 +101,14 @@ def run_task(name, tables, world, methods, est, comm, cache, budget, lb=True):
         kw = {"time_budget_s": budget} if m == "cubic" else {}
         t0 = time.perf_counter()
         try:
-            plan = make_planner(m, seed=0, estimator=est, **kw).plan(tables, topo, BATCH)
+            if m == "torchrec" and torchrec_timeout_s:
+                plan = torchrec_with_timeout(tables, topo, BATCH, est, torchrec_timeout_s)
+            else:
+                plan = make_planner(m, seed=0, estimator=est, **kw).plan(tables, topo, BATCH)
         except SpecError as e:  # a planner that finds no plan is data, not a crash
-            out["methods"][m] = {"failed": str(e)}
+            out["methods"][m] = {"failed": str(e), "planning_s": time.perf_counter() - t0}
             continue
-        plan_s = time.perf_counter() - t0
+        plan_s = plan.planning_time_s if m == "torchrec" and torchrec_timeout_s else time.perf_counter() - t0
         cost = plan_cost(plan, meas, comm)
         out["methods"][m] = {
             "measured_ms": cost.max_ms, "predicted_ms": plan.predicted.max_ms, "planning_s": plan_s,
@@ -80,20 +124,34 @@ def run_task(name, tables, world, methods, est, comm, cache, budget, lb=True):
 
 
 def summarise(tasks, methods):
+    """Per family: mean measured cost per method (over the tasks it planned), failures, and cubic's
+    paired gaps (on the tasks both planned)."""
     fam = {}
     for fname, lo, hi in FAMILIES:
         ts = [t for t in tasks if lo <= t["tables"] <= hi]
         if not ts:
             continue
-        means = {}
+        means, failures = {}, {}
         for m in methods:
-            vals = [t["methods"][m].get("measured_ms") for t in ts if "measured_ms" in t["methods"].get(m, {})]
-            means[m] = float(np.mean(vals)) if len(vals) == len(ts) else None
-        heur = {m: v for m, v in means.items() if m in HEURISTICS and v is not None}
+            vals = [t["methods"][m]["measured_ms"] for t in ts if "measured_ms" in t["methods"].get(m, {})]
+            means[m] = float(np.mean(vals)) if vals else None
+            failures[m] = len(ts) - len(vals)
+
+        def paired(other):
+            both = [t for t in ts if "measured_ms" in t["methods"].get(other, {})
+                    and "measured_ms" in t["methods"].get("cubic", {})]
+            if not both:
+                return None
+            c = np.mean([t["methods"]["cubic"]["measured_ms"] for t in both])
+            o = np.mean([t["methods"][other]["measured_ms"] for t in both])
+            return float(c / o - 1.0)
+
+        heur = {m: v for m, v in means.items() if m in HEURISTICS and v is not None and failures[m] == 0}
         best_h = min(heur, key=heur.get)
-        fam[fname] = {"tasks": len(ts), "mean_measured_ms": means, "best_heuristic": best_h,
-                      "cubic_vs_best_heuristic": means["cubic"] / heur[best_h] - 1.0,
-                      "cubic_vs_torchrec": (means["cubic"] / means["torchrec"] - 1.0) if means.get("torchrec") else None}
+        fam[fname] = {"tasks": len(ts), "mean_measured_ms": means, "failures": failures, "best_heuristic": best_h,
+                      "cubic_vs_best_heuristic": paired(best_h),
+                      "cubic_vs_torchrec": paired("torchrec") if "torchrec" in methods else None,
+                      "torchrec_planned_tasks": len(ts) - failures.get("torchrec", len(ts))}
     return fam
 
 
@@ -177,7 +235,8 @@ def main(argv=None) -> int:
     large = []
     for n, w in large_specs:
         tables = generate_tables(n, seed=5000 + n)
-        t = run_task(f"large-{n}x{w}", tables, w, methods, est, comm, large_cache, budget=3.0)
+        t = run_task(f"large-{n}x{w}", tables, w, methods, est, comm, large_cache, budget=3.0,
+                     torchrec_timeout_s=TORCHREC_TIMEOUT_S)
         t["loadavg_1m"] = os.getloadavg()[0]
         large.append(t)
         ms = {m: (round(r["measured_ms"], 1), round(r["planning_s"], 2)) for m, r in t["methods"].items()
@@ -235,6 +294,7 @@ def main(argv=None) -> int:
                      "comm_calibration": str(CALIBRATION_PATH.name), "comm_constants": comm.__dict__,
                      "cost_model": est.model.meta_ if hasattr(est.model, "meta_") else {},
                      "cubic_time_budget_s": {"small": 2.0, "large": 3.0}, "quick": args.quick,
+                     "torchrec_timeout_s_large": TORCHREC_TIMEOUT_S,
                      "memory_rule": "max(1.5 x total / ranks, 1.05 x largest table, 1 GB)"},
         "methods": methods,
         "families": fam,

@@ -32,6 +32,7 @@ DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "data" / "cost_model.json
 # additive per-shard quantities (first 7 are the model's sums) + alpha-weighted bytes for the mean
 SHARD_FEATURES = ("count", "lookups", "lookup_bytes", "out_bytes", "touched_bytes", "touched_rows",
                   "param_bytes", "alpha_x_lookup_bytes")
+LB_CHUNK = 60
 RANK_FEATURES = SHARD_FEATURES[:7] + ("mean_alpha", "max_shard_share", "mean_cols")
 
 
@@ -154,14 +155,16 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
 def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Estimator, comm: CommModel) -> float:
     """max(total / group, largest indivisible piece) + the all-to-all of a perfectly balanced group.
 
-    total = every table fused on one rank (so kernel fusion is credited, unlike a sum of singles);
+    total = the tables fused LB_CHUNK at a time (so kernel fusion is credited, unlike a sum of singles);
     the largest indivisible piece = max over tables of its cost alone divided by the most pieces it
     may be cut into (dim/4 column pieces, at most ``group``). Approximate, not a proof: cache
     effects make a rank of 1/group of the tables slightly cheaper than 1/group of all of them.
     """
     works = [ShardWork(t, 0, t.rows, t.dim) for t in tables]
     kernel_batch = group * batch  # a sharded piece is pooled for the whole group's batch
-    fused = estimator.compute_ms([works], kernel_batch)[0]
+    # fused in chunks of LB_CHUNK tables (a chunk ~ a busy rank): hundreds of tables in one kernel
+    # would not fit in memory, and a chunk already amortises the per-kernel overhead
+    fused = sum(estimator.compute_ms([works[i:i + LB_CHUNK] for i in range(0, len(works), LB_CHUNK)], kernel_batch))
     # the single costliest tables by lookup bytes bound the indivisible piece; measure the top few
     top = sorted(works, key=lambda w: -w.table.pooling_factor * w.table.dim)[:3]
     singles = estimator.compute_ms([[w] for w in top], kernel_batch)
