@@ -93,7 +93,7 @@ def result_renderable(result: Result, *, trial_id: int | None = None, served_fro
     ]
     known = {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes",
              "loss_start", "loss_end", "ne_start", "ne_end"}
-    rows += [(k, fmt_num(v)) for k, v in sorted(m.items()) if k not in known]
+    rows += [(k, f"{int(v):,}" if float(v).is_integer() else fmt_num(v)) for k, v in sorted(m.items()) if k not in known]
     for name, value in rows:
         if value is not None:
             table.add_row(name, value)
