@@ -21,6 +21,7 @@ Schema (JSON, ``version`` 1)::
                                   "per_gemm_sqnr_db": {"fwd", "grad_input", "grad_weight"}}},
           "speedups": {"<recipe>": 0.61},
           "dispatch": {"kernel": "bf16", "time_ms": 0.4, "times_ms": {...}, "acceptable": [...]},
+          "mods": ["pad_dims", ...],     # Mods the site's statistics suggest (fp8.mods.suggest_mods)
           "reason": "why it is kept in high precision" | null
         }
       },
@@ -64,6 +65,7 @@ class SitePlacement(Frozen):
     error: dict[str, SiteError] = Field(default_factory=dict)
     speedups: dict[str, float] = Field(default_factory=dict)
     dispatch: dict[str, Any] | None = None
+    mods: list[str] = Field(default_factory=list, description="Mods the Probe statistics suggest (fp8.mods)")
     reason: str | None = None
 
     @model_validator(mode="after")

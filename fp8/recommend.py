@@ -11,6 +11,7 @@ from cubic.config import Config
 from cubic.spec import SpecError, Workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
+from fp8.mods import suggest_mods
 from fp8.placement import Placement, choose, parse_placement
 from fp8.probe import Probe
 from fp8.recipes import ALL_RECIPES, FP8_RECIPES
@@ -87,6 +88,7 @@ def recommend(workload: Workload, budget_db: float | None, *, config: Config | N
             "error": errors, "speedups": speedups,
             "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
                          "acceptable": list(d.acceptable)},
+            "mods": suggest_mods(s),
             "reason": reason,
         }
     doc = {
