@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -39,10 +40,11 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, ProgrammingError, SQLAlchemyError
 
 from cubic.config import Config
 from cubic.fingerprint import code_version as _code_version
@@ -53,6 +55,7 @@ from cubic.spec import SpecError, Workload
 SCHEMA_VERSION = 1
 STORE_ENV = "CUBIC_STORE"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+_SCHEMA_LOCK_KEY = 0x637562696300  # "cubic": serialises schema creation on PostgreSQL
 Source = Literal["measured", "simulated"]
 
 metadata = MetaData()
@@ -205,19 +208,33 @@ class TrialStore:
         return engine
 
     def _create_schema(self) -> None:
-        try:
-            with self._write() as conn:
-                metadata.create_all(conn, checkfirst=True)
-                found = conn.execute(select(func.max(schema_version_table.c.version))).scalar()
-                if found is None:
-                    conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION, applied_at=_utcnow()))
-                elif found > SCHEMA_VERSION:
-                    raise SpecError(
-                        f"store schema version {found} is newer than this cubic understands ({SCHEMA_VERSION})",
-                        field=self._origin,
-                    )
-        except SQLAlchemyError as e:
-            raise SpecError(f"cannot open the trial store {self._safe}: {self._scrub(e)}", field=self._origin) from None
+        """Create missing tables and the schema_version row; safe when several processes open a
+        new store at once (SQLite: BEGIN IMMEDIATE serialises them; PostgreSQL: an advisory lock,
+        and a retry should a concurrent CREATE still collide)."""
+        last: SQLAlchemyError | None = None
+        for attempt in range(10):
+            try:
+                with self._write() as conn:
+                    if conn.dialect.name == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                    metadata.create_all(conn, checkfirst=True)
+                    found = conn.execute(select(func.max(schema_version_table.c.version))).scalar()
+                    if found is None:
+                        conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION,
+                                                                         applied_at=_utcnow()))
+                    elif found > SCHEMA_VERSION:
+                        raise SpecError(
+                            f"store schema version {found} is newer than this cubic understands ({SCHEMA_VERSION})",
+                            field=self._origin,
+                        )
+                return
+            except (IntegrityError, ProgrammingError) as e:  # lost a creation race: look again
+                last = e
+                time.sleep(0.05 * (attempt + 1))
+            except SQLAlchemyError as e:
+                last = e
+                break
+        raise SpecError(f"cannot open the trial store {self._safe}: {self._scrub(last)}", field=self._origin) from None
 
     def _scrub(self, err: BaseException) -> str:
         """One line of a driver error, with the password (if any) removed."""

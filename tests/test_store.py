@@ -254,3 +254,17 @@ def test_postgresql_round_trip(postgres_url):
     assert len(again.to_dataframe()) == 2
     store.close()
     again.close()
+
+
+def test_three_processes_create_and_write_one_postgresql_store(postgres_url):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, postgres_url, tag, "15"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for tag in ("p1", "p2", "p3")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    store = TrialStore(postgres_url)
+    assert len(store.trials()) == 45
+    store.close()
