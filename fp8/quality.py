@@ -13,13 +13,16 @@ from fp8.kernels import Fp8Linear
 
 
 def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: int = 0,
-                  track_error: bool = False) -> dict:
+                  track_error: bool = False, error_from_step: int = 0, model_hook=None) -> dict:
     """Train ``steps`` steps and evaluate; with ``track_error``, each FP8 site's per-GEMM SQNR
-    measured during training (mean over steps) is returned under ``site_sqnr_db``."""
+    measured during training (mean over steps from ``error_from_step``) is returned under
+    ``site_sqnr_db``. ``model_hook(model)`` may transform the model before training."""
     from fp8.train import Trainer
 
     t0 = time.perf_counter()
     tr = Trainer(workload, Config(seed=seed), fp8=fp8, track_error=track_error)
+    if model_hook is not None:
+        tr.model = model_hook(tr.model) or tr.model
     losses = tr.train(steps)
     out = {"steps": len(losses), "train_loss_last10": statistics.fmean(losses[-10:]) if losses else math.nan,
            "finite": all(math.isfinite(v) for v in losses)}
@@ -28,8 +31,9 @@ def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: i
         sites = {}
         for name, mod in tr.model.named_modules():
             if isinstance(mod, Fp8Linear) and mod.error_log is not None:
-                per = {g: statistics.fmean(v) for g, v in mod.error_log.sqnr.items() if v}
-                worst = [min(vals) for vals in zip(*[mod.error_log.sqnr[g] for g in per])] if per else []
+                logs = {g: v[error_from_step:] for g, v in mod.error_log.sqnr.items()}
+                per = {g: statistics.fmean(v) for g, v in logs.items() if v}
+                worst = [min(vals) for vals in zip(*[logs[g] for g in per])] if per else []
                 sites[name] = {"per_gemm_sqnr_db": per,
                                "sqnr_db": statistics.fmean(worst) if worst else math.nan,
                                "steps": len(worst)}
@@ -39,12 +43,12 @@ def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: i
 
 
 def compare(workload: Workload, variants: dict[str, FP8Choice], steps: int, seed: int = 0,
-            track_error: bool = False) -> dict:
+            track_error: bool = False, error_from_step: int = 0) -> dict:
     """Full precision plus each variant, same seed; NE/loss differences relative to full precision."""
     base = train_variant(workload, None, steps, seed)
     out = {"full_precision": base}
     for name, choice in variants.items():
-        r = train_variant(workload, choice, steps, seed, track_error=track_error)
+        r = train_variant(workload, choice, steps, seed, track_error=track_error, error_from_step=error_from_step)
         r["ne_rel_diff"] = (r["ne"] - base["ne"]) / base["ne"]
         r["loss_diff"] = r["loss"] - base["loss"]
         out[name] = r
