@@ -375,10 +375,20 @@ class FaultyRunner(Runner):
     n-th kind of ``plan`` (then no fault). ``kill-once`` kills only the first attempt (a transient
     failure that a retry fixes); ``hang`` hangs only on the first attempt (a timeout, then ok)."""
 
-    def __init__(self, plan=FAULT_PLAN, timeout_s: float = 60.0, steps_hint: int = 2):
-        self.plan, self.timeout_s = list(plan), timeout_s
+    # what LocalRunner reports for each injected fault (the fast test's stand-in returns these)
+    REPORTED = {"raise": ("error", "RuntimeError: injected fault at step 0"),
+                "oom": ("oom", "RuntimeError: injected oom: can't allocate memory"),
+                "nan": ("nan", "training loss is nan at step 0"),
+                "hang": ("timeout", "no result within 60 s; child killed"),
+                "kill": ("killed", "child killed by SIGKILL")}
+
+    def __init__(self, plan=FAULT_PLAN, timeout_s: float = 60.0, simulate: bool = False):
+        self.plan, self.timeout_s, self.simulate = list(plan), timeout_s, simulate
         self.kind_of: dict[str, str | None] = {}
         self.attempts: Counter = Counter()
+        if simulate:
+            self.source = "simulated"
+            self.fingerprint_hash = lambda: FAST_FINGERPRINT
 
     def run(self, workload, config, *, steps=2, warmup=0, progress=None) -> Result:
         from cubic.runner import Fault, LocalRunner
@@ -391,7 +401,15 @@ class FaultyRunner(Runner):
         kind = self.kind_of[key]
         if kind in ("kill-once", "hang") and self.attempts[key] > 1:
             kind = None
-        fault = Fault(kind="kill" if kind == "kill-once" else kind, at_step=0) if kind else None
+        kind = "kill" if kind == "kill-once" else kind
+        if self.simulate:
+            if kind is None:
+                return FastRunner(delay_s=0.0, log="").run(workload, config)
+            fk, why = self.REPORTED[kind]
+            return Result.failed(fk, why, source="simulated", workload=workload.name,
+                                 workload_hash=workload.content_hash(), config_hash=config.content_hash(),
+                                 fingerprint_hash=FAST_FINGERPRINT)
+        fault = Fault(kind=kind, at_step=0) if kind else None
         return LocalRunner(timeout_s=self.timeout_s, threads=1, fault=fault).run(workload, config, steps=steps,
                                                                                  warmup=warmup)
 
@@ -528,7 +546,9 @@ def mutate(doc: Any, edits) -> Any:
 
 
 def _write(path: Path, doc: Any, raw: str | None) -> Path:
-    if raw is not None:
+    if raw == "<not utf-8>":
+        path.write_bytes(b"name: \xff\xfe\x00")
+    elif raw is not None:
         path.write_text(raw)
     elif path.suffix == ".json":
         path.write_text(json.dumps(doc, allow_nan=True))
@@ -581,9 +601,12 @@ def fuzz(workdir: str | Path, examples: int = 200, stats: FuzzStats | None = Non
     docs = valid_documents()
     cfg = settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                    suppress_health_check=list(HealthCheck))
-    text = st.one_of(st.none(), st.text(max_size=200),
-                     st.sampled_from(["{", "- [", ":\n:", "!!python/object/apply:os.system ['echo pwned']",
-                                      "a: !!binary AAAA", "\x00\x01", "[" * 500 + "]" * 500]))
+    garbage = st.one_of(st.text(max_size=200),
+                        st.sampled_from(["{", "- [", ":\n:", "!!python/object/apply:os.system ['echo pwned']",
+                                         "a: !!binary AAAA", "\x00\x01", "[" * 500 + "]" * 500,
+                                         "[" * 100_000, "<not utf-8>"]))
+    # most inputs are mutated documents; one in four is raw text instead
+    text = st.integers(0, 3).flatmap(lambda i: garbage if i == 0 else st.none())
     counter = iter(range(10**9))
 
     def doc_target(kind: str, load):
@@ -616,7 +639,8 @@ def fuzz(workdir: str | Path, examples: int = 200, stats: FuzzStats | None = Non
         from sharding.inputs import read_tables_csv
 
         cell = st.one_of(st.sampled_from(["", "0", "-3", "1e9", "nan", "inf", "-inf", "1.5", "x", "2**70",
-                                          "99999999999999999999", " 7 ", '"', "t0"]), st.text(max_size=8))
+                                          "99999999999999999999", " 7 ", '"', "t0", "\x00", "a" * 140_000]),
+                         st.text(max_size=8))
         header = st.lists(st.sampled_from(["name", "rows", "dim", "pooling_factor", "zipf_alpha", "feature_group",
                                            "extra", "", "Name"]), min_size=0, max_size=7)
 
@@ -652,14 +676,22 @@ def fuzz_cli(wd: Path, examples: int, stats: FuzzStats, docs: dict[str, Any]) ->
     cfg = settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                    suppress_health_check=list(HealthCheck))
 
+    TrialStore(store_url).close()  # the schema exists before the first count
+    db = store_url.split("sqlite:///", 1)[1]
+
+    def count() -> int:
+        con = sqlite3.connect(db)
+        try:
+            return con.execute("select count(*) from trials").fetchone()[0]
+        finally:
+            con.close()
+
     def call(argv: list[str]) -> None:
-        with TrialStore(store_url) as st_:
-            before = st_.count()
+        before = count()
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             rc = main(argv)
-        with TrialStore(store_url) as st_:
-            after = st_.count()
+        after = count()
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
         if rc == 2:
             if after != before:
