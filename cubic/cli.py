@@ -227,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result, trial_id = cached.result, cached.id
     else:
         label = "SIMULATED " if source == "simulated" else ""
-        with progress_bar(f"{label}{workload.name}: {args.steps} steps") as callback:
+        with progress_bar(f"{label}{workload.name}: {args.warmup} warm-up + {args.steps} steps") as callback:
             result = runner.run(workload, config, steps=args.steps, warmup=args.warmup, progress=callback)
         trial_id = store.record(workload, config, result, steps=args.steps, warmup=args.warmup)
     print_result(result, stdout_console(), trial_id=trial_id, served_from_store=cached is not None)
