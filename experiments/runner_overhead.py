@@ -3,10 +3,14 @@
 Both train the same model (``cubic.models.build_model``, same seed) on the same batches
 (``SyntheticData(workload).batch(step)``, generated before timing), with the same intra-op thread
 count, for the same warm-up and timed steps; each reports the median of its per-step times.
-Repeats are interleaved (runner first on even repeats, bare first on odd ones) so that load from
-other processes hits both alike. Overhead = median runner step / median bare step - 1; target
-<= 5 %. The runner's fixed cost per run (child start-up, imports, model build, evaluations) is
-reported separately: it is paid once per run, not per step. All figures are MEASURED on this CPU.
+Headline: ``LocalRunner.run`` (its child process) vs the bare loop as a fresh script process of its
+own (``--bare-child``), so both start from the same clean process state. Secondary: the runner's
+loop (``train_and_measure``) and the bare loop inside this one process, which isolates the cost of
+the runner's instrumentation (phase split, per-step NaN check) from process effects.
+Repeats are interleaved (order alternates) so that load from other processes hits all alike.
+Overhead = median runner step / median bare step - 1; target <= 5 %. The runner's fixed cost per
+run (child start-up, imports, model build, evaluations) is reported separately: it is paid once per
+run, not per step. All figures are MEASURED on this CPU; the load average is recorded.
 
     .venv/bin/python experiments/runner_overhead.py [--quick] [--repeats R] [--steps N] [--threads T]
 """
@@ -14,7 +18,9 @@ reported separately: it is paid once per run, not per step. All figures are MEAS
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from cubic.config import Config  # noqa: E402
 from cubic.data import SyntheticData  # noqa: E402
 from cubic.models import build_model, build_optimizer  # noqa: E402
-from cubic.runner import LocalRunner  # noqa: E402
+from cubic.runner import LocalRunner, train_and_measure  # noqa: E402
 from cubic.workloads import DEFAULT_WORKLOADS  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 
@@ -53,8 +59,33 @@ def bare_loop(workload, config: Config, batches, warmup: int) -> list[float]:
     return times
 
 
+def make_batches(w, n: int):
+    data = SyntheticData(w)
+    batches = [data.batch(s) for s in range(n)]
+    for b in batches:
+        b.sparse.to_tbe()  # as the runner does while preparing batches
+    return batches
+
+
+def bare_child(name: str, steps: int, warmup: int, threads: int) -> None:
+    """The bare loop as its own script process: prints {"median_ms": ...} as the last line."""
+    torch.set_num_threads(threads)
+    w = Config().apply(DEFAULT_WORKLOADS[name])
+    times = bare_loop(w, Config(), make_batches(w, warmup + steps), warmup)
+    print(json.dumps({"median_ms": float(np.median(times))}))
+
+
+def run_bare_process(name: str, steps: int, warmup: int, threads: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, __file__, "--bare-child", name, "--steps", str(steps), "--warmup",
+                          str(warmup), "--threads", str(threads)], capture_output=True, text=True, env=env,
+                         check=True, timeout=1800)
+    return json.loads(out.stdout.strip().splitlines()[-1])["median_ms"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bare-child", metavar="WORKLOAD", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, few steps")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
@@ -62,6 +93,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both (1: least noise on a shared box)")
     ap.add_argument("--workloads", default="dlrm-small,wukong-small")
     args = ap.parse_args()
+    if args.bare_child:
+        return bare_child(args.bare_child, args.steps, args.warmup, args.threads)
     if args.quick:
         args.repeats, args.steps, args.warmup = 1, 4, 1
     torch.set_num_threads(args.threads)
@@ -71,14 +104,11 @@ def main() -> None:
     rows = {}
     for name in args.workloads.split(","):
         w = config.apply(DEFAULT_WORKLOADS[name])
-        data = SyntheticData(w)
-        batches = [data.batch(s) for s in range(args.warmup + args.steps)]
-        for b in batches:
-            b.sparse.to_tbe()  # as the runner does while preparing batches
-        runner_ms, bare_ms, fixed_s, loads, failures = [], [], [], [], []
+        batches = make_batches(w, args.warmup + args.steps)
+        runner_ms, bare_ms, loop_ms, inproc_bare_ms, fixed_s, loads, failures = [], [], [], [], [], [], []
+        kinds = ["runner", "bare", "loop", "inproc_bare"]
         for rep in range(args.repeats):
-            order = ("runner", "bare") if rep % 2 == 0 else ("bare", "runner")
-            for who in order:
+            for who in kinds if rep % 2 == 0 else kinds[::-1]:
                 loads.append(os.getloadavg()[0])
                 if who == "runner":
                     r = runner.run(w, config, steps=args.steps, warmup=args.warmup)
@@ -87,31 +117,44 @@ def main() -> None:
                         continue
                     runner_ms.append(r.metrics["step_time_median_ms"])
                     fixed_s.append(r.wall_time_s - sum(r.extra["step_times_ms"]) / 1e3)
+                elif who == "bare":
+                    bare_ms.append(run_bare_process(name, args.steps, args.warmup, args.threads))
+                elif who == "loop":
+                    r = train_and_measure(w, config, steps=args.steps, warmup=args.warmup, eval_every=10**9,
+                                          versions_info={})
+                    loop_ms.append(r.metrics["step_time_median_ms"])
                 else:
-                    bare_ms.append(float(np.median(bare_loop(w, config, batches, args.warmup))))
+                    inproc_bare_ms.append(float(np.median(bare_loop(w, config, batches, args.warmup))))
             if runner_ms and bare_ms:
-                print(f"  {name} repeat {rep}: runner {runner_ms[-1]:.2f} ms  bare {bare_ms[-1]:.2f} ms  "
+                print(f"  {name} repeat {rep}: runner {runner_ms[-1]:.2f} ms  bare process {bare_ms[-1]:.2f} ms  "
+                      f"| in-process: runner loop {loop_ms[-1]:.2f} ms  bare {inproc_bare_ms[-1]:.2f} ms  "
                       f"load {loads[-1]:.1f}", flush=True)
-        row = {"runner_step_ms": runner_ms, "bare_step_ms": bare_ms, "runner_fixed_cost_s": fixed_s,
+        row = {"runner_step_ms": runner_ms, "bare_step_ms": bare_ms, "inprocess_runner_loop_step_ms": loop_ms,
+               "inprocess_bare_step_ms": inproc_bare_ms, "runner_fixed_cost_s": fixed_s,
                "loadavg_1m": loads, "failures": failures}
         if runner_ms and bare_ms:
             rm, bm = float(np.median(runner_ms)), float(np.median(bare_ms))
+            lm, ibm = float(np.median(loop_ms)), float(np.median(inproc_bare_ms))
             paired = [r / b - 1 for r, b in zip(runner_ms, bare_ms)]
             row.update(runner_median_ms=rm, bare_median_ms=bm, overhead_pct=100 * (rm / bm - 1),
                        paired_overhead_pct_median=100 * float(np.median(paired)),
-                       met_target=bool(100 * (rm / bm - 1) <= TARGET_PCT))
+                       met_target=bool(100 * (rm / bm - 1) <= TARGET_PCT),
+                       inprocess_loop_median_ms=lm, inprocess_bare_median_ms=ibm,
+                       inprocess_overhead_pct=100 * (lm / ibm - 1))
         rows[name] = row
 
     print(f"\nrunner overhead (MEASURED, CPU, {args.threads} thread(s), {args.repeats} interleaved repeats x "
           f"{args.steps} timed steps, batch from the workload)")
-    print(f"{'workload':<14}{'runner ms':>11}{'bare ms':>10}{'overhead':>10}{'target':>8}{'fixed/run s':>13}")
+    print(f"{'workload':<14}{'runner ms':>11}{'bare ms':>10}{'overhead':>10}{'target':>8}{'fixed/run s':>13}"
+          f"{'in-proc loop/bare':>19}")
     for name, row in rows.items():
         if "overhead_pct" not in row:
             print(f"{name:<14} no comparison: {row['failures']}")
             continue
         print(f"{name:<14}{row['runner_median_ms']:>11.2f}{row['bare_median_ms']:>10.2f}"
               f"{row['overhead_pct']:>9.1f}%{'met' if row['met_target'] else 'MISSED':>8}"
-              f"{np.median(row['runner_fixed_cost_s']):>13.1f}")
+              f"{np.median(row['runner_fixed_cost_s']):>13.1f}"
+              f"{row['inprocess_loop_median_ms']:>9.1f}/{row['inprocess_bare_median_ms']:.1f} ({row['inprocess_overhead_pct']:+.1f}%)")
 
     payload = {**ctx, "benchmark": NAME, "target_overhead_pct": TARGET_PCT,
                "settings": {k: v for k, v in vars(args).items()}, "workloads": rows,
@@ -125,13 +168,15 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     names = [n for n, r in rows.items() if "overhead_pct" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     x = np.arange(len(names))
-    for off, key, label in ((-0.2, "runner_step_ms", "LocalRunner (child process)"), (0.2, "bare_step_ms", "bare loop")):
+    for off, key, label in ((-0.3, "runner_step_ms", "LocalRunner (child process)"), (-0.1, "bare_step_ms", "bare loop (own process)"),
+                             (0.1, "inprocess_runner_loop_step_ms", "runner loop, in-process"),
+                             (0.3, "inprocess_bare_step_ms", "bare loop, in-process")):
         vals = [rows[n][key] for n in names]
         med = [np.median(v) for v in vals]
         err = np.array([[m - np.min(v), np.max(v) - m] for m, v in zip(med, vals)]).T
-        ax.bar(x + off, med, 0.4, yerr=err, capsize=4, label=label)
+        ax.bar(x + off, med, 0.2, yerr=err, capsize=3, label=label)
     for i, n in enumerate(names):
         ax.text(i, max(rows[n]["runner_median_ms"], rows[n]["bare_median_ms"]) * 1.08,
                 f"{rows[n]['overhead_pct']:+.1f}%", ha="center")
@@ -139,7 +184,7 @@ def main() -> None:
     ax.set_ylabel("median step time, ms (MEASURED)")
     ax.set_title(f"Runner overhead vs bare loop (measured, CPU, {args.threads} thread)\nbars: median of repeats, "
                  "whiskers: min-max")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path(NAME), dpi=120)
     print(f"wrote {path} and {png_path(NAME)}")
