@@ -155,6 +155,25 @@ def redact_url(url: str | None) -> str:
         return url
 
 
+def scrub_error(err: BaseException, url: str | None) -> str:
+    """One line of a driver error, with the password of ``url`` (if any) removed."""
+    text = " ".join(str(getattr(err, "orig", None) or err).split())
+    password = None
+    try:
+        password = make_url(url).password
+    except Exception:
+        pass
+    m = _PASSWORD_IN_URL.search(url or "")
+    # the password as typed (up to the last "@"), and its "@"-separated pieces, as a driver may echo them
+    pieces = [p for p in (str(password or ""), *(m.group(0)[len(m.group(1)):-1].split("@") if m else ()))
+              if len(p) >= 3]
+    for piece in sorted(set(pieces), key=len, reverse=True):
+        text = text.replace(piece, "***")
+    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
+    # a driver echoing a host it split at a password's "@" ("wd@127.0.0.1"): drop what precedes "@"
+    return re.sub(r"(?<=[\s\"'(])[^\s\"'@]*@", "***@", text)[:300]
+
+
 def default_url() -> str:
     return f"sqlite:///{Path.cwd() / '.cubic' / 'trials.db'}"
 
@@ -237,22 +256,7 @@ class TrialStore:
         raise SpecError(f"cannot open the trial store {self._safe}: {self._scrub(last)}", field=self._origin) from None
 
     def _scrub(self, err: BaseException) -> str:
-        """One line of a driver error, with the password (if any) removed."""
-        text = " ".join(str(getattr(err, "orig", None) or err).split())
-        password = None
-        try:
-            password = make_url(self.url).password
-        except Exception:
-            pass
-        m = _PASSWORD_IN_URL.search(self.url or "")
-        # the password as typed (up to the last "@"), and its "@"-separated pieces, as a driver may echo them
-        pieces = [p for p in (str(password or ""), *(m.group(0)[len(m.group(1)):-1].split("@") if m else ()))
-                  if len(p) >= 3]
-        for piece in sorted(set(pieces), key=len, reverse=True):
-            text = text.replace(piece, "***")
-        text = _PASSWORD_IN_URL.sub(r"\1***@", text)
-        # a driver echoing a host it split at a password's "@" ("wd@127.0.0.1"): drop what precedes "@"
-        return re.sub(r"(?<=[\s\"'(])[^\s\"'@]*@", "***@", text)[:300]
+        return scrub_error(err, self.url)
 
     def _write(self):
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite: queue for the lock up front)."""
