@@ -87,8 +87,16 @@ def open_storage(url: str | None):
         return url
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
-                                      if url.startswith("sqlite") else {})
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from cubic.store import redact_url, scrub_error
+
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+                                          if url.startswith("sqlite") else {})
+    except (SQLAlchemyError, ImportError, ValueError) as e:  # one line, and never the URL's password
+        raise SpecError(f"cannot open the campaign storage {redact_url(url)}: {scrub_error(e, url)}",
+                        field="storage") from None
 
 
 @dataclass
