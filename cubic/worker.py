@@ -44,7 +44,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from cubic.spec import SpecError
 
@@ -258,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                 msg = msg.replace(url, redact_url(url))
         print(f"cubic.worker: error: {msg}", file=sys.stderr)
         return 2
+    except SQLAlchemyError as e:  # the database went away mid-campaign: one line, no password; resume later
+        from cubic.store import scrub_error
+
+        msg = scrub_error(e, args.storage)
+        if args.store:
+            msg = scrub_error(ValueError(msg), args.store)
+        print(f"cubic.worker: store error: {msg}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -764,8 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fuzz", type=int, default=None, help="generated inputs per target")
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args(argv)
-    kills = args.kills or (3 if args.quick else 24)
-    n_fuzz = args.fuzz or (30 if args.quick else 500)
+    kills = args.kills or (3 if args.quick else 20)
+    n_fuzz = args.fuzz or (30 if args.quick else 300)
     os.environ["CUBIC_ALLOW_FAULTS"] = "1"  # this process injects test-only faults
     payload: dict[str, Any] = {"context": run_context("measured"), "quick": args.quick,
                                "note": "all figures MEASURED on this (shared, loaded) machine; the campaign and "
@@ -812,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"fuzz: {n_fuzz} inputs per target ...", flush=True)
     t0 = time.monotonic()
-    fz = fuzz(tmp / "fuzz", examples=n_fuzz).to_json()
+    stats = fuzz(tmp / "fuzz", examples=n_fuzz, targets=("workload", "csv", "space", "config", "plan", "placement"))
+    fz = fuzz(tmp / "fuzz", examples=max(10, n_fuzz // 3), stats=stats, targets=("cli",)).to_json()  # a CLI call costs more
     fz["elapsed_s"] = round(time.monotonic() - t0, 1)
     payload["fuzz"] = fz
     print(f"  inputs {fz['inputs_tried']}, uncaught {fz['uncaught_exceptions']}, partial writes "

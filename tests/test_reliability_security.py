@@ -24,9 +24,10 @@ def test_source_has_no_unpickling_shell_strings_or_unsafe_loads():
     "postgresql+psycopg2://u:S3c/ret@PW@127.0.0.1:1/db",
     "mysql://u:S3cretPW@127.0.0.1:1/db",                   # a driver that is not installed
 ])
-def test_store_url_passwords_never_reach_the_terminal_or_the_logs(url, capsys, caplog):
+@pytest.mark.parametrize("argv", [["trials", "list", "--store"], ["campaign", "list", "--storage"]])
+def test_database_url_passwords_never_reach_the_terminal_or_the_logs(url, argv, capsys, caplog):
     caplog.set_level(logging.DEBUG)
-    rc = main(["trials", "list", "--store", url])
+    rc = main(argv + [url])
     out, err = capsys.readouterr()
     assert rc == 2 and err.startswith("cubic: error:") and len(err.strip().splitlines()) == 1
     text = out + err + caplog.text
