@@ -73,6 +73,8 @@ class GemmConstants:
     tiles: tuple[tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.92), (64, 128, 0.75))
     k_tile: dict[str, int] = field(default_factory=lambda: {"fp32": 32, "bf16": 64, "fp8": 128})
     k_fill_tiles: float = 2.0  # prologue ~ two K-tiles of pipeline fill before steady state
+    max_split_k: int = 64  # split-K factors tried: 2, 4, ... up to this
+    min_split_k_len: int = 256  # each split keeps at least this much K
     sources: dict[str, str] = field(
         default_factory=lambda: {
             "num_sms": HOPPER_WHITEPAPER_SMS,
@@ -88,6 +90,7 @@ class GemmConstants:
             "tiles": CUTLASS_TILES,
             "k_tile": CUTLASS_TILES,
             "k_fill_tiles": "modelling assumption: a multistage (TMA) pipeline fills ~2 K-tiles before the MMAs run",
+            "max_split_k": "cuBLAS/CUTLASS split-K (and stream-K) GEMMs for few output tiles; bounds are assumptions",
             "peaks_and_bandwidth": "cost_models/hardware.py (device datasheet figures)",
         }
     )
@@ -133,17 +136,33 @@ def small_gemm_efficiency(m: int, k: int, n: int, precision: str = "bf16",
 
 def gemm_time_s(m: int, k: int, n: int, precision: Precision = "bf16", recipe: str | None = None,
                 device: DeviceSpec = H100_SXM, *, constants: GemmConstants = DEFAULT_CONSTANTS) -> float:
-    """Modelled time of one ``[m, k] @ [k, n]`` GEMM on ``device``; fp8 reads fp8, writes bf16."""
+    """Modelled time of one ``[m, k] @ [k, n]`` GEMM on ``device``; fp8 reads fp8, writes bf16.
+
+    Split-K is considered, as cuBLAS does when few output tiles cannot fill the SMs (weight
+    gradients of skinny layers: tiny output, K = batch rows): a split in ``s`` parts runs like an
+    ``(s*m, k/s, n)`` GEMM plus a reduction of ``s`` fp32 partial outputs; the fastest is taken.
+    """
     _check_dims(m, k, n)
     _check_precision(precision, recipe)
     c = constants
+    best = _gemm_time_one_pass(m, k, n, precision, recipe, device, c)
+    s = 2
+    while s <= c.max_split_k and k // s >= c.min_split_k_len:
+        reduce_s = (s * m * n * 4 + m * n * BYTES["bf16"]) / (device.hbm_bw * c.achievable_mem_frac) + c.kernel_overhead_s
+        best = min(best, _gemm_time_one_pass(m * s, k // s, n, precision, recipe, device, c) + reduce_s)
+        s *= 2
+    return best
+
+
+def _gemm_time_one_pass(m: int, k: int, n: int, precision: str, recipe: str | None, device: DeviceSpec,
+                        c: GemmConstants) -> float:
     if precision == "fp8":
         recipe = recipe or "tensorwise"
         if recipe == "mx32" and device.name not in MX_NATIVE_DEVICES:
             # no MX tensor cores: dequantize both operands to bf16 (read fp8 + scales, write bf16), bf16 GEMM
             deq_bytes = (m * k + k * n) * (1 + 1 / 32 + 2)
             deq = deq_bytes / (device.hbm_bw * c.achievable_mem_frac) + 2 * c.kernel_overhead_s
-            return deq + gemm_time_s(m, k, n, "bf16", None, device, constants=c)
+            return deq + _gemm_time_one_pass(m, k, n, "bf16", None, device, c)
         k, n = _pad16(k), _pad16(n)
         peak = device.peak_flops_fp8 * c.achievable_gemm_frac * c.recipe_gemm_factor[recipe]
         in_bytes = (m * k + k * n) * BYTES["fp8"]
