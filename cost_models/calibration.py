@@ -125,6 +125,17 @@ class StepModelCalibrator(BaseEstimator, RegressorMixin):
         self.cost_ = float(sol.cost)
         return self
 
+    def leave_one_out_mape(self, X: Sequence[Case], y: Sequence[float]) -> float:
+        """Held-out error: refit without each case in turn and predict it (percent)."""
+        X, y = list(X), list(y)
+        preds = []
+        for i in range(len(X)):
+            rest = [j for j in range(len(X)) if j != i]
+            m = StepModelCalibrator(self.cluster, self.factors, self.base_params).fit([X[j] for j in rest],
+                                                                                       [y[j] for j in rest])
+            preds.append(m.predict([X[i]])[0])
+        return mape(y, preds)
+
     def predict(self, X: Sequence[Case]) -> np.ndarray:
         """Predicted step times (s) with the fitted parameters (NaN where the model says OOM)."""
         if not hasattr(self, "params_"):

@@ -177,6 +177,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.save:
         cal.save(args.save)
     rep = cal.report() | {"origin": origin, "device": cluster.device.model_dump(mode="json")}
+    # with as many cases as factors the fit is exact; only held-out error says how good it is
+    rep["mape_leave_one_out_pct"] = cal.leave_one_out_mape(cases, y) if len(cases) > len(factors) else None
     if args.json:
         print(json.dumps(rep, indent=1, default=str))
         return 0
@@ -185,6 +187,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for k, v in cal.factors_.items():
         con.print(f"  {k:<16} {v:.4g}")
     con.print(f"MAPE {cal.mape_before_:.1f}% before -> {cal.mape_:.1f}% after (on the fitted cases)")
+    loo = rep["mape_leave_one_out_pct"]
+    con.print(f"held-out (leave-one-out) MAPE {loo:.1f}%" if loo is not None else
+              f"no held-out error: {len(cases)} cases for {len(factors)} factors (give more batches or workloads)")
     if args.save:
         con.print(f"saved to {args.save} (use with --params)")
     return 0
