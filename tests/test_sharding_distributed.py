@@ -1,6 +1,8 @@
 """The real multi-process check: a plan with table-, column-, row-wise (and data-parallel) shards,
 trained by 2 gloo processes with real all-to-all, matches the single-process loss trajectory."""
 
+import pytest
+
 from cubic.config import Config, ShardingChoice
 from cubic.spec import Topology
 from cubic.workloads import DEFAULT_WORKLOADS
@@ -26,6 +28,7 @@ def mixed_plan(wl, world=2, batch=64) -> Plan:
                 topology=Topology(world_size=world, ranks_per_node=world), tables=list(t), shards=shards)
 
 
+@pytest.mark.slow  # two spawned processes each import torch: 30-100 s on the shared 2-core machine
 def test_sharded_training_matches_single_process():
     wl = DEFAULT_WORKLOADS["dlrm-small"]
     plan = mixed_plan(wl)
