@@ -281,7 +281,7 @@ def cmd_trials_list(args: argparse.Namespace) -> int:
     if not trials:
         console.print("no trials match")
         return 0
-    console.print(trials_table(trials))
+    console.print(trials_table(trials, campaign_names={c.id: c.name for c in store.campaigns()}))
     return 0
 
 

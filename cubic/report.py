@@ -122,12 +122,14 @@ def print_result(result: Result, console: Console | None = None, **kw: Any) -> N
     (console or Console()).print(result_renderable(result, **kw))
 
 
-def trials_table(trials: Iterable[Any], title: str | None = None) -> Table:
-    """One row per stored trial (:class:`cubic.store.Trial`)."""
+def trials_table(trials: Iterable[Any], title: str | None = None,
+                 campaign_names: dict[int, str] | None = None) -> Table:
+    """One row per stored trial (:class:`cubic.store.Trial`); campaigns by name when given."""
+    names = campaign_names or {}
     table = Table(title=title, header_style="bold")
     for col, justify in (("id", "right"), ("created (UTC)", "left"), ("workload", "left"), ("source", "left"),
                          ("status", "left"), ("examples/s", "right"), ("step ms", "right"),
-                         ("NE end", "right"), ("config", "left"), ("campaign", "right"), ("reason", "left")):
+                         ("NE end", "right"), ("config", "left"), ("campaign", "left"), ("reason", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for t in trials:
         m = t.result.metrics
@@ -142,7 +144,7 @@ def trials_table(trials: Iterable[Any], title: str | None = None) -> Table:
             fmt_num(m.get("step_time_median_ms")),
             fmt_num(m.get("ne_end")),
             t.config_hash,
-            "-" if t.campaign_id is None else str(t.campaign_id),
+            "-" if t.campaign_id is None else names.get(t.campaign_id, str(t.campaign_id)),
             (t.reason or "")[:60],
         )
     return table

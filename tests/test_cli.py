@@ -288,6 +288,8 @@ def test_campaign_filter_by_name_or_id(capsys, isolated_store):
     for ref in ("sweep", str(cid)):
         code, out, _ = run_cli(capsys, "trials", "list", "--campaign", ref, "--json")
         assert code == 0 and len(json.loads(out)) == 1
+    code, out, _ = run_cli(capsys, "trials", "list")
+    assert "sweep" in out
     code, _, err = run_cli(capsys, "trials", "list", "--campaign", "nope")
     assert_one_line_error(code, err, "nope")
 
