@@ -13,7 +13,7 @@ What one step is, per rank, on the critical path (TorchRec-style hybrid parallel
 3. output all-to-all: pooled embeddings back to the data-parallel ranks (row-wise shards send
    partial sums, column-wise shards their columns);
 4. dense forward and backward: every GEMM of the dense architecture via ``cost_models.gpu_gemm``
-   (precision and FP8 recipe per site, small-GEMM efficiency, cast kernels);
+   (precision and FP8 recipe per site, small-GEMM efficiency, split-K, cast kernels);
 5. data-parallel all-reduce of dense gradients (hierarchical: NVLink inside a node, ring or tree
    between nodes, whichever is faster), overlapped with the backward by the ``overlap`` fraction;
 6. output all-to-all backward (embedding gradients), embedding backward with the fused row-wise
@@ -267,23 +267,6 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
     return sites
 
 
-def split_k_gemm_s(m: int, k: int, n: int, precision: str, recipe: str | None, device: DeviceSpec,
-                   consts: GemmConstants) -> float:
-    """GEMM time allowing split-K, which cuBLAS picks when few output tiles cannot fill the SMs.
-
-    ``cost_models.gpu_gemm`` has no split-K; a K split in ``s`` parts runs like an ``(s*m, k/s, n)``
-    GEMM (s times the CTAs) followed by a reduction of ``s`` fp32 partial outputs. Without it, weight
-    gradients of ``[B*d, n_emb]``-shaped layers (tiny output, huge K) would use 1-3% of the SMs.
-    """
-    best = gemm_time_s(m, k, n, precision, recipe, device, constants=consts)
-    s = 2
-    while s <= 64 and k // s >= 256:
-        red = (s * m * n * 4 + m * n * 4) / (device.hbm_bw * consts.achievable_mem_frac) + consts.kernel_overhead_s
-        best = min(best, gemm_time_s(m * s, k // s, n, precision, recipe, device, constants=consts) + red)
-        s *= 2
-    return best
-
-
 def _site_precisions(sites: list[DenseSite], config: Config) -> dict[str, tuple[str, str | None]]:
     """(precision, recipe) per site from the config's dense dtype and FP8 policy."""
     base = "bf16" if config.kernels.dense_dtype == "bf16" else "fp32"
@@ -360,22 +343,17 @@ def _dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSp
         eb = 4 if p == "fp32" else 2
         if s.kind == "bmm":
             # X (X^T Y)-style batched products: fwd one GEMM, bwd two of the same size
-            t = split_k_gemm_s(s.m, s.k, s.n, p if p != "fp8" else "bf16", None, device, consts)
+            t = gemm_time_s(s.m, s.k, s.n, p if p != "fp8" else "bf16", None, device, constants=consts)
             fwd += t
             bwd += 2 * t
             act += s.m * (s.k + s.n) * eb
             continue
-        shapes = {"gemm.fwd": (s.m, s.k, s.n), "gemm.grad_input": (s.m, s.n, s.k),
-                  "gemm.grad_weight": (s.n, s.m, s.k)}
         for kern in linear_block_kernels(s.m, s.k, s.n, p, recipe, norm_before=s.norm_before,
                                          act_after=s.act_after, device=device, constants=consts):
-            t = kern.time_s
-            if kern.name in shapes:
-                t = min(t, split_k_gemm_s(*shapes[kern.name], p, recipe, device, consts))
             if kern.phase == "fwd":
-                fwd += t
+                fwd += kern.time_s
             else:
-                bwd += t
+                bwd += kern.time_s
         # saved for backward: the input (and the norm's input), the output for the activation
         act += s.m * s.k * (1 if p == "fp8" else eb) + s.m * s.n * eb * (1 if s.act_after else 0)
         act += s.m * s.k * eb if s.norm_before else 0
