@@ -18,8 +18,11 @@ What one step is, per rank, on the critical path (TorchRec-style hybrid parallel
    between nodes, whichever is faster), overlapped with the backward by the ``overlap`` fraction;
 6. output all-to-all backward (embedding gradients), embedding backward with the fused row-wise
    AdaGrad update of each unique row touched (unique rows from the Zipf access skew);
-7. 2D sparse parallelism only: all-reduce of the embedding gradients of the rows touched (the union
-   over replicas) across the ``world_size / group_size`` replicas of each shard;
+7. 2D sparse parallelism only: synchronisation of each shard across its ``world_size / group_size``
+   replicas -- by default TorchRec ``DMPCollection.sync()``-style averaging of the shard's weights and
+   optimizer state every ``emb_sync_interval`` steps (amortized per step); with
+   ``emb_sync="gradients"``, an exact per-step all-reduce of the gradients of every row touched by
+   any replica (the union of the replicas' Zipf draws);
 8. dense optimizer (Adam: bandwidth-bound read/write of params, grads and two moments).
 
 Every collective is alpha-beta (Hockney): a latency per collective step, a per-peer overhead for
@@ -28,10 +31,11 @@ rank of a group sets the pace of each all-to-all (they are synchronisation point
 imbalance of the sharding plan shows up directly.
 
 Sharding: an explicit plan document in ``Config.sharding.plan`` (the sharding plan schema: shards
-with table, sharding_type, rank, rows, cols) is used as given; otherwise the model places tables with
-its own simple greedy planner (:func:`greedy_plan`: table-wise, split column-wise or row-wise when a
-table's cost exceeds the per-rank target or its bytes exceed the memory budget, then
-longest-processing-time placement). ``Config.sharding.group_size`` = G < world_size is 2D sparse
+with table, sharding_type, rank, rows, cols) is used as given; a ``Config.sharding.planner`` named in
+``sharding.planners`` (e.g. ``cubic``, ``lookup_greedy``) plans for the cluster; ``none``/``sim`` use
+the model's own simple greedy planner (:func:`greedy_plan`: table-wise, split column-wise or
+row-wise when a table's cost -- lookups, all-to-all traffic, amortized replica sync -- exceeds the
+per-rank target or its bytes exceed the memory budget, then longest-processing-time placement). ``Config.sharding.group_size`` = G < world_size is 2D sparse
 parallelism (model-parallel groups of G ranks, embeddings replicated world_size/G times).
 
 Not modelled: network congestion/incast and non-full-bisection fabrics, stragglers and jitter,
