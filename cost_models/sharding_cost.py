@@ -117,10 +117,17 @@ class ShardingCostModel:
     def load(cls, path: str | Path) -> "ShardingCostModel":
         try:
             d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: cannot read cost model: {e}") from None
-        if d.get("kind") != "cubic.sharding_cost.v1":
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"{path}: cannot read cost model: {' '.join(str(e).split())[:200]}") from None
+        if not isinstance(d, dict) or d.get("kind") != "cubic.sharding_cost.v1":
             raise ValueError(f"{path}: not a cubic sharding cost model file")
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, ValueError, IndexError) as e:  # a damaged or hand-edited file
+            raise ValueError(f"{path}: damaged cost model file ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "ShardingCostModel":
         p = d["params"]
         m = cls(hidden=tuple(p["hidden"]), alpha=p["alpha"], max_iter=p["max_iter"], random_state=p["random_state"])
         m.base_intercept_ = float(d["base_intercept"])
