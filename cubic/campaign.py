@@ -426,10 +426,18 @@ def cubic_featurizer(space: Space, base_config=None):
 
     cache: dict[str, Any] = {}
 
+    memo: dict[tuple[str, str], np.ndarray] = {}
+
     def featurize(point: dict[str, Any], context: dict[str, Any]) -> np.ndarray:
         name = context.get("workload")
         if not name:
             return np.zeros(0)
+        key = (name, space.key(point))
+        if key not in memo:  # applying a Config to a 400-table workload is not free
+            memo[key] = _featurize(point, name)
+        return memo[key]
+
+    def _featurize(point: dict[str, Any], name: str) -> np.ndarray:
         if name not in cache:
             cache[name] = load_workload(name)
         wl = cache[name]

@@ -81,6 +81,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     storage = args.storage or default_storage()
     names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
     summaries = []
+    if args.replace:
+        import optuna
+
+        from cubic.campaign import open_storage
+
+        st = open_storage(storage)
+        existing = {s.study_name for s in optuna.get_all_study_summaries(st)}
+        for name, _ in names:
+            if name in existing:  # the search state goes; its runs stay in the trial store (and serve repeats)
+                optuna.delete_study(study_name=name, storage=st)
     for name, strategy in names:
         evaluate, featurize = _build(name, context, space, args.store)
         c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
@@ -213,6 +223,8 @@ def register(sub: Any) -> None:
     run.add_argument("--baselines", action="store_true",
                      help=f"also run the baselines ({', '.join(BASELINES)}) as NAME-random and NAME-tpe")
     run.add_argument("--report", metavar="DIR", help="write the HTML report here when done")
+    run.add_argument("--replace", action="store_true",
+                     help="start afresh if a campaign of this name exists (its runs stay in the trial store)")
     add_store_argument(run)
     common(run)
     run.set_defaults(func=cmd_run)

@@ -169,13 +169,14 @@ class ProxyGuided(Strategy):
 
     def __init__(self, sampler: str = "tpe", n_init: int | None = None, n_inner: int = 160,
                  families: tuple[str, ...] = ("xgboost", "mlp", "gp"), reselect_every: int = 3,
-                 xi: float = 0.0):
+                 xi: float = 0.0, exhaustive_below: int = 5000):
         self.sampler = sampler
         self.n_init = n_init
         self.n_inner = n_inner
         self.families = families
         self.reselect_every = reselect_every
         self.xi = xi
+        self.exhaustive_below = exhaustive_below
         self.name = f"cubic-{sampler}"
         self.last_fit: dict[str, Any] = {}  # for reports: which family, its CV tau
 
@@ -220,7 +221,8 @@ class ProxyGuided(Strategy):
         # constraint metrics (memory per device, quality) get a proxy each: P(bound met) from mean/std
         cons_models = []
         for c in space.constraints:
-            rows = [(x, o.metrics[c.metric]) for x, o in zip(X_all, train) if o.ok and c.metric in o.metrics
+            # failed runs count too when they report the metric (a simulated OOM reports its memory)
+            rows = [(x, o.metrics[c.metric]) for x, o in zip(X_all, train) if c.metric in o.metrics
                     and math.isfinite(o.metrics[c.metric])]
             if len(rows) >= 4 and len({v for _, v in rows}) > 1:
                 model = Proxy(families=("xgboost",), n_members=4, random_state=seed).fit(
@@ -258,6 +260,10 @@ class ProxyGuided(Strategy):
         # (independent TPE inside: the proxy is cheap but multivariate TPE's own cost is not)
         study = optuna.create_study(directions=["maximize"] * len(space.objectives), sampler=sampler)
         pool: dict[str, dict[str, Any]] = {}
+        size = space.size()
+        if size is not None and size <= self.exhaustive_below:
+            # a small discrete space: the proxy is cheap enough to score every untried point too
+            pool.update((space.key(p), p) for p in space.enumerate() if space.key(p) not in taken)
         for p in _fresh(space, set(taken), rng, min(64, self.n_inner // 4)):
             pool[space.key(p)] = p  # random candidates keep the pool broad beyond the sampler's focus
         batch = 32
@@ -275,7 +281,11 @@ class ProxyGuided(Strategy):
             return []
         cands = list(pool.values())
         X, acq, mus, sds, p_ok = score(cands)
-        picks = _diverse_batch(X, acq, k, multi)
+        # one exploiting pick per batch (the best predicted among likely-feasible points), the rest
+        # by acquisition with local penalization
+        likely = p_ok >= 0.5
+        exploit = int(np.argmax(np.where(likely, mus[0], -np.inf))) if likely.any() else int(np.argmax(acq[:, 0]))
+        picks = _diverse_batch(X, acq, k, multi, first=None if multi else exploit)
         out = []
         for j in picks:
             pred = {"objective": float(mus[0][j]), "objective_std": float(sds[0][j]),
@@ -291,15 +301,16 @@ class ProxyGuided(Strategy):
         return out
 
 
-def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool) -> list[int]:
+def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, first: int | None = None) -> list[int]:
     """Greedy picks with local penalization: after each pick, candidates near it (in normalized
-    feature space) have their acquisition scaled down by 1 - exp(-d^2 / r^2)."""
+    feature space) have their acquisition scaled down by 1 - exp(-d^2 / r^2), r^2 half the median
+    squared distance between candidates (so a point differing in one parameter is penalized)."""
     n = len(X)
     span = X.max(axis=0) - X.min(axis=0)
     span[span < 1e-12] = 1.0
     Z = (X - X.min(axis=0)) / span
     if multi:
-        # several objectives: rank by Pareto layer first (non-dominated sorting), then sum of ranks
+        # several objectives: sum of per-objective ranks (a cheap stand-in for Pareto layers)
         ranks = np.argsort(np.argsort(-acq, axis=0), axis=0).sum(axis=1).astype(float)
         base = 1.0 / (1.0 + ranks)
     else:
@@ -307,16 +318,21 @@ def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool) -> list[
         if not np.any(base > 1e-12):
             base = np.full(n, 1e-12)
     base = np.maximum(base, 1e-300)
-    radius = max(0.25 * math.sqrt(Z.shape[1]), 1e-6)
+    sample = Z[np.random.default_rng(0).choice(n, size=min(n, 200), replace=False)]
+    d2s = ((sample[:, None, :] - sample[None, :, :]) ** 2).sum(axis=-1)
+    r2 = max(0.5 * float(np.median(d2s[np.triu_indices(len(sample), 1)])) if len(sample) > 1 else 1.0, 1e-6)
     penalty = np.ones(n)
     picks: list[int] = []
     for _ in range(min(k, n)):
-        score = base * penalty
-        score[picks] = -1.0
-        j = int(np.argmax(score))
+        if first is not None and not picks:
+            j = first
+        else:
+            score = base * penalty
+            score[picks] = -1.0
+            j = int(np.argmax(score))
         picks.append(j)
         d2 = ((Z - Z[j]) ** 2).sum(axis=1)
-        penalty *= 1.0 - np.exp(-d2 / radius**2)
+        penalty *= 1.0 - np.exp(-d2 / r2)
     return picks
 
 
