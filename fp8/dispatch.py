@@ -2,7 +2,7 @@
 
 Each available kernel of the registry (:data:`fp8.kernels.KERNELS`) is timed on the site's shape
 for the whole linear: forward GEMM plus both backward GEMMs, quantization included (what the
-layer costs in training). Times are medians over repeats on one thread (the machine is shared;
+layer costs in training). Times are medians over repeats, taken round-robin over the kernels, on one thread (the machine is shared;
 one thread keeps other jobs from skewing the comparison). Timings are cached by
 (shape, dtypes, device) in memory and, optionally, in a JSON file; decisions by that key plus the
 budget and the set of acceptable kernels.
@@ -105,12 +105,18 @@ class Dispatcher:
         key = self.key(m, k, n)
         cached = self.timings.setdefault(key, {})
         skip = self.unavailable(m, k, n)
+        todo = [name for name in self.kernels if name not in cached and name not in skip]
+        samples: dict[str, list[float]] = {name: [] for name in todo}
         with _threads(self.threads):
-            for name, kern in self.kernels.items():
-                if name in cached or name in skip:
-                    continue
-                cached[name] = statistics.median(time_linear(kern, m, k, n, self.device, repeats=self.repeats))
-                self.measurements += 1
+            for name in todo:  # warm-up pass
+                time_linear(self.kernels[name], m, k, n, self.device, repeats=1, warmup=0)
+            # round-robin over kernels: load from other jobs on a shared machine hits all of them alike
+            for _ in range(self.repeats):
+                for name in todo:
+                    samples[name] += time_linear(self.kernels[name], m, k, n, self.device, repeats=1, warmup=0)
+        for name in todo:
+            cached[name] = statistics.median(samples[name])
+            self.measurements += 1
         self._save()
         return {n_: t for n_, t in cached.items() if n_ in self.kernels}
 
