@@ -656,6 +656,8 @@ def fuzz(workdir: str | Path, examples: int = 200, stats: FuzzStats | None = Non
         t()
     if "cli" in targets:
         fuzz_cli(wd, examples, stats, docs)
+    if "cli-other" in targets:
+        fuzz_cli_inputs(wd, examples, stats, docs)
     return stats
 
 
@@ -720,6 +722,55 @@ def fuzz_cli(wd: Path, examples: int, stats: FuzzStats, docs: dict[str, Any]) ->
         wl.unlink()
         cf.unlink()
     t()
+
+
+def fuzz_cli_inputs(wd: Path, examples: int, stats: FuzzStats, docs: dict[str, Any]) -> None:
+    """Other nouns on generated files: ``shard plan`` on table CSVs, ``sim predict`` on workloads
+    (neither writes to the store): exit 0, or exit 2 with one line; never a traceback."""
+    import contextlib
+    import io
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from cubic.cli import main
+
+    counter = iter(range(10**9))
+    cfg = settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                   suppress_health_check=list(HealthCheck))
+
+    def call(argv: list[str]) -> None:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(argv)
+        text = err.getvalue()
+        if "Traceback" in text or rc not in (0, 2):
+            raise RuntimeError(f"exit {rc}: {text[-300:]!r}")
+        if rc == 2:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            raise ValueError(lines[-1] if lines else "exit 2 without a message")
+
+    cell = st.one_of(st.sampled_from(["", "0", "-3", "1e9", "nan", "inf", "1.5", "x", "64", "100000", " 7 "]),
+                     st.text(max_size=6))
+
+    @cfg
+    @given(st.lists(st.tuples(st.text(max_size=5), cell, cell, cell, cell), min_size=0, max_size=5),
+           st.integers(1, 9))
+    def shard(rows, world):
+        path = wd / f"cli-tables-{next(counter)}.csv"
+        path.write_text("name,rows,dim,pooling_factor,zipf_alpha\n" + "".join(",".join(r) + "\n" for r in rows))
+        stats.check("cli-shard", call, ["shard", "plan", "--tables", str(path), "--planner", "size_greedy",
+                                        "--world-size", str(world)])
+        path.unlink()
+    shard()
+
+    @cfg
+    @given(_mutations(), st.sampled_from([".yaml", ".json"]))
+    def sim(edits, suffix):
+        path = _write(wd / f"cli-sim-wl-{next(counter)}{suffix}", mutate(docs["workload"], edits), None)
+        stats.check("cli-sim", call, ["sim", "predict", "--workload", str(path), "--simulate", "h100x8"])
+        path.unlink()
+    sim()
 
 
 # ---- security audit ---------------------------------------------------------------------------
@@ -813,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz: {n_fuzz} inputs per target ...", flush=True)
     t0 = time.monotonic()
     stats = fuzz(tmp / "fuzz", examples=n_fuzz, targets=("workload", "csv", "space", "config", "plan", "placement"))
-    fz = fuzz(tmp / "fuzz", examples=max(10, n_fuzz // 3), stats=stats, targets=("cli",)).to_json()  # a CLI call costs more
+    fz = fuzz(tmp / "fuzz", examples=max(10, n_fuzz // 3), stats=stats, targets=("cli", "cli-other")).to_json()  # a CLI call costs more
     fz["elapsed_s"] = round(time.monotonic() - t0, 1)
     payload["fuzz"] = fz
     print(f"  inputs {fz['inputs_tried']}, uncaught {fz['uncaught_exceptions']}, partial writes "

@@ -18,10 +18,11 @@ def test_parsers_raise_only_clear_errors(tmp_path):
 
 
 def test_cli_exits_2_with_one_line_and_never_writes_partially(tmp_path):
-    stats = fuzz(tmp_path, examples=12, targets=("cli",))
+    stats = fuzz(tmp_path, examples=12, targets=("cli", "cli-other"))
     out = stats.to_json()
     assert out["uncaught_exceptions"] == 0, out["uncaught_examples"]
-    assert out["partial_writes"] == 0 and out["tried"]["cli"] == 12
+    assert out["partial_writes"] == 0
+    assert out["tried"] == {"cli": 12, "cli-shard": 12, "cli-sim": 12}
 
 
 @pytest.mark.parametrize("err, ok", [
