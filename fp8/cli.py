@@ -1,6 +1,6 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
-    cubic fp8 probe --workload wukong-small --budget-sqnr 20 --out fp8.json [--no-require-fast]
+    cubic fp8 probe --workload wukong-small | --module pkg.mod:factory --budget-sqnr 20 --out fp8.json [--no-require-fast]
                     [--target-batch B] [--keep-first-last] [--max-batches 24] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|block128|mx32
                     [--norm-before] [--act-after sigmoid] [--json]          (modelled H100 times)
@@ -35,12 +35,16 @@ def _out_path(path: str) -> Path:
 
 def cmd_probe(args) -> int:
     from cubic.workloads import load_workload
-    from fp8.recommend import recommend
+    from fp8.recommend import probe_module, recommend
 
     _threads()
-    w = load_workload(args.workload)
     out = _out_path(args.out) if args.out else None
-    placement = recommend(w, args.budget_sqnr, require_fast=args.require_fast, target_device=args.target,
+    w = load_workload(args.workload) if args.workload else None
+    probe = None
+    if args.module:
+        probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db)
+    label = w.name if w is not None else args.module
+    placement = recommend(w, args.budget_sqnr, probe=probe, label=label, require_fast=args.require_fast, target_device=args.target,
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last)
@@ -53,7 +57,7 @@ def cmd_probe(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"FP8 placement for {w.name} (budget {args.budget_sqnr} dB; speed modelled on {args.target})")
+    t = Table(title=f"FP8 placement for {label} (budget {args.budget_sqnr} dB; speed modelled on {args.target})")
     for col in ("site", "M x K x N", "recipe", "kernel", "SQNR dB [95% CI]", "batches", "safe", "fast",
                 "speedup", "reason"):
         t.add_column(col)
@@ -157,7 +161,10 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="fp8_command", metavar="<verb>", required=True)
 
     pr = sub.add_parser("probe", help="probe a workload and write an FP8 placement")
-    pr.add_argument("--workload", required=True, help="embedded workload name or YAML/JSON file")
+    src = pr.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="embedded workload name or YAML/JSON file")
+    src.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                     help="any model: factory() -> (nn.Module, batch_fn(step) -> (inputs, targets)), MSE loss")
     pr.add_argument("--budget-sqnr", type=_positive(float), required=True, metavar="DB",
                     help="a site is safe when its SQNR lower 95%% bound (worst of the 3 GEMMs) >= DB")
     pr.add_argument("--out", help="write the placement JSON here")

@@ -39,11 +39,47 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else (200.0 if x > 0 else -200.0)
 
 
-def recommend(workload: Workload, budget_db: float | None, *, config: Config | None = None,
+def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
+                 min_batches: int = 4, max_batches: int = 24, lr: float = 1e-3) -> Probe:
+    """Probe any model given as ``package.module:factory``.
+
+    ``factory()`` returns ``(model, batch_fn)`` where ``batch_fn(step) -> (inputs, targets)``; the
+    Probe trains it with Adam on the mean squared error (``model(inputs)`` vs ``targets``).
+    """
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise SpecError("expected package.module:factory", field="--module")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SpecError(f"cannot load: {e}", field="--module") from None
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
+        raise SpecError("the factory must return (nn.Module, batch_fn)", field="--module")
+    model, batch_fn = made
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def step(i: int) -> None:
+        x, y = batch_fn(i)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    probe = Probe(model, recipes, ci_halfwidth_db=ci_halfwidth_db, min_batches=min_batches, max_batches=max_batches)
+    return probe.run(step)
+
+
+def recommend(workload: Workload | None, budget_db: float | None, *, config: Config | None = None,
               probe: Probe | None = None, require_fast: bool = True, target_device: str = "h100",
               target_batch: int | None = None, fast_threshold: float = 1.0, dispatcher: Dispatcher | None = None,
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
-              keep_first_last: bool = False) -> Placement:
+              keep_first_last: bool = False, label: str | None = None) -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -51,11 +87,14 @@ def recommend(workload: Workload, budget_db: float | None, *, config: Config | N
     sites stay in high precision whatever the Probe says).
     """
     if probe is None:
+        if workload is None:
+            raise SpecError("give a workload or a probe", field="workload")
         probe, _ = probe_workload(workload, config, warmup_steps=warmup_steps, max_batches=max_batches,
                                   ci_halfwidth_db=ci_halfwidth_db)
     device = load_device(target_device)
     dispatcher = dispatcher or Dispatcher()
-    batch = (config.batch_size if config and config.batch_size else None) or workload.batch_size
+    batch = (config.batch_size if config and config.batch_size else None) or (
+        workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
     summary = probe.summary()
     names = list(summary)
     sites: dict[str, dict] = {}
@@ -92,7 +131,8 @@ def recommend(workload: Workload, budget_db: float | None, *, config: Config | N
             "reason": reason,
         }
     doc = {
-        "version": 1, "workload": workload.name, "workload_hash": workload.content_hash(),
+        "version": 1, "workload": workload.name if workload is not None else (label or ""),
+        "workload_hash": workload.content_hash() if workload is not None else "",
         "budget_sqnr_db": budget_db, "target_device": target_device, "probe_device": str(dispatcher.device),
         "require_fast": require_fast,
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,

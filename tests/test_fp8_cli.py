@@ -34,3 +34,39 @@ def test_probe_cli_writes_a_placement(tmp_path, capsys):
         assert (s.recipe is None) == (name not in p.module_filter)
         assert s.recipe is not None or s.reason
     assert "FP8 sites:" in capsys.readouterr().out
+
+
+def toy_factory():
+    """A model factory for `cubic fp8 probe --module` (used by the test below)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(0)
+
+    def batch(step):
+        x = torch.randn(64, 16, generator=g)
+        return x, x[:, :4] * 2.0
+
+    return model, batch
+
+
+def test_probe_cli_takes_any_module(tmp_path):
+    out = tmp_path / "m.json"
+    assert main(["fp8", "probe", "--module", "tests.test_fp8_cli:toy_factory", "--budget-sqnr", "15",
+                 "--out", str(out), "--max-batches", "4", "--no-require-fast"]) == 0
+    p = load_placement(str(out))
+    assert set(p.sites) == {"0", "2"} and p.workload == "tests.test_fp8_cli:toy_factory"
+    assert main(["fp8", "probe", "--module", "no_such_mod:f", "--budget-sqnr", "15"]) == 2
+
+
+def test_budget_policy_probes_and_converts():
+    from cubic.config import FP8Choice
+    from cubic.models import build_model
+    from cubic.workloads import load_workload
+    from fp8.kernels import Fp8Linear
+    from fp8.runtime import apply_fp8
+
+    w = load_workload("dlrm-small")
+    model = apply_fp8(build_model(w), FP8Choice(policy="budget", budget_sqnr_db=15.0), w)
+    assert any(isinstance(m, Fp8Linear) for m in model.modules())  # 15 dB: FP8 is safe somewhere
