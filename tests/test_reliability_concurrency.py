@@ -76,3 +76,24 @@ def test_user_code_is_loaded_only_by_explicit_module_factory():
                 "no_such_module_xyz:f", "experiments.reliability:make_evaluate()"):
         with pytest.raises(SpecError, match="--evaluate"):
             load_factory(bad)
+
+
+def test_sqlite_store_runs_in_wal_mode_and_writes_begin_immediate(tmp_path):
+    """Why 4 writers never see "database is locked": WAL (readers never block the writer), a busy
+    timeout, and BEGIN IMMEDIATE (a writer takes the lock up front, so no deadlocked upgrade)."""
+    from sqlalchemy import event
+
+    from cubic.store import TrialStore
+
+    st = TrialStore(f"sqlite:///{tmp_path}/t.db")
+    seen = []
+    event.listen(st.engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    with st.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 10_000
+    from experiments.reliability import FastRunner, toy_workload
+    from cubic.config import Config
+
+    wl = toy_workload()
+    st.record(wl, Config(), FastRunner(delay_s=0.0, log="").run(wl, Config()))
+    assert "BEGIN IMMEDIATE" in seen

@@ -5,6 +5,8 @@ runs the full form (24 kills by default). At the end every finished run is in th
 and in the trial store exactly once, both SQLite files pass PRAGMA integrity_check, and the
 campaign equals one that was never interrupted (same seed: same points, same outcomes)."""
 
+import pytest
+
 from experiments.reliability import kill_resume
 
 
@@ -18,3 +20,51 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_campaign(
     assert out["best_point"] == out["best_point_uninterrupted"] and out["status"] == "finished"
     # a finished run is served from the store on resume, never redone: only runs in flight are
     assert 0 <= out["evaluations_redone_after_kills"] <= out["kills"]
+
+
+class _Crash(BaseException):
+    """Stands in for SIGKILL inside this process: not an Exception, so the campaign cannot catch it."""
+
+
+@pytest.mark.slow  # fits XGBoost/MLP proxies over several rounds, twice: ~30 s idle, minutes when loaded
+def test_proxy_guided_campaign_cut_mid_round_resumes_to_the_same_result(tmp_path):
+    from cubic.campaign import Campaign
+    from experiments.reliability import FastRunner, space, toy_workload
+    from search.strategies import ProxyGuided
+
+    sp, wl, runner = space(), toy_workload(), FastRunner(delay_s=0.0, log="")
+
+    def evaluate(point):
+        return runner.run(wl, sp.to_config(point))
+
+    def strategy():
+        return ProxyGuided("tpe", n_init=4, n_inner=32, families=("xgboost", "mlp"), reselect_every=2)
+
+    kw = dict(budget=14, batch_size=4, seed=11)
+    ref = Campaign(sp, evaluate, name="ref", strategy=strategy(), storage=f"sqlite:///{tmp_path}/ref.db", **kw)
+    ref.run()
+
+    url = f"sqlite:///{tmp_path}/cut.db"
+    calls = []
+
+    def crashing(point):
+        calls.append(point)
+        if len(calls) in (6, 11):  # mid-round 1 (after 1 of 4) and mid-round 2 (after 2 of 4)
+            raise _Crash()
+        return evaluate(point)
+
+    c = Campaign(sp, crashing, name="cut", strategy=strategy(), storage=url, **kw)
+    for _ in range(3):
+        try:
+            c.run()
+            break
+        except _Crash:
+            # a new process: fresh strategy object, state only from the storage
+            c = Campaign.resume("cut", crashing, storage=url, strategy=strategy())
+    assert len(calls) == 14 + 2  # the two runs in flight at the crashes were redone, nothing else
+
+    def outcome(study):
+        return {t.user_attrs["key"]: (t.state.name, t.user_attrs["round"], t.user_attrs["metrics"].get("examples_per_s"))
+                for t in study.trials}
+
+    assert outcome(c.study) == outcome(ref.study)
