@@ -142,7 +142,17 @@ def test_dispatch_picks_fastest_acceptable_and_caches(tmp_path):
     assert json.loads((tmp_path / "cache.json").read_text())["version"] == 1
 
 
-def test_runner_accepts_a_placement():
+def test_runner_body_accepts_a_placement():
+    from cubic.runner import train_and_measure
+
+    w = load_workload("dlrm-small")
+    cfg = Config(batch_size=64, fp8=FP8Choice(policy="placement", placement=_doc(m=64)))
+    r = train_and_measure(w, cfg, steps=2, warmup=1, device="cpu")
+    assert r.ok, r.reason
+
+
+@pytest.mark.slow
+def test_local_runner_accepts_a_placement():
     from cubic.runner import LocalRunner
 
     w = load_workload("dlrm-small")
