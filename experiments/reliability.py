@@ -281,8 +281,11 @@ def start_postgres() -> tuple[str | None, str]:
 
 
 def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int = 80, batch: int = 4,
-                       strategy: str = "random", delay_s: float = 0.02, timeout_s: float = 900.0) -> dict[str, Any]:
-    """``workers`` worker processes on one campaign (Optuna storage ``storage``) and one trial store."""
+                       strategy: str = "random", delay_s: float = 0.02, timeout_s: float = 900.0,
+                       kill_one: bool = False, lease_s: float = 15.0) -> dict[str, Any]:
+    """``workers`` worker processes on one campaign (Optuna storage ``storage``) and one trial store.
+    ``kill_one``: SIGKILL the first worker once a third of the budget is done; the others take over
+    its claim after ``lease_s``."""
     import optuna
 
     from cubic.campaign import Campaign
@@ -295,8 +298,28 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     cmd = [sys.executable, "-m", "cubic.worker", "work", "--storage", storage, "--name", name,
            "--evaluate", "experiments.reliability:make_evaluate", "--store", store]
     env = _env(**{DELAY_ENV: str(delay_s)})
-    procs = [subprocess.Popen(cmd + ["--worker-id", f"w{i}"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for i in range(workers)]
+    procs = [subprocess.Popen(cmd + ["--worker-id", f"w{i}", "--lease", str(lease_s)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(workers)]
+    killed = None
+    if kill_one:
+        from cubic.worker import claims_table
+        from sqlalchemy import func, select
+
+        eng = claims_engine(storage)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and procs[0].poll() is None:
+            with eng.connect() as conn:
+                mine = conn.execute(select(func.count()).select_from(claims_table).where(  # a run in flight
+                    claims_table.c.campaign == name, claims_table.c.worker == "w0",
+                    claims_table.c.done.is_(False))).scalar()
+                total = conn.execute(select(func.count()).select_from(claims_table).where(
+                    claims_table.c.campaign == name, claims_table.c.done.is_(True))).scalar()
+            if mine and total >= budget // 3:
+                procs[0].send_signal(signal.SIGKILL)
+                killed = "w0"
+                break
+            time.sleep(0.002)
+        eng.dispose()
     outs = []
     for p in procs:
         try:
@@ -313,14 +336,15 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     finished = sorted(t.user_attrs["finished_at"] for t in trials)
     span = finished[-1] - finished[0] if len(finished) > 1 else 0.0
     locked = sum(("database is locked" in e) for _, _, e in outs)
+    took_over = sum(int(o.split(" taken over")[0].rsplit(" ", 1)[-1]) for _, o, _ in outs if " taken over" in o)
     audit = _store_audit(store, sp, study)
     return {
         "workers": workers, "budget": budget, "trials": len(trials),
         "lost_trials": max(0, budget - len(set(keys))), "duplicated_trials": len(keys) - len(set(keys)),
         "claims": claims, "store": audit, "database_is_locked_failures": locked,
-        "worker_exit_codes": [rc for rc, _, _ in outs],
+        "worker_exit_codes": [rc for rc, _, _ in outs], "killed_worker": killed, "claims_taken_over": took_over,
         "worker_reports": [o.strip().splitlines()[-1] if o.strip() else "" for _, o, _ in outs],
-        "worker_errors": [e.strip()[-600:] for rc, _, e in outs if rc != 0],
+        "worker_errors": [e.strip()[-600:] for rc, _, e in outs if rc not in (0, -signal.SIGKILL)],
         "campaign_trials_per_s": round((len(trials) - 1) / span, 2) if span > 0 else None,
         "run_delay_s": delay_s,
     }
@@ -852,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for backend, (storage, store) in backends.items():
         print(f"concurrent workers on {backend} ...", flush=True)
-        cw = concurrent_workers(storage, store, workers=4, budget=40 if args.quick else 120)
+        cw = concurrent_workers(storage, store, workers=4, budget=40 if args.quick else 120, kill_one=True)
         payload["concurrent"][backend] = cw
         tp = store_throughput(store, workers=4, per_worker=25 if args.quick else 150)
         tp["url"] = redact_url(store)

@@ -20,18 +20,22 @@ from experiments.reliability import (
 from cubic.spec import SpecError
 
 
-def _check(out, budget):
-    assert out["worker_exit_codes"] == [0, 0, 0, 0], out["worker_errors"]
+def _check(out, budget, killed=False):
+    codes = out["worker_exit_codes"]
+    assert codes == ([-9, 0, 0, 0] if killed and out["killed_worker"] else [0, 0, 0, 0]), out["worker_errors"]
     assert out["trials"] == budget and out["lost_trials"] == 0 and out["duplicated_trials"] == 0
     assert out["claims"] == {"claims": budget, "done": budget}
     assert out["store"] == {"store_trials": budget, "lost": 0, "duplicates": 0, "orphans": 0}
     assert out["database_is_locked_failures"] == 0
-    assert sum(int(r.split(": ")[1].split()[0]) for r in out["worker_reports"]) == budget
+    if not killed:
+        assert sum(int(r.split(": ")[1].split()[0]) for r in out["worker_reports"]) == budget
 
 
 def test_four_workers_share_one_sqlite_campaign(tmp_path):
-    out = concurrent_workers(f"sqlite:///{tmp_path}/c.db", f"sqlite:///{tmp_path}/t.db", workers=4, budget=24)
-    _check(out, 24)
+    # one worker is SIGKILLed a third of the way in: the others take its claim over after the lease
+    out = concurrent_workers(f"sqlite:///{tmp_path}/c.db", f"sqlite:///{tmp_path}/t.db", workers=4, budget=24,
+                             kill_one=True, lease_s=5.0)
+    _check(out, 24, killed=True)
 
 
 def test_store_throughput_counts_every_write(tmp_path):
