@@ -183,7 +183,12 @@ class LocalRunner(Runner):
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-            message, timed_out = self._collect(proc, read_fd, progress)
+            try:
+                message, timed_out = self._collect(proc, read_fd, progress)
+            except BaseException:  # e.g. Ctrl-C in the caller: never leave the child running
+                proc.kill()
+                proc.wait()
+                raise
             if timed_out:
                 proc.kill()
             code = proc.wait()
