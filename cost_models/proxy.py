@@ -7,6 +7,8 @@ so far. Here:
   ``xgboost`` (bootstrapped gradient-boosted trees, one seed per member), ``mlp`` (a small torch
   MLP deep ensemble: members differ by initialisation), ``gp`` (scikit-learn Gaussian process,
   whose posterior std is the uncertainty).
+  ``ridge`` (scikit-learn Bayesian ridge regression: linear in the features, posterior std; the
+  only family that extrapolates a trend from a handful of runs, e.g. "larger batch, faster").
 - :class:`Proxy` - picks among families by cross-validated Kendall tau (rank accuracy is what a
   search needs: it only has to order configurations), then refits the winner on all data.
 - :class:`FeasibilityClassifier` - P(run succeeds) from configurations that failed (OOM, timeout,
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-FAMILIES = ("xgboost", "mlp", "gp")
+FAMILIES = ("xgboost", "mlp", "gp", "ridge")
 
 
 def kendall_tau(y_true, y_pred) -> float:
@@ -135,9 +137,14 @@ class EnsembleRegressor:
             gp.fit(X, y)
         return [gp]
 
+    def _fit_ridge(self, X, y):
+        from sklearn.linear_model import BayesianRidge
+
+        return [BayesianRidge().fit(X, y)]
+
     def predict(self, X, return_std: bool = False):
         X = self.x_scaler_(np.asarray(X, dtype=np.float64))
-        if self.kind == "gp":
+        if self.kind in ("gp", "ridge"):
             mu, sd = self.members_[0].predict(X, return_std=True)
         else:
             preds = np.concatenate([np.atleast_2d(self._member_predict(m, X)) for m in self.members_])
@@ -201,9 +208,9 @@ class Proxy:
             # ties go to the earlier family in `families`
             self.selected_ = max(self.families, key=lambda k: (self.cv_tau_[k], -self.families.index(k)))
         else:
-            self.selected_ = self.families[0] if len(self.families) == 1 or len(y) >= 3 else "xgboost"
-            if "gp" in self.families and len(y) < 6:
-                self.selected_ = "gp"  # a GP is the sanest guess from a handful of points
+            self.selected_ = self.families[0]
+            if "ridge" in self.families and len(y) < 6:
+                self.selected_ = "ridge"  # from a handful of points only a linear trend is identifiable
         self.model_ = self._make(self.selected_).fit(X, y)
         self.X_train_, self.y_train_ = X, y
         self.n_features_in_ = X.shape[1]

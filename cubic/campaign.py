@@ -123,7 +123,8 @@ class Campaign:
                  storage: Any = None, patience: int | None = None, min_improvement: float = 0.005,
                  max_retries: int = 2, workers: int = 1, featurize=None, context: dict[str, Any] | None = None,
                  warm_start: tuple[str, ...] | list[str] = (), resume: bool = False, progress: bool = False,
-                 on_result: Callable[[dict[str, Any], Evaluation], None] | None = None):
+                 on_result: Callable[[dict[str, Any], Evaluation], None] | None = None,
+                 target: float | None = None):
         if budget < 1 or batch_size < 1:
             raise SpecError("budget and batch size must be >= 1", field="budget" if budget < 1 else "batch_size")
         self.space = space
@@ -137,6 +138,7 @@ class Campaign:
         self.featurize, self.context = featurize, dict(context or {})
         self.warm_start = list(warm_start)
         self.progress, self.on_result = progress, on_result
+        self.target = target  # stop once the best feasible primary metric is this good
         self.storage = open_storage(storage)
         self.study = self._open_study(resume)
 
@@ -250,6 +252,9 @@ class Campaign:
                 if self._plateaued(history):
                     stop_reason = "plateau"
                     break
+                if self._reached_target(history):
+                    stop_reason = "target"
+                    break
                 round_index, before, done_keys = self._next_round()
                 k = min(self.batch_size, self.budget - len(before))
                 proposals = self.strategy.propose(self.space, before, k, seed=self.seed, round_index=round_index,
@@ -309,6 +314,15 @@ class Campaign:
         finally:
             if self.workers > 1:
                 pool.shutdown(wait=True)
+
+    def _reached_target(self, history: list[Observation]) -> bool:
+        if self.target is None:
+            return False
+        o = self.space.primary
+        vals = [h.metrics[o.metric] for h in history if h.feasible and o.metric in h.metrics]
+        if not vals:
+            return False
+        return max(vals) >= self.target if o.direction == "maximize" else min(vals) <= self.target
 
     def _plateaued(self, history: list[Observation]) -> bool:
         if not self.patience:

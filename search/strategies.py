@@ -168,8 +168,8 @@ class ProxyGuided(Strategy):
     """cubic's loop: the proxy stands in for real runs inside an Optuna search; k picks per round."""
 
     def __init__(self, sampler: str = "tpe", n_init: int | None = None, n_inner: int = 160,
-                 families: tuple[str, ...] = ("xgboost", "mlp", "gp"), reselect_every: int = 3,
-                 xi: float = 0.0, exhaustive_below: int = 5000):
+                 families: tuple[str, ...] = ("xgboost", "mlp", "gp", "ridge"), reselect_every: int = 3,
+                 xi: float = 0.0, exhaustive_below: int = 5000, exploit_share: float = 0.5):
         self.sampler = sampler
         self.n_init = n_init
         self.n_inner = n_inner
@@ -177,6 +177,7 @@ class ProxyGuided(Strategy):
         self.reselect_every = reselect_every
         self.xi = xi
         self.exhaustive_below = exhaustive_below
+        self.exploit_share = exploit_share  # share of each batch picked by predicted value alone
         self.name = f"cubic-{sampler}"
         self.last_fit: dict[str, Any] = {}  # for reports: which family, its CV tau
 
@@ -198,7 +199,7 @@ class ProxyGuided(Strategy):
         train = list(warm) + list(history)
         ok = [o for o in train if o.ok and objective_value(space, o) is not None]
         n_init = self.n_init if self.n_init is not None else max(k, 4)
-        if len(train) < n_init or len(ok) < 3:  # initial design: n_init runs, whatever their outcome
+        if len(train) < n_init or len(ok) < 2:  # initial design: n_init runs, whatever their outcome
             return [Proposal(p) for p in _fresh(space, taken, rng, k)]
 
         X_all = self._features(space, featurize, [o.point for o in train], [o.context for o in train])
@@ -284,8 +285,9 @@ class ProxyGuided(Strategy):
         # one exploiting pick per batch (the best predicted among likely-feasible points), the rest
         # by acquisition with local penalization
         likely = p_ok >= 0.5
-        exploit = int(np.argmax(np.where(likely, mus[0], -np.inf))) if likely.any() else int(np.argmax(acq[:, 0]))
-        picks = _diverse_batch(X, acq, k, multi, first=None if multi else exploit)
+        exploit = np.where(likely, mus[0], -np.inf) if likely.any() else acq[:, 0]
+        picks = _diverse_batch(X, acq, k, multi, exploit=None if multi else exploit,
+                               n_exploit=max(1, int(round(self.exploit_share * k))))
         out = []
         for j in picks:
             pred = {"objective": float(mus[0][j]), "objective_std": float(sds[0][j]),
@@ -301,7 +303,8 @@ class ProxyGuided(Strategy):
         return out
 
 
-def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, first: int | None = None) -> list[int]:
+def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, exploit: np.ndarray | None = None,
+                   n_exploit: int = 1) -> list[int]:
     """Greedy picks with local penalization: after each pick, candidates near it (in normalized
     feature space) have their acquisition scaled down by 1 - exp(-d^2 / r^2), r^2 half the median
     squared distance between candidates (so a point differing in one parameter is penalized)."""
@@ -324,8 +327,10 @@ def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, first: i
     penalty = np.ones(n)
     picks: list[int] = []
     for _ in range(min(k, n)):
-        if first is not None and not picks:
-            j = first
+        if exploit is not None and len(picks) < n_exploit:
+            score = np.where(exploit > -np.inf, exploit - exploit[np.isfinite(exploit)].min() + 1e-9, 0.0) * penalty
+            score[picks] = -1.0
+            j = int(np.argmax(score))
         else:
             score = base * penalty
             score[picks] = -1.0

@@ -161,3 +161,11 @@ def test_sigkill_then_resume_loses_and_reruns_no_finished_run(tmp_path):
     keys = [t.user_attrs["key"] for t in study.trials]
     assert len(keys) == 24 == len(set(keys)) and finished_before <= set(keys)
     assert study.user_attrs["status"] == "finished"
+
+
+def test_campaign_stops_once_the_target_is_reached():
+    space = Space.model_validate(SPACE)
+    s = Campaign(space, toy, strategy="random", budget=40, batch_size=2, seed=1, target=100.0).run()
+    assert s.stop_reason == "target" and s.runs < 40
+    assert max(v for v in s.best_so_far if not math.isnan(v)) >= 100.0
+    assert all(math.isnan(v) or v < 100.0 for v in s.best_so_far[:-2])  # it stopped within the round it got there

@@ -11,7 +11,7 @@ def _data(n, seed):
     return X, y
 
 
-@pytest.mark.parametrize("kind", ["xgboost", "mlp", "gp"])
+@pytest.mark.parametrize("kind", ["xgboost", "mlp", "gp", "ridge"])
 def test_each_family_ranks_held_out_points_and_reports_uncertainty(kind):
     X, y = _data(40, 0)
     Xt, yt = _data(200, 1)
