@@ -38,7 +38,7 @@ from cubic.workloads import generate_tables  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from sharding.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import LearnedEstimator, MeasuredEstimator, plan_cost, table_lower_bound  # noqa: E402
-from sharding.measure import MeasurementCache, ShardWork  # noqa: E402
+from sharding.measure import MeasurementCache  # noqa: E402
 from sharding.planners import make_planner  # noqa: E402
 from sharding.torchrec_adapter import torchrec_available  # noqa: E402
 from sharding.types import Storage  # noqa: E402

@@ -14,7 +14,6 @@ pooling_factor, zipf_alpha[, feature_group]). Bad input raises SpecError (exit 2
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time

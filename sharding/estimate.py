@@ -26,7 +26,7 @@ from sharding.comm import (
     rank_comm_ms,
 )
 from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
-from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost, Shard
+from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "data" / "cost_model.json"
 # additive per-shard quantities (first 7 are the model's sums) + alpha-weighted bytes for the mean
