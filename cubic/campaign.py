@@ -400,14 +400,19 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
 def analytic_features(workload, config) -> dict[str, float]:
     """What a run's cost scales with, computed without running it: dense GEMM FLOPs per example
     (2 x the weights of every linear site of the dense architecture as the config shapes it),
-    embedding bytes read per example and in total, and the step's batch. log1p-scaled."""
+    embedding bytes read per step, embedding bytes per rank (over the world, and over a 2D group),
+    the group size and the step's batch. log-scaled."""
     wl = config.apply(workload)
     batch = wl.batch_size
     dense_flops = _dense_flops_per_example(wl.content_hash(), wl)
     emb_read = sum(t.pooling_factor * t.dim * 4 for t in wl.tables)
     emb_bytes = sum(t.rows * t.dim * 4 for t in wl.tables)
     world = max(1, wl.topology.world_size)
+    # 2D sparse parallelism: tables are sharded over a group of G ranks, so each holds ~1/G of them
+    group = max(1, min(config.sharding.group_size or world, world))
     return {
+        "log_emb_bytes_per_group_rank": math.log1p(emb_bytes / group),
+        "log_group_size": math.log(group),
         "log_batch": math.log1p(batch),
         "log_dense_flops_per_example": math.log1p(dense_flops),
         "log_dense_flops_per_step": math.log1p(dense_flops * batch),
@@ -449,7 +454,8 @@ def cubic_featurizer(space: Space, base_config=None):
         key = (name, space.key(point))
         if key not in memo:  # applying a Config to a 400-table workload is not free
             memo[key] = _featurize(point, name)
-        return memo[key]
+        # where the run happens is a feature too: a warm start may come from another cluster size
+        return np.append(memo[key], math.log(_world_size(context)))
 
     def _featurize(point: dict[str, Any], name: str) -> np.ndarray:
         if name not in cache:
@@ -461,10 +467,20 @@ def cubic_featurizer(space: Space, base_config=None):
         except (SpecError, ValueError):  # a warm-start point from another space/workload
             feats = {}
         names = ["log_batch", "log_dense_flops_per_example", "log_dense_flops_per_step",
-                 "log_emb_bytes_read_per_step", "log_emb_bytes_per_rank", "fp8", "bf16"]
+                 "log_emb_bytes_read_per_step", "log_emb_bytes_per_rank", "log_emb_bytes_per_group_rank",
+                 "log_group_size", "fp8", "bf16"]
         return np.array([feats.get(n, 0.0) for n in names])
 
     return featurize
+
+
+def _world_size(context: dict[str, Any]) -> int:
+    """GPUs (ranks) of the campaign's runs: ``context["world_size"]``, or the simulated cluster's."""
+    if context.get("world_size"):
+        return int(context["world_size"])
+    spec = str((context.get("runner") or {}).get("simulate") or "")
+    tail = spec.rsplit("x", 1)[-1]
+    return int(tail) if tail.isdigit() else 1
 
 
 def expected_fingerprint_hash(runner) -> str | None:

@@ -195,7 +195,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_ylim(max(0.5, ax.get_ylim()[0]), 1.01)
         ax.set_xlabel("real runs")
         ax.set_ylabel("best feasible throughput / best known")
-        ax.set_title(f"{name} ({r['kind']})", fontsize=10)
+        ax.set_title(f"{name}\n{r['kind']}", fontsize=8)
         ax.legend(fontsize=8)
     fig.suptitle("search_benchmark: median over seeds, band = min..max", fontsize=10)
     fig.tight_layout()
@@ -208,10 +208,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, small budgets")
     ap.add_argument("--measure-only", action="store_true", help="only fill the measured table")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON, run nothing")
     ap.add_argument("--real-workloads", nargs="*", default=["dlrm-small"], help="[] skips the real space")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
+    if args.replot:
+        import json
+
+        name = "search_benchmark_quick" if args.quick else "search_benchmark"
+        from experiments.common import RESULTS
+
+        plot(json.loads((RESULTS / f"{name}.json").read_text()), png_path(name))
+        return
     seeds = list(range(min(2, args.seeds) if args.quick else args.seeds))
     n_inner = 64 if args.quick else 128
     ctx_run = run_context("mixed")
@@ -266,7 +275,7 @@ def main() -> None:
     sim = SimulatedRunner.from_spec("h100x64")
     log(f"simulating wukong-large on h100x64: {len(space.enumerate())} configs")
     table = measure_table(space, wl, sim, store, 50, 5)
-    context = {"workload": "wukong-large"}
+    context = {"workload": "wukong-large", "world_size": 64}
     feat = cubic_featurizer(space)
     budget = 40 if args.quick else 80
     r = compare(space, table, seeds=seeds, budget=budget, k=4, featurize=feat, context=context, n_inner=n_inner,
@@ -289,7 +298,7 @@ def main() -> None:
     for seed in seeds:
         storage = optuna.storages.InMemoryStorage()
         Campaign(space, ev128, strategy="random", budget=40, batch_size=8, seed=100 + seed, storage=storage,
-                 context={"workload": "wukong-large"}, name="donor").run()
+                 context={"workload": "wukong-large", "world_size": 128}, name="donor").run()
         s, _, wall = run_method(space, table, "cubic", seed, budget, 4, feat, context, n_inner, storage=storage,
                                 warm=["donor"], target=r["target"])
         n = runs_to_target(space, s, r["target"])

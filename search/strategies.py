@@ -218,17 +218,24 @@ class ProxyGuided(Strategy):
         best_prev = self.last_fit.get("cv_tau", {})
         self.last_fit = {"family": proxies[0].selected_, "cv_tau": proxies[0].cv_tau_ or best_prev,
                          "n_train": int(len(X_ok)), "n_warm": len(warm)}
-        feas = FeasibilityClassifier(random_state=seed).fit(X_all, [o.ok for o in train])
-        # constraint metrics (memory per device, quality) get a proxy each: P(bound met) from mean/std
+        # constraint metrics (memory per device, quality) get a proxy each: P(bound met) from mean/std.
+        # Failed runs count too when they report the metric (a simulated OOM reports its memory).
         cons_models = []
         for c in space.constraints:
-            # failed runs count too when they report the metric (a simulated OOM reports its memory)
             rows = [(x, o.metrics[c.metric]) for x, o in zip(X_all, train) if c.metric in o.metrics
                     and math.isfinite(o.metrics[c.metric])]
             if len(rows) >= 4 and len({v for _, v in rows}) > 1:
-                model = Proxy(families=("xgboost",), n_members=4, random_state=seed).fit(
-                    np.array([r[0] for r in rows]), np.array([r[1] for r in rows]))
-                cons_models.append((c, model))
+                vals = np.array([r[1] for r in rows], dtype=float)
+                bounds = [b for b in (c.max, c.min) if b is not None]
+                use_log = bool(np.all(vals > 0) and all(b > 0 for b in bounds))  # memory: ratios matter
+                model = Proxy(families=("ridge", "xgboost"), n_members=4, cv_folds=3, random_state=seed).fit(
+                    np.array([r[0] for r in rows]), np.log(vals) if use_log else vals)
+                cons_models.append((c, model, use_log))
+        # an OOM whose memory the memory model already explains is not a second, separate failure
+        # signal: the classifier learns the failures no constraint model accounts for
+        covered = {c.metric for c, _, _ in cons_models}
+        explained = [o.ok or (o.failure_kind == "oom" and any(m in o.metrics for m in covered)) for o in train]
+        feas = FeasibilityClassifier(random_state=seed).fit(X_all, explained)
         y_best = [max(v for o in history if o.feasible and (v := objective_value(space, o, i)) is not None)
                   if any(o.feasible and objective_value(space, o, i) is not None for o in history)
                   else max(proxies[i].y_train_) for i in range(len(space.objectives))]
@@ -236,13 +243,14 @@ class ProxyGuided(Strategy):
         def score(points: list[dict[str, Any]]):
             X = self._features(space, featurize, points, [context] * len(points))
             p_ok = feas.predict_proba(X)
-            for c, model in cons_models:
+            for c, model, use_log in cons_models:
                 mu, sd = model.predict(X, return_std=True)
-                sd = np.maximum(sd, 1e-9 + 0.02 * np.abs(mu))
+                sd = np.maximum(sd, 0.02 if use_log else 1e-9 + 0.02 * np.abs(mu))
+                f = math.log if use_log else float
                 if c.max is not None:
-                    p_ok = p_ok * norm.cdf((c.max - mu) / sd)
+                    p_ok = p_ok * norm.cdf((f(c.max) - mu) / sd)
                 if c.min is not None:
-                    p_ok = p_ok * norm.cdf((mu - c.min) / sd)
+                    p_ok = p_ok * norm.cdf((mu - f(c.min)) / sd)
             acq, mus, sds = [], [], []
             for i, px in enumerate(proxies):
                 mu, sd = px.predict(X, return_std=True)
