@@ -1,6 +1,6 @@
 """Child-process entry point of :class:`cubic.runner.LocalRunner` (not a user command).
 
-``python -m cubic._runner_child FD``: reads the request (JSON) from stdin, writes JSON lines
+``python -m cubic._runner_child FD PARENT_PID``: reads the request (JSON) from stdin, writes JSON lines
 ``{"type": "progress", ...}`` and one ``{"type": "result", ...}`` to file descriptor FD.
 Every exception becomes a failed Result; only a signal or a hard crash leaves without one.
 """
@@ -20,7 +20,22 @@ def _read_vm_bytes() -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this child when its parent dies, so no orphan trains on."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the parent's timeout still bounds the run
+        return
+    if len(sys.argv) > 2 and os.getppid() != int(sys.argv[2]):
+        os._exit(1)  # the parent died before prctl took effect
+
+
 def main() -> None:
+    _die_with_parent()
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
 
     def send(msg: dict) -> None:

@@ -173,7 +173,7 @@ class LocalRunner(Runner):
         with tempfile.TemporaryFile() as log:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "cubic._runner_child", str(write_fd)],
+                    [sys.executable, "-m", "cubic._runner_child", str(write_fd), str(os.getpid())],
                     stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,), env=env,
                 )
             finally:
@@ -354,6 +354,7 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
 
     total = warmup + steps
     every = eval_every or max(1, total // 5)
+    load_start = os.getloadavg()[0]
     trajectory = [evaluate(0)]
     times: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
     train_losses: list[float] = []
@@ -432,6 +433,8 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
         extra={"device": str(dev), "threads": torch.get_num_threads(), "embedding_kernel": model.embedding.kernel,
                "dense_dtype": config.kernels.dense_dtype, "steps": steps, "warmup": warmup, "eval_every": every,
                "data_gen_s": gen_s, "step_times_ms": [round(x, 4) for x in step_ms.tolist()],
-               "loadavg_1m": os.getloadavg()[0]},
+               "loadavg_1m_start": load_start, "loadavg_1m": os.getloadavg()[0],
+               # more runnable processes than cores: multi-threaded step times are unreliable
+               "cpu_contended": load_start > (os.cpu_count() or 1)},
         **head,
     )

@@ -89,7 +89,16 @@ def test_bf16_dense_runs():
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
 
-def test_training_lowers_eval_ne():
+@pytest.fixture
+def one_thread():
+    # on a shared 2-core box two intra-op threads can make each step ~40x slower; restore afterwards
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_training_lowers_eval_ne(one_thread):
     w = Config(batch_size=256).apply(DEFAULT_WORKLOADS["dlrm-small"])
     data = SyntheticData(w)
     model = build_model(w)

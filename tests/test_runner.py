@@ -107,3 +107,49 @@ def test_wukong_small_300_steps_lowers_ne():
     assert r.ok, r.reason
     assert r.metrics["ne_end"] < r.metrics["ne_start"] - 0.1, r.metrics
     assert r.metrics["ne_end"] < 1.0
+
+
+def test_child_dies_with_its_parent(tmp_path):
+    # a caller killed outright (SIGKILL, no cleanup) must not leave its run training as an orphan
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("from cubic.runner import Fault, LocalRunner\n"
+              "from cubic.config import Config, Kernels\n"
+              "import tests.test_runner as t\n"
+              "LocalRunner(timeout_s=600, fault=Fault(kind='hang')).run(t.TINY, Config(kernels=Kernels(embedding='torch')), steps=2)\n")
+    env = dict(os.environ, CUBIC_ALLOW_FAULTS="1")
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    children_file = f"/proc/{parent.pid}/task/{parent.pid}/children"
+    if not os.path.exists(children_file):
+        parent.kill()
+        pytest.skip("needs Linux /proc children")
+    child = None
+    deadline = time.monotonic() + 120
+    while child is None and time.monotonic() < deadline:
+        with open(children_file) as f:
+            pids = f.read().split()
+        child = int(pids[0]) if pids else None
+        time.sleep(0.2)
+    assert child is not None, "the runner never started its child"
+    time.sleep(2.0)  # let the child get past its start-up
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        try:  # reaped by init once dead; a zombie counts as gone
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its killed parent")
