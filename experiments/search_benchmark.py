@@ -261,8 +261,8 @@ def main() -> None:
                             "replay_note": ("each configuration was measured once; every method x seed replays "
                                             "those measurements, so a 'real run' is a look-up of a measured result")}
         r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
-        r["holdout_tau_note"] = (f"this space has only {n} configurations: the proxy is trained on {min(40, n - 5)} "
-                                 "and scored on the rest, not on 40")
+        r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
+                                 "(failed ones included in the 40) and scored on all the others")
         results["spaces"][f"real:{wname}"] = r
     if args.measure_only:
         return
@@ -314,9 +314,10 @@ def main() -> None:
     results["targets"] = {
         "cubic_runs_at_most_a_third_of_direct_tpe": {
             name: s["target_cubic_at_most_third_of_tpe"] for name, s in results["spaces"].items()},
-        "proxy_kendall_tau_after_40_runs_ge_0.8": {"met": float(np.mean(taus)) >= 0.8,
-                                                  "mean": float(np.mean(taus)), "per_seed": taus,
-                                                  "space": "sim:wukong-large@h100x64 (SIMULATED)"},
+        "proxy_kendall_tau_after_40_runs_ge_0.8": {
+            name: {"met": float(np.mean(t)) >= 0.8, "mean": float(np.mean(t)), "per_seed": t}
+            for name, sp in results["spaces"].items()
+            if (t := [row["held_out_tau"] for row in sp["holdout_tau"]])},
     }
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
     plot(results, png_path(name))
