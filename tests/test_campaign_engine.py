@@ -169,3 +169,13 @@ def test_campaign_stops_once_the_target_is_reached():
     assert s.stop_reason == "target" and s.runs < 40
     assert max(v for v in s.best_so_far if not math.isnan(v)) >= 100.0
     assert all(math.isnan(v) or v < 100.0 for v in s.best_so_far[:-2])  # it stopped within the round it got there
+
+
+def test_several_objectives_search_the_proxy_with_nsga2():
+    space = Space.model_validate({**SPACE, "objectives": [{"metric": "tput"},
+                                                          {"metric": "mem", "direction": "minimize"}]})
+    c = Campaign(space, toy, strategy=ProxyGuided("nsga2", n_inner=64, families=("xgboost",)), budget=12,
+                 batch_size=4)
+    s = c.run()
+    assert s.runs == 12 and len(c.study.directions) == 2 and c.study.best_trials  # a Pareto front
+    assert all(t.user_attrs["predicted"] for t in c.study.trials if t.user_attrs["round"] >= 1)
