@@ -28,15 +28,20 @@ def _cpu_model() -> str:
 
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
-    import numpy
-    import torch
+    # Read installed distributions' metadata instead of importing them: importing torchrec, ray
+    # and xgboost just for a version string costs seconds per process.
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-    for mod in ("fbgemm_gpu", "torchrec", "optuna", "xgboost", "ray"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # optional peer absent or broken
-            pass
+    out = {"python": platform.python_version()}
+    for key, dist in (("torch", "torch"), ("numpy", "numpy"), ("fbgemm_gpu", "fbgemm-gpu-cpu"),
+                      ("torchrec", "torchrec"), ("optuna", "optuna"), ("xgboost", "xgboost-cpu"),
+                      ("ray", "ray")):
+        for name in (dist, key):  # fbgemm/xgboost ship under CPU- or GPU-named distributions
+            try:
+                out[key] = version(name)
+                break
+            except PackageNotFoundError:
+                continue
     out["cubic"] = code_version()
     return out
 
