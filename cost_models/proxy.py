@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from scipy.stats import kendalltau
+from sklearn.base import BaseEstimator
 
 FAMILIES = ("xgboost", "mlp", "gp", "ridge")
 
@@ -48,7 +49,7 @@ class _Scaler:
         return (x - self.mean) / self.std
 
 
-class EnsembleRegressor:
+class EnsembleRegressor(BaseEstimator):
     """One model family as an ensemble; ``predict(X, return_std=True)`` gives mean and spread."""
 
     def __init__(self, kind: str = "xgboost", n_members: int = 5, random_state: int = 0,
@@ -59,10 +60,6 @@ class EnsembleRegressor:
         self.mlp_hidden = mlp_hidden
         self.mlp_epochs = mlp_epochs
         self.xgb_estimators = xgb_estimators
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("kind", "n_members", "random_state", "mlp_hidden",
-                                              "mlp_epochs", "xgb_estimators")}
 
     def fit(self, X, y) -> "EnsembleRegressor":
         X = np.asarray(X, dtype=np.float64)
@@ -173,7 +170,7 @@ def _mlp_forward(params, X):
     return torch.baddbmm(b3, h, w3).squeeze(-1)
 
 
-class Proxy:
+class Proxy(BaseEstimator):
     """Model selection by cross-validated Kendall tau over families, then a refit on all data."""
 
     def __init__(self, families: tuple[str, ...] = FAMILIES, n_members: int = 5, cv_folds: int = 4,
@@ -183,9 +180,6 @@ class Proxy:
         self.cv_folds = cv_folds
         self.random_state = random_state
         self.mlp_epochs = mlp_epochs
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("families", "n_members", "cv_folds", "random_state", "mlp_epochs")}
 
     def _make(self, kind: str) -> EnsembleRegressor:
         return EnsembleRegressor(kind=kind, n_members=self.n_members, random_state=self.random_state,
@@ -237,15 +231,12 @@ class Proxy:
         return p
 
 
-class FeasibilityClassifier:
+class FeasibilityClassifier(BaseEstimator):
     """P(a configuration runs and meets the constraints). Until both outcomes have been seen the
     prior is the observed success rate (Laplace-smoothed), the same for every configuration."""
 
     def __init__(self, random_state: int = 0):
         self.random_state = random_state
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {"random_state": self.random_state}
 
     def fit(self, X, ok) -> "FeasibilityClassifier":
         import xgboost as xgb
