@@ -106,7 +106,8 @@ def test_training_lowers_eval_ne(one_thread):
     ev = data.eval_batch()
     with torch.no_grad():
         ne0 = normalized_entropy(model(ev), ev.labels)
-    for step in range(60):
+    # heavy-tailed (Cauchy) dense features: NE starts high and needs ~150 steps to go below 1
+    for step in range(200):
         b = data.batch(step)
         opt.zero_grad()
         F.binary_cross_entropy_with_logits(model(b), b.labels).backward()
