@@ -1,7 +1,7 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory --budget-sqnr 20 --out fp8.json [--no-require-fast]
-                    [--target-batch B] [--keep-first-last] [--max-batches 24] [--ci-db 1.0]
+                    [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|block128|mx32
                     [--norm-before] [--act-after sigmoid] [--json]          (modelled H100 times)
     cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
@@ -47,7 +47,7 @@ def cmd_probe(args) -> int:
     placement = recommend(w, args.budget_sqnr, probe=probe, label=label, require_fast=args.require_fast, target_device=args.target,
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
-                          keep_first_last=args.keep_first_last)
+                          keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin)
     text = placement.model_dump_json(indent=2)
     if out:
         out.write_text(text + "\n")
@@ -172,7 +172,11 @@ def register(subparsers) -> None:
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")
     pr.add_argument("--target", default="h100", help="device of the speed model (h100, h200 or YAML)")
     pr.add_argument("--target-batch", type=_positive(int), help="batch size for the speed prediction")
-    pr.add_argument("--keep-first-last", action="store_true", help="first and last sites stay high precision")
+    pr.add_argument("--keep-first-last", action=__import__("argparse").BooleanOptionalAction, default=True,
+                    help="first and last sites of the forward pass stay in high precision (default: yes)")
+    pr.add_argument("--unsure-margin", action=__import__("argparse").BooleanOptionalAction, default=True,
+                    help="a site whose interval did not narrow to --ci-db must clear the budget by that much "
+                         "(default: yes)")
     pr.add_argument("--warmup-steps", type=int, default=30, help="fp32 steps before probing (default 30)")
     pr.add_argument("--max-batches", type=_positive(int), default=24, help="probe at most this many batches")
     pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")

@@ -2,10 +2,20 @@
 
 Each available kernel of the registry (:data:`fp8.kernels.KERNELS`) is timed on the site's shape
 for the whole linear: forward GEMM plus both backward GEMMs, quantization included (what the
-layer costs in training). Times are medians over repeats, taken round-robin over the kernels, on one thread (the machine is shared;
-one thread keeps other jobs from skewing the comparison). Timings are cached by
-(shape, dtypes, device) in memory and, optionally, in a JSON file; decisions by that key plus the
-budget and the set of acceptable kernels.
+layer costs in training). The measurement is built to survive a shared, noisy machine:
+
+- one thread, and the thread's CPU time instead of wall time on the CPU (time the OS gives to
+  other jobs is not charged to the kernel; wall time on CUDA, after a synchronize);
+- each sample runs the linear enough times to last at least ``min_sample_ms`` (tiny GEMMs take
+  tens of microseconds, below the timer's and the scheduler's noise);
+- samples are taken in rounds, round-robin over the kernels, so that load drift hits all alike;
+  a kernel's time is the median of its samples;
+- sequential: after ``repeats`` rounds, the acceptable kernels that a one-sided Mann-Whitney test
+  cannot tell apart from the fastest (p >= ``alpha``) get more rounds, up to ``max_repeats``.
+  Kernels that remain indistinguishable are a statistical tie: either is "the fastest" here.
+
+Timings are cached by (shape, dtypes, device) in memory and, optionally, in a JSON file; decisions
+by that key plus the budget and the set of acceptable kernels.
 
 A kernel is *acceptable* when the Probe's lower confidence bound of its recipe's SQNR meets the
 budget (fp32 always is). The decision is the acceptable kernel with the smallest median time.
@@ -14,13 +24,16 @@ budget (fp32 always is). The decision is the acceptable kernel with the smallest
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+from scipy import stats as sps
 
 from fp8.kernels import KERNELS, Kernel, skipped_kernels
 
@@ -38,9 +51,9 @@ def _threads(n: int | None):
         torch.set_num_threads(old)
 
 
-def time_linear(kernel: Kernel, m: int, k: int, n: int, device: torch.device | str = "cpu", *,
-                repeats: int = 7, warmup: int = 1, seed: int = 0) -> list[float]:
-    """Wall times (ms) of the three GEMMs of a [m, k] -> [m, n] linear on ``kernel``."""
+def linear_runner(kernel: Kernel, m: int, k: int, n: int, device: torch.device | str = "cpu",
+                  seed: int = 0) -> Callable[[], None]:
+    """A closure running the three GEMMs of a [m, k] -> [m, n] linear on ``kernel`` (inputs made once)."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g).to(device)
@@ -53,17 +66,45 @@ def time_linear(kernel: Kernel, m: int, k: int, n: int, device: torch.device | s
         kernel.gemm(dy, wt, "e5m2", "e4m3")
         kernel.gemm(dyt, xt, "e5m2", "e4m3")
 
+    return once
+
+
+def _clock(device: torch.device, threads: int | None) -> tuple[Callable[[], float], Callable[[], None]]:
+    """(clock in seconds, sync). The thread's CPU time when all work runs on this thread (CPU, one
+    torch thread): preemption by other jobs then costs nothing; wall time otherwise."""
+    if device.type == "cuda":
+        return time.perf_counter, torch.cuda.synchronize
+    if threads == 1:
+        return time.thread_time, (lambda: None)
+    return time.perf_counter, (lambda: None)
+
+
+def time_linear(kernel: Kernel, m: int, k: int, n: int, device: torch.device | str = "cpu", *,
+                repeats: int = 7, warmup: int = 1, seed: int = 0, inner: int = 1,
+                clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Times (ms per call) of the three GEMMs of a [m, k] -> [m, n] linear on ``kernel``; each
+    sample averages ``inner`` back-to-back calls."""
+    device = torch.device(device)
+    once = linear_runner(kernel, m, k, n, device, seed)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         once()
     sync()
     out = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        once()
+        t0 = clock()
+        for _ in range(inner):
+            once()
         sync()
-        out.append((time.perf_counter() - t0) * 1e3)
+        out.append((clock() - t0) * 1e3 / inner)
     return out
+
+
+def slower(a: list[float], b: list[float], alpha: float = 0.05) -> bool:
+    """True when samples ``a`` are significantly slower than ``b`` (one-sided Mann-Whitney U)."""
+    if len(a) < 3 or len(b) < 3:
+        return False
+    return bool(sps.mannwhitneyu(a, b, alternative="greater").pvalue < alpha)
 
 
 @dataclass(frozen=True)
@@ -73,21 +114,34 @@ class Decision:
     acceptable: tuple[str, ...]
     times_ms: dict[str, float]
     reason: str
+    ties: tuple[str, ...] = ()  # acceptable kernels statistically indistinguishable from the pick
 
 
 class Dispatcher:
-    """Times kernels per (shape, dtypes, device) and picks the fastest acceptable one."""
+    """Times kernels per (shape, dtypes, device) and picks the fastest acceptable one.
+
+    ``repeats``: rounds for every kernel; ``max_repeats``: rounds at most for the kernels still in
+    contention (see the module docstring); ``min_sample_ms``: the shortest sample (calls are
+    repeated inside a sample until it lasts that long).
+    """
 
     def __init__(self, kernels: dict[str, Kernel] | None = None, *, device: str = "cpu", repeats: int = 7,
+                 max_repeats: int | None = None, min_sample_ms: float = 1.0, alpha: float = 0.05,
                  threads: int | None = 1, cache_path: str | Path | None = None):
         self.kernels = dict(kernels or KERNELS)
         self.device = torch.device(device)
         self.repeats = repeats
+        self.max_repeats = max(repeats, max_repeats if max_repeats is not None else 3 * repeats)
+        self.min_sample_ms = min_sample_ms
+        self.alpha = alpha
         self.threads = threads
         self.cache_path = Path(cache_path) if cache_path else None
         self.timings: dict[str, dict[str, float]] = {}
+        self.samples: dict[str, dict[str, list[float]]] = {}  # this process's samples (cache files keep medians)
         self.decisions: dict[str, Decision] = {}
-        self.measurements = 0  # kernel timings actually run (cache misses)
+        self.measurements = 0  # kernels timed from scratch (cache misses)
+        self.rounds = 0  # extra rounds run for kernels in contention
+        self._runners: dict[tuple[str, str], tuple[Callable[[], None], int]] = {}
         if self.cache_path and self.cache_path.is_file():
             self.timings = json.loads(self.cache_path.read_text()).get("timings", {})
 
@@ -100,23 +154,54 @@ class Dispatcher:
         out.update(skipped_kernels())
         return out
 
-    def times(self, m: int, k: int, n: int) -> dict[str, float]:
-        """Median ms per available kernel for this shape (measured once, then cached)."""
+    def _sample(self, key: str, name: str, shape: tuple[int, int, int]) -> float:
+        """One sample (ms per call); the first call for a kernel warms it up and sets its inner count."""
+        clock, sync = _clock(self.device, self.threads)
+        if (key, name) not in self._runners:
+            once = linear_runner(self.kernels[name], *shape, self.device)
+            t0 = time.perf_counter()
+            once()  # warm-up (allocations, first-call dispatch); also a rough duration
+            sync()
+            first_ms = (time.perf_counter() - t0) * 1e3
+            self._runners[(key, name)] = (once, max(1, min(1000, math.ceil(self.min_sample_ms / max(first_ms, 1e-3)))))
+        once, inner = self._runners[(key, name)]
+        t0 = clock()
+        for _ in range(inner):
+            once()
+        sync()
+        return (clock() - t0) * 1e3 / inner
+
+    def _rounds(self, key: str, names: list[str], shape: tuple[int, int, int], rounds: int) -> None:
+        # round-robin over kernels: load from other jobs on a shared machine hits all of them alike
+        for _ in range(rounds):
+            for name in names:
+                self.samples[key].setdefault(name, []).append(self._sample(key, name, shape))
+
+    def times(self, m: int, k: int, n: int, contenders: set[str] | None = None) -> dict[str, float]:
+        """Median ms per available kernel for this shape (measured once, then cached). With
+        ``contenders``, the ones that cannot yet be told apart from the fastest of them get more
+        rounds (up to ``max_repeats``)."""
         key = self.key(m, k, n)
         cached = self.timings.setdefault(key, {})
+        samples = self.samples.setdefault(key, {})
         skip = self.unavailable(m, k, n)
         todo = [name for name in self.kernels if name not in cached and name not in skip]
-        samples: dict[str, list[float]] = {name: [] for name in todo}
         with _threads(self.threads):
-            for name in todo:  # warm-up pass
-                time_linear(self.kernels[name], m, k, n, self.device, repeats=1, warmup=0)
-            # round-robin over kernels: load from other jobs on a shared machine hits all of them alike
-            for _ in range(self.repeats):
-                for name in todo:
-                    samples[name] += time_linear(self.kernels[name], m, k, n, self.device, repeats=1, warmup=0)
-        for name in todo:
-            cached[name] = statistics.median(samples[name])
-            self.measurements += 1
+            self._rounds(key, todo, (m, k, n), self.repeats)
+            self.measurements += len(todo)
+            while contenders:
+                live = [c for c in contenders if c in samples]
+                if len(live) < 2:
+                    break
+                best = min(live, key=lambda c: statistics.median(samples[c]))
+                tied = [c for c in live if c != best and not slower(samples[c], samples[best], self.alpha)]
+                need = [c for c in [best, *tied] if len(samples[c]) < self.max_repeats]
+                if not tied or len(need) < 2:
+                    break
+                self._rounds(key, need, (m, k, n), 1)
+                self.rounds += 1
+        for name, v in samples.items():
+            cached[name] = statistics.median(v)
         self._save()
         return {n_: t for n_, t in cached.items() if n_ in self.kernels}
 
@@ -136,15 +221,19 @@ class Dispatcher:
         dkey = f"{self.key(m, k, n)}|{budget_db}|{','.join(sorted(acceptable))}"
         if dkey in self.decisions:
             return self.decisions[dkey]
-        times = self.times(m, k, n)
+        times = self.times(m, k, n, contenders=set(acceptable))
         ranked = sorted((times[a], a) for a in acceptable if a in times)
         if not ranked:
             raise ValueError(f"no acceptable kernel can run {m}x{k}x{n} on {self.device}")
         t, best = ranked[0]
+        samples = self.samples.get(self.key(m, k, n), {})
+        ties = tuple(a for _, a in ranked[1:] if a in samples and best in samples
+                     and not slower(samples[a], samples[best], self.alpha))
         rejected = sorted(set(times) - set(acceptable))
         reason = f"fastest of {len(ranked)} acceptable kernels" + (
+            f" (statistically tied with {', '.join(ties)})" if ties else "") + (
             f"; over budget: {', '.join(rejected)}" if rejected else "")
-        d = Decision(best, t, tuple(acceptable), dict(times), reason)
+        d = Decision(best, t, tuple(acceptable), dict(times), reason, ties)
         self.decisions[dkey] = d
         return d
 

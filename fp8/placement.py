@@ -18,7 +18,8 @@ Schema (JSON, ``version`` 1)::
           "safe": true, "fast": false,   # for the chosen recipe (else the best candidate)
           "predicted_speedup": 0.61,     # H100 fwd+bwd block, bf16 time / fp8 time (modelled)
           "error": {"<recipe>": {"sqnr_db", "ci_low_db", "ci_high_db", "rel_error", "batches",
-                                  "per_gemm_sqnr_db": {"fwd", "grad_input", "grad_weight"}}},
+                                  "per_gemm_sqnr_db": {"fwd", "grad_input", "grad_weight"},
+                                  "per_gemm_ci_low_db": {...}}},   # grad_input absent when it never runs
           "speedups": {"<recipe>": 0.61},
           "dispatch": {"kernel": "bf16", "time_ms": 0.4, "times_ms": {...}, "acceptable": [...]},
           "mods": ["pad_dims", ...],     # Mods the site's statistics suggest (fp8.mods.suggest_mods)
@@ -49,6 +50,7 @@ class SiteError(Frozen):
     rel_error: float = Field(ge=0.0)
     batches: int = Field(ge=0)
     per_gemm_sqnr_db: dict[str, float] = Field(default_factory=dict)
+    per_gemm_ci_low_db: dict[str, float] = Field(default_factory=dict)
 
 
 class SitePlacement(Frozen):

@@ -9,6 +9,9 @@ output gradient ``dy`` in the backward pass (a tensor hook on the output). For e
   amax over the median row amax) and the same across columns (channel outliers);
 - the error of each recipe on the three GEMMs of the layer (forward, grad-input, grad-weight),
   computed for real (``torch._scaled_mm`` where it runs) against fp32: SQNR in dB and relative error.
+  A site whose input needs no gradient (a first layer) never runs its grad-input GEMM in training,
+  so that GEMM is left out of its error;
+- the order in which sites execute in the forward pass (first and last layers).
 
 Sampling is sequential: a site keeps being measured until, for every recipe, the 95% confidence
 interval (Student t over batches) of its worst-GEMM SQNR is narrower than ``ci_halfwidth_db`` on
@@ -124,14 +127,18 @@ class SiteRecord:
     rel: dict[str, dict[str, Welford]] = field(default_factory=dict)
     batches: int = 0
     converged: bool = False
+    grad_input_used: bool = True  # False for a first layer: its input needs no gradient, the GEMM never runs
+    order: int = -1  # position in the forward pass (first executed site = 0)
 
     def error(self, recipe: str, confidence: float = 0.95) -> dict:
         w = self.sqnr[recipe]["worst"]
         lo, hi = w.interval(confidence)
+        gemms = [g for g in GEMMS if self.sqnr[recipe][g].n]
         return {
             "sqnr_db": w.mean, "ci_low_db": lo, "ci_high_db": hi, "batches": w.n,
             "rel_error": self.rel[recipe]["worst"].mean,
-            "per_gemm_sqnr_db": {g: self.sqnr[recipe][g].mean for g in GEMMS},
+            "per_gemm_sqnr_db": {g: self.sqnr[recipe][g].mean for g in gemms},
+            "per_gemm_ci_low_db": {g: self.sqnr[recipe][g].interval(confidence)[0] for g in gemms},
         }
 
 
@@ -165,6 +172,7 @@ class Probe:
             rec.rel = {r: {g: Welford() for g in (*GEMMS, "worst")} for r in self.recipes}
         self._handles: list = []
         self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._next_order = 0
         self.steps = 0
 
     # -- hooks -----------------------------------------------------------------------------
@@ -191,7 +199,12 @@ class Probe:
             rec = self.sites[name]
             if rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
                 return
-            x = inputs[0].detach()
+            x = inputs[0]
+            rec.grad_input_used = bool(x.requires_grad)
+            if rec.order < 0:
+                rec.order = self._next_order
+                self._next_order += 1
+            x = x.detach()
             self._pending[name] = (x.reshape(-1, x.shape[-1]), mod.weight.detach().clone())
             output.register_hook(self._grad_hook(name))
         return hook
@@ -216,6 +229,8 @@ class Probe:
         all_errs = linear_gemm_errors(x, w, dy, self.recipes, real=self.real)
         for recipe in self.recipes:
             errs = all_errs[recipe]
+            if not rec.grad_input_used:  # training never runs this GEMM: its error is not the site's
+                errs = {g: v for g, v in errs.items() if g != "grad_input"}
             worst_s, worst_r = SQNR_CAP_DB, 0.0
             for g, (s, r) in errs.items():
                 s = min(s, SQNR_CAP_DB)
@@ -284,6 +299,7 @@ class Probe:
             out[name] = {
                 "m": rec.rows, "k": rec.in_features, "n": rec.out_features,
                 "norm_before": rec.norm_before, "act_after": rec.act_after,
+                "order": rec.order, "grad_input_used": rec.grad_input_used,
                 "batches": rec.batches, "converged_ci": self._narrow(rec),
                 "stats": {role: s.summary() for role, s in rec.stats.items()},
                 "errors": {r: rec.error(r, self.confidence) for r in self.recipes},

@@ -79,12 +79,18 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               probe: Probe | None = None, require_fast: bool = True, target_device: str = "h100",
               target_batch: int | None = None, fast_threshold: float = 1.0, dispatcher: Dispatcher | None = None,
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
-              keep_first_last: bool = False, label: str | None = None) -> Placement:
+              keep_first_last: bool = True, unsure_margin: bool = True, label: str | None = None) -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
-    for the speed prediction. ``keep_first_last`` applies the Mod of that name (first and last
-    sites stay in high precision whatever the Probe says).
+    for the speed prediction. Conservative by default, where the Probe's evidence is weakest:
+
+    - ``keep_first_last``: the Mod of that name; the first and last sites of the forward pass stay
+      in high precision whatever the Probe says (the first sees the raw, heaviest-tailed features,
+      the last writes the logits; the usual FP8 training practice);
+    - ``unsure_margin``: a site whose interval did not narrow to ``ci_halfwidth_db`` within the
+      Probe's batches (a t-interval over few, drifting batches is the least trustworthy) is safe
+      only if its lower bound clears the budget by that half-width (the Probe's target).
     """
     if probe is None:
         if workload is None:
@@ -96,9 +102,10 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     batch = (config.batch_size if config and config.batch_size else None) or (
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
     summary = probe.summary()
-    names = list(summary)
+    order = sorted(summary, key=lambda n: (summary[n].get("order", -1) < 0, summary[n].get("order", -1)))
+    ends = {order[0], order[-1]} if order else set()
     sites: dict[str, dict] = {}
-    for i, (name, s) in enumerate(summary.items()):
+    for name, s in summary.items():
         m = s["m"] or batch
         m_target = max(1, round(m * (target_batch / batch))) if target_batch else m
         speedups = {
@@ -107,14 +114,27 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             for r in FP8_RECIPES if r in s["errors"]
         }
         errors = {
-            r: {k: (_finite(v) if isinstance(v, float) else v) for k, v in e.items() if k != "per_gemm_sqnr_db"}
-            | {"per_gemm_sqnr_db": {g: _finite(v) for g, v in e["per_gemm_sqnr_db"].items()}}
+            r: {k: (_finite(v) if isinstance(v, float) else v) for k, v in e.items() if not k.startswith("per_gemm")}
+            | {k: {g: _finite(v) for g, v in e[k].items()} for k in ("per_gemm_sqnr_db", "per_gemm_ci_low_db") if k in e}
             for r, e in s["errors"].items()
         }
-        recipe, safe, fast, speedup, reason = choose({"errors": errors, "speedups": speedups}, budget_db,
+        # the budget each recipe must clear here: more when the Probe could not narrow the interval
+        margin = probe.ci_halfwidth_db if unsure_margin and not s.get("converged_ci", True) else 0.0
+        budget_here = budget_db + margin if budget_db is not None else None
+        recipe, safe, fast, speedup, reason = choose({"errors": errors, "speedups": speedups}, budget_here,
                                                      require_fast=require_fast, fast_threshold=fast_threshold)
-        if keep_first_last and i in (0, len(names) - 1) and recipe is not None:
-            recipe, reason = None, "keep_first_last: first and last layers stay in high precision"
+        if margin and reason and reason.startswith("unsafe"):
+            reason = reason.replace(f"< budget {budget_here:.1f} dB", f"< budget {budget_db:.1f} dB + {margin:.1f} dB "
+                                    f"(interval still wider than +-{probe.ci_halfwidth_db:.1f} dB after {s['batches']} batches)")
+        if reason and reason.startswith("unsafe") and budget_db is not None:
+            r0 = max((r for r in errors if r in FP8_RECIPES), key=lambda r: errors[r]["ci_low_db"])
+            lows = errors[r0].get("per_gemm_ci_low_db") or {}
+            if lows:
+                g = min(lows, key=lows.get)
+                reason += f"; binding GEMM: {g} ({lows[g]:.1f} dB lower bound)"
+        if keep_first_last and name in ends and recipe is not None:
+            which = "first" if name == order[0] else "last"
+            recipe, reason = None, f"keep_first_last: the {which} layer of the forward pass stays in high precision"
         low = {r: e["ci_low_db"] for r, e in errors.items()} | {"fp32": 200.0}
         d = dispatcher.decide(m, s["k"], s["n"], low, budget_db)
         kernel = None
@@ -126,7 +146,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             "recipe": recipe, "kernel": kernel, "safe": safe, "fast": fast, "predicted_speedup": speedup,
             "error": errors, "speedups": speedups,
             "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
-                         "acceptable": list(d.acceptable)},
+                         "acceptable": list(d.acceptable), "ties": list(d.ties)},
             "mods": suggest_mods(s),
             "reason": reason,
         }
@@ -138,6 +158,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
                   "min_batches": probe.min_batches, "max_batches": probe.max_batches,
                   "warmup_steps": warmup_steps, "target_batch": target_batch or batch,
+                  "conservative": {"keep_first_last": keep_first_last, "unsure_margin": unsure_margin},
+                  "order": order,
                   "stats": {n: s["stats"] for n, s in summary.items()}},
         "sites": sites,
         "module_filter": [n for n, s in sites.items() if s["recipe"] is not None],

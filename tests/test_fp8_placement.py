@@ -159,3 +159,70 @@ def test_local_runner_accepts_a_placement():
     cfg = Config(batch_size=64, fp8=FP8Choice(policy="placement", placement=_doc(m=64)))
     r = LocalRunner(timeout_s=300, threads=1).run(w, cfg, steps=3, warmup=1)
     assert r.ok, r.reason
+
+
+def _three_layer_probe(max_batches=4, ci_halfwidth_db=50.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+
+    def step(i):
+        loss = model(torch.randn(64, 16, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return Probe(model, ("bf16", "rowwise"), min_batches=3, max_batches=max_batches,
+                 ci_halfwidth_db=ci_halfwidth_db).run(step)
+
+
+def test_probe_records_order_and_skips_the_grad_input_gemm_that_never_runs():
+    s = _three_layer_probe().summary()
+    assert [s[n]["order"] for n in ("0", "2", "4")] == [0, 1, 2]
+    assert not s["0"]["grad_input_used"] and s["2"]["grad_input_used"]
+    # the first layer's input needs no gradient: its grad-input GEMM is not part of its error
+    assert "grad_input" not in s["0"]["errors"]["rowwise"]["per_gemm_sqnr_db"]
+    assert "grad_input" in s["2"]["errors"]["rowwise"]["per_gemm_ci_low_db"]
+
+
+def test_recommend_is_conservative_at_the_ends_and_where_the_probe_is_unsure():
+    from fp8.recommend import recommend
+
+    disp = Dispatcher({k: KERNELS[k] for k in ("fp32", "emulated_rowwise")}, repeats=1)
+    probe = _three_layer_probe()
+    p = recommend(None, 10.0, probe=probe, label="toy", require_fast=False, dispatcher=disp)
+    assert p.module_filter == ["2"]  # 10 dB is easy, but the first and last layers stay high precision
+    assert "first layer" in p.sites["0"].reason and "last layer" in p.sites["4"].reason
+    loose = recommend(None, 10.0, probe=probe, label="toy", require_fast=False, dispatcher=disp,
+                      keep_first_last=False)
+    assert loose.module_filter == ["0", "2", "4"]
+    # an interval that never narrowed (3 batches, target +-0.001 dB) must clear the budget by 0.001 dB
+    unsure = _three_layer_probe(max_batches=3, ci_halfwidth_db=1e-3)
+    site = unsure.summary()["2"]
+    assert not site["converged_ci"]
+    budget = site["errors"]["rowwise"]["ci_low_db"] - 5e-4
+    q = recommend(None, budget, probe=unsure, label="toy", require_fast=False, dispatcher=disp)
+    assert q.sites["2"].recipe is None and "interval still wider" in q.sites["2"].reason
+    off = recommend(None, budget, probe=unsure, label="toy", require_fast=False, dispatcher=disp, unsure_margin=False)
+    assert off.sites["2"].recipe == "rowwise"
+
+
+def test_dispatch_reports_ties_and_samples_contenders_further():
+    from fp8.dispatch import slower
+    from fp8.kernels import Kernel
+
+    assert slower([2.0, 2.1, 2.2, 2.05, 2.15], [1.0, 1.1, 1.05, 0.95, 1.0])
+    assert not slower([1.0, 1.1, 1.05, 0.95, 1.0], [1.02, 1.08, 1.0, 0.97, 1.03])
+    # the same computation under two names: a statistical tie, so both get rounds beyond `repeats`
+    twins = {"emulated_rowwise": KERNELS["emulated_rowwise"],
+             "twin": Kernel("twin", "rowwise", False, "emulated rowwise under another name")}
+    d = Dispatcher(twins, repeats=3, max_repeats=6, min_sample_ms=0.2)
+    dec = d.decide(128, 64, 32, {"rowwise": 30.0}, 20.0)
+    samples = d.samples[d.key(128, 64, 32)]
+    assert all(3 <= len(v) <= 6 for v in samples.values())
+    other = next(k for k in twins if k != dec.kernel)
+    if slower(samples[other], samples[dec.kernel]):  # noise can separate twins; then no tie is claimed
+        assert not dec.ties
+    else:
+        assert dec.ties == (other,) and "tied" in dec.reason and len(samples[other]) == 6
