@@ -173,7 +173,7 @@ def register(subparsers) -> None:
     pr.add_argument("--target", default="h100", help="device of the speed model (h100, h200 or YAML)")
     pr.add_argument("--target-batch", type=_positive(int), help="batch size for the speed prediction")
     pr.add_argument("--keep-first-last", action=__import__("argparse").BooleanOptionalAction, default=True,
-                    help="first and last sites of the forward pass stay in high precision (default: yes)")
+                    help="input layers (raw model inputs) and the last layer stay in high precision (default: yes)")
     pr.add_argument("--unsure-margin", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="a site whose interval did not narrow to --ci-db must clear the budget by that much "
                          "(default: yes)")

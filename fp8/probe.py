@@ -11,7 +11,9 @@ output gradient ``dy`` in the backward pass (a tensor hook on the output). For e
   computed for real (``torch._scaled_mm`` where it runs) against fp32: SQNR in dB and relative error.
   A site whose input needs no gradient (a first layer) never runs its grad-input GEMM in training,
   so that GEMM is left out of its error;
-- the order in which sites execute in the forward pass (first and last layers).
+- the order in which sites execute in the forward pass (first and last layers), and whether a
+  normalization feeds a site and an activation follows it, read from the autograd graph of the
+  first step (functional ``F.relu`` / ``F.layer_norm`` calls count, not only modules).
 
 Sampling is sequential: a site keeps being measured until, for every recipe, the 95% confidence
 interval (Student t over batches) of its worst-GEMM SQNR is narrower than ``ci_halfwidth_db`` on
@@ -36,6 +38,13 @@ GEMMS: tuple[str, ...] = ("fwd", "grad_input", "grad_weight")
 SQNR_CAP_DB = 200.0  # exact results (inf) are capped so that means and intervals stay finite
 NORMS = (nn.LayerNorm, nn.BatchNorm1d, nn.GroupNorm, nn.RMSNorm)
 ACTS = {nn.Sigmoid: "sigmoid", nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu"}
+# the same, read from the autograd graph (so functional calls such as F.relu are seen too): node name prefixes
+GRAPH_ACTS = {"SigmoidBackward": "sigmoid", "ReluBackward": "relu", "GeluBackward": "gelu", "SiluBackward": "silu"}
+GRAPH_NORMS = ("NativeLayerNormBackward", "NativeBatchNormBackward", "CudnnBatchNormBackward",
+               "NativeGroupNormBackward", "FusedRmsNormBackward", "RmsNormBackward")
+# shape-only ops looked through between a norm / activation and the linear
+GRAPH_PASS = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "TransposeBackward", "PermuteBackward",
+              "SqueezeBackward", "UnsqueezeBackward", "CloneBackward", "NativeDropoutBackward", "TBackward")
 
 
 class Welford:
@@ -173,6 +182,8 @@ class Probe:
         self._handles: list = []
         self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._next_order = 0
+        self._graph_io: dict[str, tuple] = {}
+        self._dataflow_done = False
         self.steps = 0
 
     # -- hooks -----------------------------------------------------------------------------
@@ -180,6 +191,7 @@ class Probe:
         self._detect_neighbours()
         for name, mod in self.modules.items():
             self._handles.append(mod.register_forward_hook(self._forward_hook(name)))
+        self._handles.append(self.model.register_forward_hook(self._model_hook))
         return self
 
     def detach(self) -> None:
@@ -200,6 +212,8 @@ class Probe:
             if rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
                 return
             x = inputs[0]
+            if self.steps == 0:  # the nodes around this site in the autograd graph, for _dataflow
+                self._graph_io[name] = (x.grad_fn, output.grad_fn)
             rec.grad_input_used = bool(x.requires_grad)
             if rec.order < 0:
                 rec.order = self._next_order
@@ -252,19 +266,52 @@ class Probe:
         return True
 
     def _detect_neighbours(self) -> None:
-        """Which sites follow a norm module / precede an activation module, from execution order."""
+        """Which sites follow a norm module / precede an activation module, from execution order
+        (the fallback when the autograd graph cannot be read, see :meth:`_dataflow`)."""
         order: list[nn.Module] = []
         leaves = [m for m in self.model.modules() if not list(m.children())]
         hs = [m.register_forward_pre_hook(lambda m, i: order.append(m)) for m in leaves]
         self._order_hooks = hs
         self._leaf_order = order
 
+    def _model_hook(self, mod: nn.Module, inputs, output) -> None:
+        if self.steps == 0 and not self._dataflow_done:
+            self._dataflow(output)
+
+    def _dataflow(self, output) -> None:
+        """norm_before / act_after from the first step's autograd graph: what produced each site's
+        input and what consumes its output, looking through shape-only ops. Unlike module order, this
+        sees functional calls (``F.relu``, ``torch.sigmoid``, ``F.layer_norm``) and only real data flow."""
+        roots = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        if not roots or not self._graph_io:
+            return
+        consumers: dict = {}
+        seen, stack = set(), list(roots)
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    consumers.setdefault(nxt, []).append(node)
+                    stack.append(nxt)
+        for name, (in_fn, out_fn) in self._graph_io.items():
+            rec = self.sites[name]
+            rec.act_after = _find_act(out_fn, consumers)
+            rec.norm_before = _find_norm(in_fn)
+        self._dataflow_done = True
+
     def note_order(self) -> None:
-        """Use the leaf execution order of the first probed step to set norm_before / act_after."""
+        """After the first probed step: norm_before / act_after from the autograd graph, or (when it
+        could not be read) from the leaf modules' execution order."""
         order = getattr(self, "_leaf_order", [])
         for h in getattr(self, "_order_hooks", []):
             h.remove()
         self._order_hooks = []
+        self._graph_io.clear()
+        if self._dataflow_done:
+            return
         ids = {id(m): n for n, m in self.modules.items()}
         for i, m in enumerate(order):
             name = ids.get(id(m))
@@ -305,3 +352,47 @@ class Probe:
                 "errors": {r: rec.error(r, self.confidence) for r in self.recipes},
             }
         return out
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+def _name(node) -> str:
+    return type(node).__name__
+
+
+def _find_act(out_fn, consumers: dict, depth: int = 4) -> str | None:
+    frontier = [out_fn] if out_fn is not None else []
+    for _ in range(depth):
+        nxt = []
+        for node in frontier:
+            for c in consumers.get(node, []):
+                name = _name(c)
+                act = next((v for k, v in GRAPH_ACTS.items() if name.startswith(k)), None)
+                if act:
+                    return act
+                if name.startswith(GRAPH_PASS):
+                    nxt.append(c)
+        frontier = nxt
+    return None
+
+
+def _find_norm(in_fn, depth: int = 4) -> bool:
+    node = in_fn
+    for _ in range(depth):
+        if node is None:
+            return False
+        name = _name(node)
+        if name.startswith(GRAPH_NORMS):
+            return True
+        if not name.startswith(GRAPH_PASS):
+            return False
+        node = next((n for n, _ in node.next_functions if n is not None), None)
+    return False

@@ -85,9 +85,10 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
     for the speed prediction. Conservative by default, where the Probe's evidence is weakest:
 
-    - ``keep_first_last``: the Mod of that name; the first and last sites of the forward pass stay
-      in high precision whatever the Probe says (the first sees the raw, heaviest-tailed features,
-      the last writes the logits; the usual FP8 training practice);
+    - ``keep_first_last``: the Mod of that name; the input layers (sites reading the model's raw
+      inputs, whose input needs no gradient; else the first executed site) and the last executed
+      site stay in high precision whatever the Probe says (the first see the raw, heaviest-tailed
+      features, the last writes the logits; the usual FP8 training practice);
     - ``unsure_margin``: a site whose interval did not narrow to ``ci_halfwidth_db`` within the
       Probe's batches (a t-interval over few, drifting batches is the least trustworthy) is safe
       only if its lower bound clears the budget by that half-width (the Probe's target).
@@ -103,7 +104,11 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
     summary = probe.summary()
     order = sorted(summary, key=lambda n: (summary[n].get("order", -1) < 0, summary[n].get("order", -1)))
-    ends = {order[0], order[-1]} if order else set()
+    # input layers: sites reading the model's raw inputs (their input needs no gradient), e.g. the dense
+    # features' projection, which a multi-input model may run after the embedding projections;
+    # the first executed site when none does. The last layer is the last executed site (the logits).
+    inputs_ = [n for n in order if not summary[n].get("grad_input_used", True)] or order[:1]
+    ends = {*inputs_, *order[-1:]}
     sites: dict[str, dict] = {}
     for name, s in summary.items():
         m = s["m"] or batch
@@ -133,8 +138,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
                 g = min(lows, key=lows.get)
                 reason += f"; binding GEMM: {g} ({lows[g]:.1f} dB lower bound)"
         if keep_first_last and name in ends and recipe is not None:
-            which = "first" if name == order[0] else "last"
-            recipe, reason = None, f"keep_first_last: the {which} layer of the forward pass stays in high precision"
+            which = "last" if name == order[-1] else "first (input)"
+            recipe, reason = None, f"keep_first_last: the {which} layer stays in high precision"
         low = {r: e["ci_low_db"] for r, e in errors.items()} | {"fp32": 200.0}
         d = dispatcher.decide(m, s["k"], s["n"], low, budget_db)
         kernel = None
@@ -159,7 +164,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
                   "min_batches": probe.min_batches, "max_batches": probe.max_batches,
                   "warmup_steps": warmup_steps, "target_batch": target_batch or batch,
                   "conservative": {"keep_first_last": keep_first_last, "unsure_margin": unsure_margin},
-                  "order": order,
+                  "order": order, "kept_ends": sorted(ends),
                   "stats": {n: s["stats"] for n, s in summary.items()}},
         "sites": sites,
         "module_filter": [n for n, s in sites.items() if s["recipe"] is not None],

@@ -193,7 +193,7 @@ def test_recommend_is_conservative_at_the_ends_and_where_the_probe_is_unsure():
     probe = _three_layer_probe()
     p = recommend(None, 10.0, probe=probe, label="toy", require_fast=False, dispatcher=disp)
     assert p.module_filter == ["2"]  # 10 dB is easy, but the first and last layers stay high precision
-    assert "first layer" in p.sites["0"].reason and "last layer" in p.sites["4"].reason
+    assert "first (input) layer" in p.sites["0"].reason and "last layer" in p.sites["4"].reason
     loose = recommend(None, 10.0, probe=probe, label="toy", require_fast=False, dispatcher=disp,
                       keep_first_last=False)
     assert loose.module_filter == ["0", "2", "4"]
@@ -226,3 +226,35 @@ def test_dispatch_reports_ties_and_samples_contenders_further():
         assert not dec.ties
     else:
         assert dec.ties == (other,) and "tied" in dec.reason and len(samples[other]) == 6
+
+
+def test_probe_sees_functional_activations_and_norms():
+    import torch.nn.functional as F
+
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 32)
+            self.b = nn.Linear(32, 32)
+            self.c = nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = F.relu(self.a(x))
+            h = torch.sigmoid(self.b(F.layer_norm(h, (32,))).view(-1, 32))
+            return self.c(h)
+
+    torch.manual_seed(0)
+    model = Functional()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+
+    def step(i):
+        loss = model(torch.randn(64, 16, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    s = Probe(model, ("rowwise",), min_batches=2, max_batches=2, ci_halfwidth_db=50.0).run(step).summary()
+    assert s["a"]["act_after"] == "relu" and not s["a"]["norm_before"]
+    assert s["b"]["act_after"] == "sigmoid" and s["b"]["norm_before"]  # through the view
+    assert s["c"]["act_after"] is None and not s["c"]["norm_before"]
