@@ -174,22 +174,41 @@ class Proxy(BaseEstimator):
     """Model selection by cross-validated Kendall tau over families, then a refit on all data."""
 
     def __init__(self, families: tuple[str, ...] = FAMILIES, n_members: int = 5, cv_folds: int = 4,
-                 random_state: int = 0, mlp_epochs: int = 200):
+                 random_state: int = 0, mlp_epochs: int = 200, prior_column: int | None = None):
         self.families = families
         self.n_members = n_members
         self.cv_folds = cv_folds
         self.random_state = random_state
         self.mlp_epochs = mlp_epochs
+        # a column of X holding an analytical model's prediction of y (e.g. the step model's log
+        # throughput): the families then learn the residual y - prior, and predict prior + residual,
+        # so that with little data the proxy ranks like the model and data corrects it where it errs
+        self.prior_column = prior_column
 
     def _make(self, kind: str) -> EnsembleRegressor:
         return EnsembleRegressor(kind=kind, n_members=self.n_members, random_state=self.random_state,
                                  mlp_epochs=self.mlp_epochs)
+
+    def _prior(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(X with gaps filled by the training means, the prior per row; zeros without a prior).
+        A gap is a feature the analytical model could not give (e.g. no throughput for a predicted OOM)."""
+        bad = ~np.isfinite(X)
+        if bad.any():
+            X = np.where(bad, self.fill_[None, :], X)
+        return X, (X[:, self.prior_column] if self.prior_column is not None else np.zeros(len(X)))
 
     def fit(self, X, y) -> "Proxy":
         from sklearn.model_selection import KFold
 
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
+        finite = np.isfinite(X)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.fill_ = np.where(finite.any(axis=0), np.nansum(np.where(finite, X, 0.0), axis=0)
+                                  / np.maximum(finite.sum(axis=0), 1), 0.0)
+        self.X_train_, self.y_train_ = X, y  # as given (to_json refits from them)
+        X, prior = self._prior(X)
+        y = y - prior
         self.cv_tau_: dict[str, float] = {}
         folds = min(self.cv_folds, len(y))
         if len(self.families) > 1 and len(y) >= 6:
@@ -198,7 +217,7 @@ class Proxy(BaseEstimator):
                 oof = np.zeros_like(y)
                 for tr, te in kf.split(X):
                     oof[te] = self._make(kind).fit(X[tr], y[tr]).predict(X[te])
-                self.cv_tau_[kind] = kendall_tau(y, oof)
+                self.cv_tau_[kind] = kendall_tau(y + prior, oof + prior)  # rank of the target, not the residual
             # ties go to the earlier family in `families`
             self.selected_ = max(self.families, key=lambda k: (self.cv_tau_[k], -self.families.index(k)))
         else:
@@ -206,12 +225,15 @@ class Proxy(BaseEstimator):
             if "ridge" in self.families and len(y) < 6:
                 self.selected_ = "ridge"  # from a handful of points only a linear trend is identifiable
         self.model_ = self._make(self.selected_).fit(X, y)
-        self.X_train_, self.y_train_ = X, y
         self.n_features_in_ = X.shape[1]
         return self
 
     def predict(self, X, return_std: bool = False):
-        return self.model_.predict(X, return_std=return_std)
+        X, prior = self._prior(np.asarray(X, dtype=np.float64))
+        if not return_std:
+            return self.model_.predict(X) + prior
+        mu, sd = self.model_.predict(X, return_std=True)
+        return mu + prior, sd
 
     def score(self, X, y) -> float:
         """Kendall tau of predictions against ``y`` (what the campaign selects by)."""

@@ -439,39 +439,128 @@ def _dense_flops_per_example(key: str, wl) -> float:
     return _FLOPS_CACHE[key]
 
 
-def cubic_featurizer(space: Space, base_config=None):
-    """Features for the proxy from each point's workload (``context["workload"]``) and Config."""
-    from cubic.workloads import load_workload
+FEATURE_NAMES = ("log_batch", "log_dense_flops_per_example", "log_dense_flops_per_step",
+                 "log_emb_bytes_read_per_step", "log_emb_bytes_per_rank", "log_emb_bytes_per_group_rank",
+                 "log_group_size", "fp8", "bf16")
 
-    cache: dict[str, Any] = {}
 
-    memo: dict[tuple[str, str], np.ndarray] = {}
+class StepModelPrior:
+    """What the analytical step model (cost_models.step_model) predicts for a run before it happens:
+    log examples/s and log peak memory. The proxy learns the residual, reality minus this model,
+    so that it starts from the model's ranking instead of from nothing, and the residual (how a
+    machine departs from its description) transfers across cluster sizes in a warm start.
 
-    def featurize(point: dict[str, Any], context: dict[str, Any]) -> np.ndarray:
+    - simulated runs: the cluster's *datasheet* model (DEFAULT_PARAMS), not the simulator's own
+      parameters: a campaign never sees the constants of the machine it searches;
+    - local runs on a CPU: this CPU, described by micro-benchmarks (cost_models.calibration);
+    - anything else (a GPU we have no description of): no prior.
+    """
+
+    def __init__(self, context: dict[str, Any]):
+        self.context = dict(context)
+        self._model = None  # (cluster, world_size, params), built on first use (CPU: seconds of benchmarks)
+
+    @staticmethod
+    def available(context: dict[str, Any]) -> bool:
+        r = context.get("runner") or {}
+        kind = r.get("kind", "local")
+        if kind == "simulated":
+            return bool(r.get("simulate"))
+        if kind != "local" or r.get("ray") or _world_size(context) != 1:
+            return False  # runs on machines this process has not measured
+        device = str(r.get("device") or "cpu")
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return device == "cpu"
+
+    def _build(self):
+        if self._model is None:
+            from cost_models.step_model import DEFAULT_PARAMS
+
+            r = self.context.get("runner") or {}
+            if r.get("kind") == "simulated":
+                from cubic.sim import SimulatedRunner
+
+                sim = SimulatedRunner.from_spec(r["simulate"])
+                self._model = (sim.cluster, sim.world_size, DEFAULT_PARAMS)
+            else:
+                from cost_models.calibration import cpu_cluster, cpu_device, cpu_params
+
+                threads = int(r.get("threads") or 1)
+                self._model = (cpu_cluster(cpu_device(threads)), 1, cpu_params(threads))
+        return self._model
+
+    def __call__(self, workload, config) -> tuple[float, float]:
+        """(log examples/s, log peak bytes); NaN where the model has no answer (a predicted OOM has
+        no throughput, an invalid config neither)."""
+        from cost_models.step_model import predict_step
+
+        cluster, world, params = self._build()
+        try:
+            pred = predict_step(workload, config, cluster, world, params)
+        except (SpecError, ValueError):
+            return math.nan, math.nan
+        thr = math.log(pred.examples_per_s) if not pred.oom and pred.examples_per_s > 0 else math.nan
+        mem = math.log(pred.peak_mem_bytes) if pred.peak_mem_bytes > 0 else math.nan
+        return thr, mem
+
+
+class CubicFeaturizer:
+    """Features for the proxy from each point's workload (``context["workload"]``) and Config:
+    :func:`analytic_features`, the campaign's world size, and the step model's prior
+    (:class:`StepModelPrior`) as the last two columns, named in :attr:`prior_columns` so that the
+    proxy can learn the residual on them."""
+
+    def __init__(self, space: Space, base_config=None, prior: bool = True):
+        self.space, self.base_config, self.prior = space, base_config, prior
+        self._workloads: dict[str, Any] = {}
+        self._priors: dict[str, StepModelPrior] = {}
+        self._memo: dict[tuple, np.ndarray] = {}
+        n = len(FEATURE_NAMES) + 1
+        self.prior_columns = {"examples_per_s": n, "peak_mem_bytes": n + 1} if prior else {}
+
+    def __call__(self, point: dict[str, Any], context: dict[str, Any]) -> np.ndarray:
         name = context.get("workload")
         if not name:
             return np.zeros(0)
-        key = (name, space.key(point))
-        if key not in memo:  # applying a Config to a 400-table workload is not free
-            memo[key] = _featurize(point, name)
-        # where the run happens is a feature too: a warm start may come from another cluster size
-        return np.append(memo[key], math.log(_world_size(context)))
+        ctx_key = _context_key(context)
+        key = (name, ctx_key, self.space.key(point))
+        if key not in self._memo:  # applying a Config to a 400-table workload is not free
+            self._memo[key] = self._featurize(point, name, context, ctx_key)
+        return self._memo[key]
 
-    def _featurize(point: dict[str, Any], name: str) -> np.ndarray:
-        if name not in cache:
-            cache[name] = load_workload(name)
-        wl = cache[name]
+    def _featurize(self, point: dict[str, Any], name: str, context: dict[str, Any], ctx_key: str) -> np.ndarray:
+        from cubic.workloads import load_workload
+
+        if name not in self._workloads:
+            self._workloads[name] = load_workload(name)
+        wl = self._workloads[name]
         try:
-            config = space.to_config(point, base_config)
+            config = self.space.to_config(point, self.base_config)
             feats = analytic_features(wl, config)
         except (SpecError, ValueError):  # a warm-start point from another space/workload
-            feats = {}
-        names = ["log_batch", "log_dense_flops_per_example", "log_dense_flops_per_step",
-                 "log_emb_bytes_read_per_step", "log_emb_bytes_per_rank", "log_emb_bytes_per_group_rank",
-                 "log_group_size", "fp8", "bf16"]
-        return np.array([feats.get(n, 0.0) for n in names])
+            config, feats = None, {}
+        # where the run happens is a feature too: a warm start may come from another cluster size
+        row = [feats.get(n, 0.0) for n in FEATURE_NAMES] + [math.log(_world_size(context))]
+        if self.prior:
+            prior = None
+            if config is not None and StepModelPrior.available(context):
+                prior = self._priors.setdefault(ctx_key, StepModelPrior(context))
+            row += list(prior(wl, config)) if prior is not None else [math.nan, math.nan]
+        return np.array(row, dtype=np.float64)
 
-    return featurize
+
+def _context_key(context: dict[str, Any]) -> str:
+    r = context.get("runner") or {}
+    return f"{r.get('kind', 'local')}:{r.get('simulate') or r.get('device', 'cpu')}:{r.get('threads', 1)}:" \
+           f"{context.get('world_size', '')}"
+
+
+def cubic_featurizer(space: Space, base_config=None, prior: bool = True) -> CubicFeaturizer:
+    """The proxy's features for cubic's own campaigns (see :class:`CubicFeaturizer`)."""
+    return CubicFeaturizer(space, base_config, prior)
 
 
 def _world_size(context: dict[str, Any]) -> int:

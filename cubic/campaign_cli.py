@@ -40,7 +40,8 @@ def _runner_from_context(ctx: dict[str, Any]):
             if e.name != "cubic.runner":
                 raise
             raise SpecError("the local runner (cubic.runner) is not available; use --simulate", field="runner") from None
-        inner = LocalRunner(timeout_s=r.get("timeout", 300.0), device=r.get("device", "auto"))
+        inner = LocalRunner(timeout_s=r.get("timeout", 300.0), device=r.get("device", "auto"),
+                            threads=r.get("threads"))
     if r.get("ray"):
         from cubic.ray_runner import RayRunner
 
@@ -75,9 +76,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpecError("the parent directory does not exist", source=str(report_dir), field="--report")
     runner_ctx = {"kind": "simulated" if args.simulate else "local", "simulate": args.simulate,
                   "steps": args.steps, "warmup": args.warmup, "timeout": args.timeout, "device": args.device,
+                  "threads": args.threads,
                   "ray": bool(args.ray or args.ray_address), "ray_address": args.ray_address,
                   "cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial}
-    context = {"workload": args.workload, "runner": runner_ctx, "store": args.store}
+    from cubic.store import redact_url
+
+    # the campaign's settings are readable by anyone who can read its storage: never the password
+    context = {"workload": args.workload, "runner": runner_ctx, "store": redact_url(args.store) or None}
     storage = args.storage or default_storage()
     names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
     summaries = []
@@ -120,7 +125,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     space = Space.model_validate(meta["space"])
     ctx = meta.get("context", {})
-    evaluate, featurize = _build(args.name, ctx, space, args.store or ctx.get("store"))
+    stored = ctx.get("store")
+    if not args.store and stored and "***" in stored:
+        if os.environ.get("CUBIC_STORE"):
+            stored = None  # TrialStore() reads $CUBIC_STORE
+        else:
+            raise SpecError("this campaign's trial store needs a password, which is never stored: pass --store URL "
+                            "(or set it in $CUBIC_STORE)", field="--store")
+    evaluate, featurize = _build(args.name, ctx, space, args.store or stored)
     overrides = {"budget": args.budget} if args.budget else {}
     c = Campaign.resume(args.name, evaluate, storage=storage, featurize=featurize, progress=True, **overrides)
     evaluate.attach(c)
@@ -214,6 +226,9 @@ def register(sub: Any) -> None:
     run.add_argument("--warmup", type=_nonnegative_int, default=3, help="warm-up steps per run (default 3)")
     run.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="per run (default 300)")
     run.add_argument("--device", default="auto")
+    run.add_argument("--threads", type=_positive_int, default=1,
+                     help="intra-op threads per local run (default 1: on a shared machine one thread per run "
+                          "is faster and far less noisy than several)")
     run.add_argument("--simulate", metavar="CLUSTERxN", help="runs on the simulated cluster, e.g. h100x64 (SIMULATED)")
     run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")
     run.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (implies --ray)")

@@ -35,13 +35,14 @@ import numpy as np  # noqa: E402
 
 from cubic.campaign import Campaign, Evaluation, RunnerEvaluate, cubic_featurizer  # noqa: E402
 from cubic.config import Config  # noqa: E402
+from cost_models.step_model import DEFAULT_PARAMS  # noqa: E402
 from cubic.workloads import DEFAULT_WORKLOADS  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from search.space import Space, load_space  # noqa: E402
 from search.strategies import ProxyGuided, objective_value, Observation  # noqa: E402
 
 TARGET = 0.98
-METHODS = ("cubic", "tpe", "random")
+METHODS = ("cubic", "tpe", "random", "cubic-noprior")  # the last: ablation without the step-model prior
 STORE_PATH = ROOT / ".cubic" / "search_benchmark.db"
 
 SIM_SPACE = {
@@ -62,23 +63,81 @@ SIM_SPACE = {
 }
 
 
+# The simulated cluster that stands in for real runs is NOT the model cubic's prior uses: a real
+# cluster departs from its datasheet. Two departures, both hidden from the campaigns:
+# 1. efficiencies: GEMMs reach 70% of the GEMM model, HBM 50%, the network 55% of line rate, only 30%
+#    of the dense all-reduce hides behind backward, 3 ms fixed cost per step, 20 us per all-to-all peer
+#    (datasheet-model defaults: 100%, 65%, 80%, 80%, 0, 1 us);
+# 2. unmodelled effects (stragglers, kernel selection, placement): each configuration's throughput is
+#    multiplied by exp(0.15 z), z ~ N(0, 1) drawn once per configuration from its key's hash.
+# The JSON reports how well the datasheet model alone ranks this "real" cluster (prior_only_tau).
+HIDDEN_CLUSTER = DEFAULT_PARAMS.model_copy(update={
+    "gemm_eff": 0.7, "hbm_eff": 0.5, "net_eff": 0.55, "overlap": 0.3, "step_overhead_s": 0.003,
+    "a2a_peer_overhead_s": 2e-5})
+UNMODELLED_SIGMA = 0.15
+
+
+def with_unmodelled(space: Space, table: dict[str, Evaluation], salt: str = "") -> dict[str, Evaluation]:
+    """The table with each successful configuration's throughput scaled by its unmodelled factor."""
+    import hashlib
+
+    out = {}
+    for key, e in table.items():
+        if e.ok:
+            h = int(hashlib.sha256((salt + key).encode()).hexdigest()[:12], 16)
+            f = math.exp(UNMODELLED_SIGMA * np.random.default_rng(h).standard_normal())
+            m = dict(e.metrics)
+            for name in ("examples_per_s", "examples_per_s_per_gpu"):
+                if name in m:
+                    m[name] *= f
+            if "step_time_median_ms" in m:
+                m["step_time_median_ms"] /= f
+            e = Evaluation(metrics=m, ok=True, source=e.source, extra={**e.extra, "unmodelled_factor": f})
+        out[key] = e
+    return out
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def measure_table(space: Space, workload, runner, store, steps: int, warmup: int) -> dict[str, Evaluation]:
-    """Every point of a discrete space, each run once (served from the store when cached)."""
-    ev = RunnerEvaluate(workload, runner, space, steps=steps, warmup=warmup, store=store)
-    table = {}
-    pts = space.enumerate()
+def measure_table(space: Space, workload, runner, store, steps: int, warmup: int,
+                  passes: int = 1) -> dict[str, Evaluation]:
+    """Every point of a discrete space, run ``passes`` times (served from the store when cached).
+
+    Several passes sweep the whole space again each time (pass i uses data/init seed i, which makes it
+    a distinct trial in the store), so that a burst of load on this shared machine hits different
+    configurations in different passes; each configuration keeps its fastest successful pass
+    (contention only ever slows a run down) and the median NE of its passes."""
     t0 = time.time()
-    for i, p in enumerate(pts):
-        e = ev(p)
-        table[space.key(p)] = e
-        tag = "cached" if e.extra.get("served_from_store") else "ran"
-        val = e.metrics.get("examples_per_s", float("nan")) if e.ok else e.failure_kind
-        log(f"  {workload.name} {i + 1}/{len(pts)} {tag}: {p} -> {val}")
-    log(f"  {workload.name}: {len(pts)} configs in {time.time() - t0:.0f}s ({ev.served} from the store)")
+    pts = space.enumerate()
+    runs: dict[str, list[Evaluation]] = {space.key(p): [] for p in pts}
+    served = 0
+    for i in range(passes):
+        ev = RunnerEvaluate(workload, runner, space, steps=steps, warmup=warmup, store=store,
+                            base_config=Config(seed=i))
+        for j, p in enumerate(pts):
+            e = ev(p)
+            runs[space.key(p)].append(e)
+            tag = "cached" if e.extra.get("served_from_store") else "ran"
+            val = e.metrics.get("examples_per_s", float("nan")) if e.ok else e.failure_kind
+            log(f"  {workload.name} pass {i + 1}/{passes} {j + 1}/{len(pts)} {tag}: {p} -> {val}")
+        served += ev.served
+    table = {}
+    for key, evs in runs.items():
+        ok = [e for e in evs if e.ok]
+        if not ok:
+            table[key] = evs[0]
+            continue
+        best = max(ok, key=lambda e: e.metrics.get(space.primary.metric, -math.inf))
+        m = dict(best.metrics)
+        if "ne_end" in m:
+            m["ne_end"] = float(np.median([e.metrics["ne_end"] for e in ok if "ne_end" in e.metrics]))
+        m["passes_ok"] = float(len(ok))
+        m["pass_spread"] = (max(e.metrics[space.primary.metric] for e in ok)
+                            / min(e.metrics[space.primary.metric] for e in ok)) if len(ok) > 1 else 1.0
+        table[key] = Evaluation(metrics=m, ok=True, source=best.source, extra=dict(best.extra))
+    log(f"  {workload.name}: {len(pts)} configs x {passes} passes in {time.time() - t0:.0f}s ({served} from the store)")
     return table
 
 
@@ -97,13 +156,16 @@ def runs_to_target(space: Space, summary, target: float) -> int | None:
 
 def run_method(space, table, method, seed, budget, k, featurize, context, n_inner, storage=None, warm=(),
                target=None):
-    strategy = ProxyGuided("tpe", n_inner=n_inner, reselect_every=4) if method == "cubic" else method
+    cubic = method.startswith("cubic")
+    strategy = ProxyGuided("tpe", n_inner=n_inner, reselect_every=4) if cubic else method
+    if method == "cubic-noprior":
+        featurize = cubic_featurizer(space, prior=False)
 
     def evaluate(point):
         return table[space.key(point)]
 
     c = Campaign(space, evaluate, strategy=strategy, budget=budget, batch_size=k, seed=seed,
-                 featurize=featurize if method == "cubic" else None, context=context,
+                 featurize=featurize if cubic else None, context=context,
                  name=f"{method}-{seed}{'-warm' if warm else ''}", storage=storage, warm_start=warm,
                  target=target)  # stopping at the target changes nothing before it, and saves time
     t0 = time.time()
@@ -116,6 +178,7 @@ def holdout_tau(space, table, featurize, context, n_train: int, seeds) -> list[d
     from cost_models.proxy import Proxy, kendall_tau
 
     pts = space.enumerate()
+    prior_col = ProxyGuided._prior_columns(space, featurize).get(space.primary.metric)
     rows = []
     for seed in seeds:
         rng = np.random.default_rng(1000 + seed)
@@ -140,10 +203,13 @@ def holdout_tau(space, table, featurize, context, n_train: int, seeds) -> list[d
 
         Xtr, ytr = xy(tr)
         Xte, yte = xy(te)
-        p = Proxy(random_state=seed).fit(Xtr, ytr)
+        p = Proxy(random_state=seed, prior_column=prior_col).fit(Xtr, ytr)
         rows.append({"seed": seed, "n_train": int(len(ytr)), "n_held_out": int(len(yte)),
-                     "family": p.selected_, "cv_tau": p.cv_tau_, "held_out_tau": kendall_tau(yte, p.predict(Xte))})
-        log(f"  holdout tau seed {seed}: {rows[-1]['held_out_tau']:.3f} ({p.selected_}, n_train={len(ytr)})")
+                     "family": p.selected_, "cv_tau": p.cv_tau_, "held_out_tau": kendall_tau(yte, p.predict(Xte)),
+                     # the step model alone on the same held-out configs: what the 40 runs added
+                     "prior_only_tau": kendall_tau(yte, Xte[:, prior_col]) if prior_col is not None else None})
+        log(f"  holdout tau seed {seed}: {rows[-1]['held_out_tau']:.3f} ({p.selected_}, n_train={len(ytr)}; "
+            f"step model alone {rows[-1]['prior_only_tau']})")
     return rows
 
 
@@ -212,6 +278,7 @@ def main() -> None:
     ap.add_argument("--real-workloads", nargs="*", default=["dlrm-small"], help="[] skips the real space")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=3, help="measurements per real configuration (best kept)")
     args = ap.parse_args()
     if args.replot:
         import json
@@ -231,8 +298,12 @@ def main() -> None:
     store = TrialStore(f"sqlite:///{STORE_PATH}")
     runner = LocalRunner(timeout_s=600.0, device="cpu", threads=1, eval_every=args.steps)
     results = {"context": ctx_run, "target_fraction": TARGET, "seeds": seeds, "spaces": {},
-               "method_note": ("cubic = ProxyGuided (proxy ensemble XGBoost/MLP/GP picked by CV Kendall tau, "
-                               "Optuna TPE over the proxy, constrained EI with local-penalty batches); "
+               "method_note": ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
+                               "CV Kendall tau) learns the residual of the analytical step model's prediction "
+                               "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
+                               "the first round is half the prior's best predictions and half random, then "
+                               "Optuna TPE over the proxy, constrained EI with local-penalty batches; "
+                               "cubic-noprior = the same loop without the prior (ablation); "
                                "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
                                "random = uniform without repeats. A seed that never reaches the target "
                                "counts as budget+1 in the means (a lower bound).")}
@@ -243,17 +314,20 @@ def main() -> None:
         wl = DEFAULT_WORKLOADS[wname]
         space = base.for_workload(wl)
         log(f"measuring {wname}: {len(space.enumerate())} configs x {args.steps} steps (1 thread)")
-        table = measure_table(space, wl, runner, store, args.steps, args.warmup)
+        table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=args.passes)
         if args.measure_only:
             continue
-        context = {"workload": wname}
+        context = {"workload": wname, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
         feat = cubic_featurizer(space)
         n = len(table)
         r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
                     n_inner=n_inner, label=wname)
         r["kind"] = "measured (replayed from a table of real runs)"
+        spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
         r["measurement"] = {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
-                            "steps": args.steps, "warmup": args.warmup, "store": str(STORE_PATH.relative_to(ROOT)),
+                            "steps": args.steps, "warmup": args.warmup, "passes": args.passes,
+                            "pass_spread_median": float(np.median(spreads)) if spreads else None,
+                            "pass_spread_max": float(max(spreads)) if spreads else None, "store": str(STORE_PATH.relative_to(ROOT)),
                             "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
                                                      "failure_kind": table[space.key(p)].failure_kind,
                                                      "metrics": table[space.key(p)].metrics}
@@ -272,15 +346,21 @@ def main() -> None:
 
     wl = DEFAULT_WORKLOADS["wukong-large"]
     space = Space.model_validate(SIM_SPACE)
-    sim = SimulatedRunner.from_spec("h100x64")
+    sim = SimulatedRunner.from_spec("h100x64", params=HIDDEN_CLUSTER)
     log(f"simulating wukong-large on h100x64: {len(space.enumerate())} configs")
-    table = measure_table(space, wl, sim, store, 50, 5)
-    context = {"workload": "wukong-large", "world_size": 64}
+    table = with_unmodelled(space, measure_table(space, wl, sim, store, 50, 5))
+    context = {"workload": "wukong-large", "runner": {"kind": "simulated", "simulate": "h100x64"}}
     feat = cubic_featurizer(space)
     budget = 40 if args.quick else 80
     r = compare(space, table, seeds=seeds, budget=budget, k=4, featurize=feat, context=context, n_inner=n_inner,
                 label="sim")
-    r["kind"] = "SIMULATED (cubic.sim step model; nothing was trained)"
+    r["kind"] = ("SIMULATED (cubic.sim step model with hidden efficiencies and unmodelled per-config effects; "
+                 "nothing was trained)")
+    r["simulated_truth"] = {"hidden_params": {k: getattr(HIDDEN_CLUSTER, k) for k in
+                                              ("gemm_eff", "hbm_eff", "net_eff", "overlap", "step_overhead_s",
+                                               "a2a_peer_overhead_s")},
+                            "unmodelled_sigma": UNMODELLED_SIGMA,
+                            "prior": "step model with datasheet parameters (DEFAULT_PARAMS) of h100x64"}
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=40, seeds=seeds)
     feasible = sum(1 for e in table.values() if e.ok)
     r["table_summary"] = {"configs": len(table), "feasible": feasible,
@@ -292,13 +372,15 @@ def main() -> None:
     # cluster (h100x128, SIMULATED); how many of this campaign's runs does that save?
     import optuna
 
-    sim128 = SimulatedRunner.from_spec("h100x128")
-    ev128 = RunnerEvaluate(wl, sim128, space, steps=50, warmup=5, store=store)
+    sim128 = SimulatedRunner.from_spec("h100x128", params=HIDDEN_CLUSTER)
+    table128 = with_unmodelled(space, measure_table(space, wl, sim128, store, 50, 5), salt="h100x128")
     warm_rows = []
     for seed in seeds:
         storage = optuna.storages.InMemoryStorage()
-        Campaign(space, ev128, strategy="random", budget=40, batch_size=8, seed=100 + seed, storage=storage,
-                 context={"workload": "wukong-large", "world_size": 128}, name="donor").run()
+        Campaign(space, lambda p: table128[space.key(p)], strategy="random", budget=40, batch_size=8,
+                 seed=100 + seed, storage=storage,
+                 context={"workload": "wukong-large", "runner": {"kind": "simulated", "simulate": "h100x128"}},
+                 name="donor").run()
         s, _, wall = run_method(space, table, "cubic", seed, budget, 4, feat, context, n_inner, storage=storage,
                                 warm=["donor"], target=r["target"])
         n = runs_to_target(space, s, r["target"])

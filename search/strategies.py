@@ -190,6 +190,43 @@ class ProxyGuided(Strategy):
             rows.append(f)
         return np.asarray(rows)
 
+    @staticmethod
+    def _prior_columns(space: Space, featurize) -> dict[str, int]:
+        """metric -> column of the feature row holding an analytical model's log prediction of it
+        (a featurizer names them in ``prior_columns``, relative to its own output)."""
+        cols = getattr(featurize, "prior_columns", None) or {}
+        if not cols:
+            return {}
+        offset = len(space.features(space.sample(np.random.default_rng(0))))
+        return {m: offset + j for m, j in cols.items()}
+
+    def _prior_design(self, space, featurize, context, taken, rng, k, prior_cols) -> list[Proposal]:
+        """The first round when an analytical model predicts the objective: part of the batch is
+        the model's best predictions (spread out by the same local penalty as every batch), the
+        rest random, so that the proxy also sees where the model may be wrong."""
+        size = space.size()
+        if size is not None and size <= self.exhaustive_below:
+            cands = [p for p in space.enumerate() if space.key(p) not in taken]
+        else:
+            cands = _fresh(space, set(taken), np.random.default_rng(rng.integers(2**31)), 4 * self.n_inner)
+        if not cands:
+            return []
+        X = self._features(space, featurize, cands, [context] * len(cands))
+        prior = X[:, prior_cols[space.primary.metric]]
+        ok = np.isfinite(prior)  # no predicted throughput: the model predicts an OOM or an invalid config
+        for c in space.constraints:
+            if c.metric in prior_cols and c.max is not None and c.max > 0:
+                mem = X[:, prior_cols[c.metric]]
+                ok &= ~(np.isfinite(mem) & (mem > math.log(c.max)))
+        n_exploit = max(1, int(round(self.exploit_share * k)))
+        if not ok.any():
+            return [Proposal(p) for p in _fresh(space, taken, rng, k)]
+        picks = _diverse_batch(_filled(X), np.zeros((len(cands), 1)), min(n_exploit, int(ok.sum())), False,
+                               exploit=np.where(ok, prior, -np.inf), n_exploit=n_exploit)
+        out = [Proposal(cands[j], {"objective": float(prior[j]), "source": "step-model prior"}) for j in picks]
+        taken = taken | {space.key(p.point) for p in out}
+        return out + [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
+
     def propose(self, space, history, k, *, seed, round_index, featurize=None, warm=(), context=None):
         from cost_models.proxy import FeasibilityClassifier, Proxy
 
@@ -199,7 +236,10 @@ class ProxyGuided(Strategy):
         train = list(warm) + list(history)
         ok = [o for o in train if o.ok and objective_value(space, o) is not None]
         n_init = self.n_init if self.n_init is not None else max(k, 4)
+        prior_cols = self._prior_columns(space, featurize)
         if len(train) < n_init or len(ok) < 2:  # initial design: n_init runs, whatever their outcome
+            if space.primary.metric in prior_cols and space.primary.direction == "maximize":
+                return self._prior_design(space, featurize, context, taken, rng, k, prior_cols)
             return [Proposal(p) for p in _fresh(space, taken, rng, k)]
 
         X_all = self._features(space, featurize, [o.point for o in train], [o.context for o in train])
@@ -213,8 +253,11 @@ class ProxyGuided(Strategy):
         for i in range(len(space.objectives)):
             y = np.array([objective_value(space, o, i) for o in train if o.ok and objective_value(space, o) is not None])
             y = np.nan_to_num(y.astype(float), nan=float(np.nanmin(y)) if np.isfinite(y).any() else 0.0)
+            o = space.objectives[i]
             proxies.append(Proxy(families=families if i == 0 else (self.last_fit.get("family") or families[0],),
-                                 random_state=_seed(seed, round_index, i)).fit(X_ok, y))
+                                 random_state=_seed(seed, round_index, i),
+                                 prior_column=prior_cols.get(o.metric) if o.direction == "maximize" else None
+                                 ).fit(X_ok, y))
         best_prev = self.last_fit.get("cv_tau", {})
         self.last_fit = {"family": proxies[0].selected_, "cv_tau": proxies[0].cv_tau_ or best_prev,
                          "n_train": int(len(X_ok)), "n_warm": len(warm)}
@@ -228,7 +271,8 @@ class ProxyGuided(Strategy):
                 vals = np.array([r[1] for r in rows], dtype=float)
                 bounds = [b for b in (c.max, c.min) if b is not None]
                 use_log = bool(np.all(vals > 0) and all(b > 0 for b in bounds))  # memory: ratios matter
-                model = Proxy(families=("ridge", "xgboost"), n_members=4, cv_folds=3, random_state=seed).fit(
+                model = Proxy(families=("ridge", "xgboost"), n_members=4, cv_folds=3, random_state=seed,
+                              prior_column=prior_cols.get(c.metric) if use_log else None).fit(
                     np.array([r[0] for r in rows]), np.log(vals) if use_log else vals)
                 cons_models.append((c, model, use_log))
         # an OOM whose memory the memory model already explains is not a second, separate failure
@@ -294,7 +338,7 @@ class ProxyGuided(Strategy):
         # by acquisition with local penalization
         likely = p_ok >= 0.5
         exploit = np.where(likely, mus[0], -np.inf) if likely.any() else acq[:, 0]
-        picks = _diverse_batch(X, acq, k, multi, exploit=None if multi else exploit,
+        picks = _diverse_batch(_filled(X), acq, k, multi, exploit=None if multi else exploit,
                                n_exploit=max(1, int(round(self.exploit_share * k))))
         out = []
         for j in picks:
@@ -309,6 +353,16 @@ class ProxyGuided(Strategy):
             taken |= {space.key(c) for c in cands}
             out += [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
         return out
+
+
+def _filled(X: np.ndarray) -> np.ndarray:
+    """X with gaps (features an analytical model could not give) set to their column's mean."""
+    bad = ~np.isfinite(X)
+    if not bad.any():
+        return X
+    with np.errstate(invalid="ignore"):
+        means = np.nan_to_num(np.nanmean(np.where(bad, np.nan, X), axis=0))
+    return np.where(bad, means[None, :], X)
 
 
 def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, exploit: np.ndarray | None = None,

@@ -58,3 +58,19 @@ def test_bad_input_exits_2_with_one_line(env, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert "bad.yaml" in err[-1] and "low" in err[-1]
     assert main(["campaign", "resume", "missing", *storage, *store]) == 2
+
+
+def test_resume_asks_for_the_store_url_whose_password_was_not_stored(env, tmp_path, capsys, monkeypatch):
+    from cubic.campaign import Campaign
+    from search.space import Space
+
+    storage, _ = env
+    monkeypatch.delenv("CUBIC_STORE", raising=False)
+    space = Space.model_validate({"parameters": [{"name": "x", "type": "float", "low": 0, "high": 1}],
+                                  "objectives": [{"metric": "score"}]})
+    Campaign(space, lambda p: {"score": p["x"]}, name="pw", storage=storage[1],
+             context={"workload": "dlrm-small", "store": "postgresql://u:***@db.example/trials",
+                      "runner": {"kind": "simulated", "simulate": "h100x8"}})
+    rc = main(["campaign", "resume", "pw", *storage])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--store" in err and "password" in err

@@ -7,6 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 
@@ -179,3 +180,31 @@ def test_several_objectives_search_the_proxy_with_nsga2():
     s = c.run()
     assert s.runs == 12 and len(c.study.directions) == 2 and c.study.best_trials  # a Pareto front
     assert all(t.user_attrs["predicted"] for t in c.study.trials if t.user_attrs["round"] >= 1)
+
+
+class _PriorFeaturizer:
+    """An analytical model that knows the trend in y (the first of its two columns)."""
+
+    prior_columns = {"tput": 0}
+
+    def __call__(self, point, context):
+        return np.array([math.log(100 * (1 + math.log2(point["y"]) / 6)), float(point["y"])])
+
+
+def test_first_round_follows_the_analytical_prior_then_the_proxy_learns_its_residual():
+    space = Space.model_validate({**SPACE, "parameters": [
+        {"name": "y", "type": "categorical", "choices": [1, 2, 4, 8, 16, 32, 40, 64], "log": True},
+        {"name": "kind", "type": "categorical", "choices": ["a", "b", "c"]}]})
+
+    def f(p):
+        return toy({**p, "x": 0.3})
+
+    strat = ProxyGuided("tpe", n_inner=64, families=("ridge",), exploit_share=0.5)
+    c = Campaign(space, f, strategy=strat, budget=8, batch_size=4, seed=3, featurize=_PriorFeaturizer())
+    s = c.run()
+    first = [t for t in c.study.trials if t.user_attrs["round"] == 0]
+    from_prior = [t for t in first if (t.user_attrs["predicted"] or {}).get("source") == "step-model prior"]
+    assert len(from_prior) == 2  # half the first batch: the prior's best, the rest random
+    # the prior's favourite within the memory bound (y=40 is the largest feasible y) is in it
+    assert any(t.params["y"] == 64 or t.params["y"] == 40 for t in from_prior)
+    assert s.runs == 8 and s.best_metrics is not None

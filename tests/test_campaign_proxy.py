@@ -50,3 +50,28 @@ def test_feasibility_classifier_learns_where_runs_fail():
 def test_bad_family_is_rejected():
     with pytest.raises(ValueError, match="unknown proxy family"):
         EnsembleRegressor("forest").fit(np.zeros((3, 1)), np.zeros(3))
+
+
+def test_proxy_with_a_prior_column_learns_the_residual_and_ranks_from_few_points():
+    # y = an analytical prediction (column 2) + a per-category offset the model does not know
+    rng = np.random.default_rng(0)
+
+    def data(n):
+        cat = rng.integers(0, 2, n)
+        prior = rng.uniform(0, 3, n)
+        X = np.column_stack([cat == 0, cat == 1, prior]).astype(float)
+        return X, prior + 0.5 * (cat == 1)
+
+    X, y = data(4)
+    Xt, yt = data(200)
+    # trees on 4 points are piecewise constant: alone they cannot rank 200 new points
+    with_prior = Proxy(families=("xgboost",), n_members=3, prior_column=2).fit(X, y)
+    without = Proxy(families=("xgboost",), n_members=3).fit(X, y)
+    assert with_prior.score(Xt, yt) > 0.9
+    assert with_prior.score(Xt, yt) > without.score(Xt, yt) + 0.2
+    # a gap in the prior (no prediction for that row) is filled, not propagated as NaN
+    Xg = Xt[:3].copy()
+    Xg[0, 2] = np.nan
+    assert np.all(np.isfinite(with_prior.predict(Xg)))
+    q = Proxy.from_json(with_prior.to_json())
+    assert np.allclose(q.predict(Xt), with_prior.predict(Xt))
