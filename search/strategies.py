@@ -223,7 +223,9 @@ class ProxyGuided(Strategy):
             return [Proposal(p) for p in _fresh(space, taken, rng, k)]
         picks = _diverse_batch(_filled(X), np.zeros((len(cands), 1)), min(n_exploit, int(ok.sum())), False,
                                exploit=np.where(ok, prior, -np.inf), n_exploit=n_exploit)
-        out = [Proposal(cands[j], {"objective": float(prior[j]), "source": "step-model prior"}) for j in picks]
+        m = space.primary.metric
+        out = [Proposal(cands[j], {"objective": float(prior[j]), m: float(math.exp(prior[j])),
+                                   "source": "step-model prior"}) for j in picks]
         taken = taken | {space.key(p.point) for p in out}
         return out + [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
 
