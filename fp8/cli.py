@@ -1,7 +1,7 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory --budget-sqnr 20 --out fp8.json [--no-require-fast]
-                    [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--ci-db 1.0]
+                    [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--stride 1] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|block128|mx32
                     [--norm-before] [--act-after sigmoid] [--json]          (modelled H100 times)
     cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
@@ -47,7 +47,8 @@ def cmd_probe(args) -> int:
     placement = recommend(w, args.budget_sqnr, probe=probe, label=label, require_fast=args.require_fast, target_device=args.target,
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
-                          keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin)
+                          keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
+                          probe_stride=args.stride)
     text = placement.model_dump_json(indent=2)
     if out:
         out.write_text(text + "\n")
@@ -179,6 +180,8 @@ def register(subparsers) -> None:
                          "(default: yes)")
     pr.add_argument("--warmup-steps", type=int, default=30, help="fp32 steps before probing (default 30)")
     pr.add_argument("--max-batches", type=_positive(int), default=24, help="probe at most this many batches")
+    pr.add_argument("--stride", type=_positive(int), default=1,
+                    help="measure one training step in STRIDE, so the batches span more of training (default 1)")
     pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")
     pr.add_argument("--json", action="store_true", help="print the placement JSON")
     pr.set_defaults(func=cmd_probe)

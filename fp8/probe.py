@@ -157,8 +157,12 @@ class Probe:
     def __init__(self, model: nn.Module, recipes: Iterable[str] = ("bf16",) + FP8_RECIPES, *,
                  sites: Iterable[str] | None = None, ci_halfwidth_db: float = 1.0, confidence: float = 0.95,
                  min_batches: int = 4, max_batches: int = 24, real: bool = True, max_rows: int = 4096,
-                 seed: int = 0):
+                 seed: int = 0, stride: int = 1):
         self.model = model
+        # measure every `stride`-th training step: the batches then span stride x max_batches steps,
+        # so the interval also covers the statistics' drift over that part of training
+        self.stride = max(1, int(stride))
+        self._measuring = True
         self.recipes = tuple(recipes)
         self.ci_halfwidth_db = ci_halfwidth_db
         self.confidence = confidence
@@ -209,7 +213,7 @@ class Probe:
     def _forward_hook(self, name: str):
         def hook(mod: nn.Module, inputs, output):
             rec = self.sites[name]
-            if rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
+            if not self._measuring or rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
                 return
             x = inputs[0]
             if self.steps == 0:  # the nodes around this site in the autograd graph, for _dataflow
@@ -275,7 +279,7 @@ class Probe:
         self._leaf_order = order
 
     def _model_hook(self, mod: nn.Module, inputs, output) -> None:
-        if self.steps == 0 and not self._dataflow_done:
+        if self._measuring and self.steps == 0 and not self._dataflow_done:
             self._dataflow(output)
 
     def _dataflow(self, output) -> None:
@@ -329,14 +333,23 @@ class Probe:
 
     def run(self, step_fn: Callable[[int], None], start_step: int = 0) -> "Probe":
         """Call ``step_fn(step)`` (one training step: forward, backward, optimizer) until every
-        site's intervals are narrow or ``max_batches`` steps have run."""
+        site's intervals are narrow or ``max_batches`` steps have been measured (one in every
+        ``stride`` steps; the others train without the Probe looking)."""
         with self:
             step = start_step
+            self.trained_steps = 0
             while not self.done and self.steps < self.max_batches:
+                for _ in range(self.stride - 1):
+                    self._measuring = False
+                    step_fn(step)
+                    step += 1
+                    self.trained_steps += 1
+                self._measuring = True
                 step_fn(step)
                 if self.steps == 0:
                     self.note_order()
                 self.steps += 1
+                self.trained_steps += 1
                 step += 1
         return self
 

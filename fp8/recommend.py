@@ -19,9 +19,10 @@ from fp8.recipes import ALL_RECIPES, FP8_RECIPES
 
 def probe_workload(workload: Workload, config: Config | None = None, *, warmup_steps: int = 30,
                    recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
-                   min_batches: int = 4, max_batches: int = 24, device: str = "cpu") -> tuple[Probe, Any]:
+                   min_batches: int = 4, max_batches: int = 24, device: str = "cpu", stride: int = 1) -> tuple[Probe, Any]:
     """Train ``warmup_steps`` in fp32 (statistics of a trained model, not of the init), then keep
-    training with the Probe attached until every site's intervals are narrow."""
+    training with the Probe attached, measuring one step in ``stride``, until every site's
+    intervals are narrow."""
     from fp8.train import Trainer
 
     bad = [r for r in recipes if r not in ALL_RECIPES]
@@ -30,7 +31,7 @@ def probe_workload(workload: Workload, config: Config | None = None, *, warmup_s
     trainer = Trainer(workload, config, device=device)
     trainer.train(warmup_steps)
     probe = Probe(trainer.model, recipes, ci_halfwidth_db=ci_halfwidth_db, min_batches=min_batches,
-                  max_batches=max_batches)
+                  max_batches=max_batches, stride=stride)
     probe.run(trainer.step, start_step=warmup_steps)
     return probe, trainer
 
@@ -79,7 +80,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               probe: Probe | None = None, require_fast: bool = True, target_device: str = "h100",
               target_batch: int | None = None, fast_threshold: float = 1.0, dispatcher: Dispatcher | None = None,
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
-              keep_first_last: bool = True, unsure_margin: bool = True, label: str | None = None) -> Placement:
+              keep_first_last: bool = True, unsure_margin: bool = True, probe_stride: int = 1,
+              label: str | None = None) -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -97,7 +99,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         if workload is None:
             raise SpecError("give a workload or a probe", field="workload")
         probe, _ = probe_workload(workload, config, warmup_steps=warmup_steps, max_batches=max_batches,
-                                  ci_halfwidth_db=ci_halfwidth_db)
+                                  ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride)
     device = load_device(target_device)
     dispatcher = dispatcher or Dispatcher()
     batch = (config.batch_size if config and config.batch_size else None) or (
@@ -161,7 +163,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         "budget_sqnr_db": budget_db, "target_device": target_device, "probe_device": str(dispatcher.device),
         "require_fast": require_fast,
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
-                  "min_batches": probe.min_batches, "max_batches": probe.max_batches,
+                  "min_batches": probe.min_batches, "max_batches": probe.max_batches, "stride": probe.stride,
                   "warmup_steps": warmup_steps, "target_batch": target_batch or batch,
                   "conservative": {"keep_first_last": keep_first_last, "unsure_margin": unsure_margin},
                   "order": order, "kept_ends": sorted(ends),

@@ -258,3 +258,22 @@ def test_probe_sees_functional_activations_and_norms():
     assert s["a"]["act_after"] == "relu" and not s["a"]["norm_before"]
     assert s["b"]["act_after"] == "sigmoid" and s["b"]["norm_before"]  # through the view
     assert s["c"]["act_after"] is None and not s["c"]["norm_before"]
+
+
+def test_probe_stride_spreads_the_batches_over_training():
+    calls = []
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def step(i):
+        calls.append(i)
+        loss = model(torch.randn(32, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    p = Probe(model, ("rowwise",), min_batches=3, max_batches=3, ci_halfwidth_db=1e-9, stride=4).run(step, start_step=10)
+    assert calls == list(range(10, 22)) and p.trained_steps == 12 and p.steps == 3
+    s = p.summary()
+    assert all(v["batches"] == 3 for v in s.values()) and s["0"]["act_after"] == "relu"
