@@ -243,11 +243,32 @@ def measure_cpu_device(threads: int | None = None, shape: tuple[int, int, int] =
 _CPU_DEVICES: dict[int, DeviceSpec] = {}
 
 
-def cpu_device(threads: int = 1) -> DeviceSpec:
-    """:func:`measure_cpu_device`, measured once per process and thread count (it takes seconds)."""
-    if threads not in _CPU_DEVICES:
-        _CPU_DEVICES[threads] = measure_cpu_device(threads)
-    return _CPU_DEVICES[threads]
+def cpu_device(threads: int = 1, cache_dir: str | Path = ".cubic") -> DeviceSpec:
+    """:func:`measure_cpu_device`, measured once per machine fingerprint and thread count and kept in
+    ``cache_dir`` (it takes seconds, and a campaign's prior must not change when it is resumed, or
+    when the machine happened to be busy during one measurement)."""
+    if threads in _CPU_DEVICES:
+        return _CPU_DEVICES[threads]
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+
+    path = Path(cache_dir) / f"cpu_device-{fingerprint_hash(fingerprint('cpu'))}-t{threads}.json"
+    device = None
+    if path.is_file():
+        try:
+            device = DeviceSpec.model_validate_json(path.read_text())
+        except ValueError:  # a damaged cache is measured again, not trusted
+            device = None
+    if device is None:
+        device = measure_cpu_device(threads)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(device.model_dump_json(indent=1))
+            os.replace(tmp, path)  # atomic: concurrent campaigns never read half a file
+        except OSError:
+            pass  # a read-only directory: measure per process
+    _CPU_DEVICES[threads] = device
+    return device
 
 
 def cpu_cluster(device: DeviceSpec) -> ClusterSpec:

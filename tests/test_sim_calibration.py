@@ -61,3 +61,14 @@ def test_bad_calibration_input():
     with pytest.raises(SpecError, match="> 0"):
         StepModelCalibrator(CPU).fit(cpu_cases()[:3], [1.0, -1.0, 1.0])
     assert mape([1.0, 2.0], [1.1, 1.8]) == pytest.approx(10.0)
+
+
+def test_cpu_device_is_read_from_its_cache_so_a_resumed_campaign_keeps_its_prior(tmp_path, monkeypatch):
+    from cost_models import calibration
+    from cubic.fingerprint import fingerprint, fingerprint_hash
+
+    monkeypatch.setattr(calibration, "_CPU_DEVICES", {})
+    cached = CPU.device.model_copy(update={"peak_flops_fp32": 1.234e11})
+    (tmp_path / f"cpu_device-{fingerprint_hash(fingerprint('cpu'))}-t3.json").write_text(cached.model_dump_json())
+    monkeypatch.setattr(calibration, "measure_cpu_device", lambda *a, **k: pytest.fail("measured again"))
+    assert calibration.cpu_device(3, cache_dir=tmp_path).peak_flops_fp32 == 1.234e11
