@@ -139,6 +139,18 @@ def measure_table(space: Space, workload, runner, store, steps: int, warmup: int
         m["top2_spread"] = vals[0] / vals[1] if len(vals) > 1 else 1.0  # the repeatability of the kept value
         table[key] = Evaluation(metrics=m, ok=True, source=best.source, extra=dict(best.extra))
     log(f"  {workload.name}: {len(pts)} configs x {passes} passes in {time.time() - t0:.0f}s ({served} from the store)")
+    if passes > 1:
+        # test-retest: how well one pass ranks the configurations the way another pass does. No model
+        # can rank held-out configurations much better than the measurement repeats itself.
+        from cost_models.proxy import kendall_tau
+
+        both = [[e.metrics[space.primary.metric] for e in evs] for evs in runs.values()
+                if len(evs) == passes and all(e.ok for e in evs)]
+        taus = {f"{i + 1}v{j + 1}": kendall_tau([b[i] for b in both], [b[j] for b in both])
+                for i in range(passes) for j in range(i + 1, passes)}
+        for e in table.values():
+            e.extra["retest_tau"] = taus
+        log(f"  test-retest Kendall tau between passes: {taus}")
     return table
 
 
@@ -331,6 +343,7 @@ def main() -> None:
                             "pass_spread_median": float(np.median(spreads)) if spreads else None,
                             "pass_spread_max": float(max(spreads)) if spreads else None,
                             "top2_spread_median": float(np.median(top2)) if top2 else None,
+                            "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
                             "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
                                             "while the machine was busy is up to 2-3x slower); top2_spread = "
                                             "fastest/second fastest: how repeatable the kept value is"), "store": str(STORE_PATH.relative_to(ROOT)),
