@@ -621,7 +621,8 @@ class RunnerEvaluate:
         fp = expected_fingerprint_hash(self.runner)
         if self.store is not None and fp is not None:
             cached = self.store.cached_trial(self.workload.content_hash(), config.content_hash(), fp, source,
-                                             steps=self.steps, warmup=self.warmup)
+                                             steps=self.steps, warmup=self.warmup,
+                                             threads=getattr(self.runner, "threads", None))
             if cached is not None:
                 self.served += 1
                 ev = as_evaluation(cached.result)

@@ -150,7 +150,7 @@ def _add_workloads(sub: Any) -> None:
 
 # -- run ------------------------------------------------------------------------------------------
 
-def _local_runner(timeout_s: float, device: str):
+def _local_runner(timeout_s: float, device: str, threads: int | None = None):
     try:
         from cubic.runner import LocalRunner
     except ModuleNotFoundError as e:
@@ -159,7 +159,7 @@ def _local_runner(timeout_s: float, device: str):
         raise SpecError("the local runner (cubic.runner) is not available in this installation",
                         field="run") from None
 
-    return LocalRunner(timeout_s=timeout_s, device=device)
+    return LocalRunner(timeout_s=timeout_s, device=device, threads=threads)
 
 
 def _simulated_runner(spec: str):
@@ -176,7 +176,7 @@ def _simulated_runner(spec: str):
 def _make_runner(args: argparse.Namespace):
     if args.simulate:
         return _simulated_runner(args.simulate)
-    return _local_runner(args.timeout, args.device)
+    return _local_runner(args.timeout, args.device, getattr(args, "threads", None))
 
 
 def _expected_fingerprint_hash(runner: Any) -> str | None:
@@ -222,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cached = None
     if fp_hash is not None:
         cached = store.cached_trial(workload.content_hash(), config.content_hash(), fp_hash, source,
-                                    steps=args.steps, warmup=args.warmup)
+                                    steps=args.steps, warmup=args.warmup, threads=getattr(runner, "threads", None))
     if cached is not None:
         result, trial_id = cached.result, cached.id
     else:
@@ -251,6 +251,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
                    help="time limit of the run in seconds (default 600)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="intra-op threads of the run (default: torch's default, one per core); on a shared "
+                        "machine 1 is faster and far less noisy")
     p.add_argument("--force", action="store_true", help="run even if the store holds this trial already")
     p.add_argument("--json", dest="json_out", metavar="OUT", help="write the Result as JSON to this file")
     p.add_argument("--simulate", metavar="CLUSTERxN",

@@ -378,10 +378,12 @@ class TrialStore:
         *,
         steps: int | None = None,
         warmup: int | None = None,
+        threads: int | None = None,
     ) -> Trial | None:
         """The newest stored trial that may stand in for a new run of this config on this machine:
         an ok result or a deterministic failure (oom, nan, error, invalid). Transient failures
-        (timeout, killed) are never served. ``steps``/``warmup``, when given, must match too."""
+        (timeout, killed) are never served. ``steps``/``warmup``, when given, must match too, and so
+        must ``threads`` (the intra-op threads the run used, in its ``extra``), where a result says."""
         t = trials_table.c
         q = select(trials_table).where(
             t.workload_hash == workload_hash,
@@ -394,9 +396,18 @@ class TrialStore:
             q = q.where(t.steps == steps)
         if warmup is not None:
             q = q.where(t.warmup == warmup)
+        if threads is None:
+            with self._read() as conn:
+                row = conn.execute(q.order_by(t.id.desc()).limit(1)).mappings().first()
+            return self._trial(row) if row else None
         with self._read() as conn:
-            row = conn.execute(q.order_by(t.id.desc()).limit(1)).mappings().first()
-        return self._trial(row) if row else None
+            rows = conn.execute(q.order_by(t.id.desc()).limit(50)).mappings().all()
+        for row in rows:
+            trial = self._trial(row)
+            used = trial.result.extra.get("threads")
+            if used is None or int(used) == int(threads):
+                return trial
+        return None
 
     def lookup(
         self,

@@ -157,15 +157,17 @@ def register(subparsers) -> None:
     from sharding.planners import PLANNERS
 
     p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
+    from cubic.cli import _positive_int
+
     sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
     pl = sub.add_parser("plan", help="plan the sharding of a set of tables")
     pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
-    pl.add_argument("--world-size", type=int, default=None)
+    pl.add_argument("--world-size", type=_positive_int, default=None)
     pl.add_argument("--memory-gb", type=float, default=None, help="memory per rank, GB")
-    pl.add_argument("--group-size", type=int, default=None, help="2D sparse parallelism: ranks per group")
-    pl.add_argument("--batch-size", type=int, default=None, help="examples per rank per step")
-    pl.add_argument("--ranks-per-node", type=int, default=None)
+    pl.add_argument("--group-size", type=_positive_int, default=None, help="2D sparse parallelism: ranks per group")
+    pl.add_argument("--batch-size", type=_positive_int, default=None, help="examples per rank per step")
+    pl.add_argument("--ranks-per-node", type=_positive_int, default=None)
     pl.add_argument("--device", default=None, help="cpu (calibrated comm) or a modelled device, e.g. h100")
     pl.add_argument("--planner", default="cubic", choices=PLANNERS)
     pl.add_argument("--model", default=None, help="cost model JSON (default: the shipped one)")

@@ -54,7 +54,7 @@ def ok_result(**metrics):
 
 
 def use_runner(monkeypatch, runner):
-    monkeypatch.setattr(cli, "_local_runner", lambda timeout_s, device: runner)
+    monkeypatch.setattr(cli, "_local_runner", lambda timeout_s, device, threads=None: runner)
     return runner
 
 

@@ -93,6 +93,16 @@ def test_lookup_respects_run_length(store):
     assert store.cached_trial(*key, steps=10).steps == 10
 
 
+def test_a_run_with_other_intra_op_threads_is_not_served(store):
+    cfg = Config()
+    store.record(W, cfg, ok_result(eps=100.0, extra={"threads": 2}), steps=10, warmup=2)
+    store.record(W, cfg, ok_result(eps=900.0, extra={"threads": 1}), steps=10, warmup=2)
+    key = (W.content_hash(), cfg.content_hash(), "fp-a")
+    assert store.cached_trial(*key, steps=10, threads=2).result.metrics["examples_per_s"] == 100.0
+    assert store.cached_trial(*key, steps=10, threads=1).result.metrics["examples_per_s"] == 900.0
+    assert store.cached_trial(*key, steps=10, threads=4) is None
+
+
 def test_failed_results_are_recorded_with_reason_and_nan(store):
     r = Result.failed("nan", "loss became NaN at step 7", fingerprint_hash="fp-a",
                       metrics={"loss_end": float("nan"), "examples_per_s": 5.0},
