@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 from sklearn.base import BaseEstimator
+from sklearn.preprocessing import StandardScaler
 
 FAMILIES = ("xgboost", "mlp", "gp", "ridge")
 
@@ -37,16 +38,6 @@ def kendall_tau(y_true, y_pred) -> float:
         return 0.0
     tau = kendalltau(np.asarray(y_true), np.asarray(y_pred)).statistic
     return 0.0 if tau is None or not np.isfinite(tau) else float(tau)
-
-
-class _Scaler:
-    def __init__(self, x: np.ndarray):
-        self.mean = x.mean(axis=0)
-        self.std = x.std(axis=0)
-        self.std[self.std < 1e-12] = 1.0
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return (x - self.mean) / self.std
 
 
 class EnsembleRegressor(BaseEstimator):
@@ -68,10 +59,10 @@ class EnsembleRegressor(BaseEstimator):
             raise ValueError(f"X must be 2-D with one row per target (got {X.shape} and {y.shape})")
         if self.kind not in FAMILIES:
             raise ValueError(f"unknown proxy family {self.kind!r} (known: {', '.join(FAMILIES)})")
-        self.x_scaler_ = _Scaler(X)
+        self.x_scaler_ = StandardScaler().fit(X)  # constant columns keep scale 1
         self.y_mean_ = float(y.mean())
         self.y_std_ = float(y.std()) or 1.0
-        Xs, ys = self.x_scaler_(X), (y - self.y_mean_) / self.y_std_
+        Xs, ys = self.x_scaler_.transform(X), (y - self.y_mean_) / self.y_std_
         self.members_ = getattr(self, f"_fit_{self.kind}")(Xs, ys)
         self.n_features_in_ = X.shape[1]
         return self
@@ -140,7 +131,7 @@ class EnsembleRegressor(BaseEstimator):
         return [BayesianRidge().fit(X, y)]
 
     def predict(self, X, return_std: bool = False):
-        X = self.x_scaler_(np.asarray(X, dtype=np.float64))
+        X = self.x_scaler_.transform(np.asarray(X, dtype=np.float64))
         if self.kind in ("gp", "ridge"):
             mu, sd = self.members_[0].predict(X, return_std=True)
         else:

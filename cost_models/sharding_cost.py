@@ -21,12 +21,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 
 # Positions of the additive sums inside a rank-feature row (see sharding.estimate.RANK_FEATURES).
 N_SUMS = 7
 
 
-class ShardingCostModel:
+class ShardingCostModel(BaseEstimator, RegressorMixin):
+    """scikit-learn estimator (get_params/set_params/score from its bases); fitted attributes end in _."""
+
     def __init__(self, hidden: tuple[int, ...] = (64, 64), alpha: float = 1e-4, max_iter: int = 3000,
                  random_state: int = 0):
         self.hidden = hidden
