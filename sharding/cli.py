@@ -154,7 +154,7 @@ def cmd_calibrate(args) -> int:
 
 def register(subparsers) -> None:
     from cubic.cli import add_store_argument
-    from sharding.planners import PLANNERS
+    from sharding.types import PLANNERS
 
     p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
     from cubic.cli import _positive_int

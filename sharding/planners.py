@@ -34,7 +34,7 @@ from cubic.spec import SpecError, Table, Topology
 from sharding.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces
 from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
-from sharding.types import Plan, Shard, Storage
+from sharding.types import PLANNERS, Plan, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
 
 
 @dataclass
@@ -444,5 +444,3 @@ def make_planner(name: str, seed: int = 0, estimator: Estimator | None = None, *
         return TorchRecPlanner(estimator=estimator)
     return HeuristicPlanner(name, seed=seed, estimator=estimator)
 
-
-PLANNERS = ("cubic", "torchrec", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")

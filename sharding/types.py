@@ -33,6 +33,10 @@ from pydantic import Field, model_validator
 
 from cubic.spec import Frozen, SpecError, Table, Topology, parse_model, read_structured
 
+# planner names (sharding.planners.make_planner builds them); here so that the CLI can list them
+# without importing torch
+PLANNERS = ("cubic", "torchrec", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+
 PLAN_VERSION = 1
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
 SHARDING_TYPES: tuple[str, ...] = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
