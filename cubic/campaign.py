@@ -607,9 +607,14 @@ class RunnerEvaluate:
     def attach(self, campaign: "Campaign") -> None:
         """Create the campaign's row in the trial store (once) so trials can carry its id."""
         self.campaign = campaign.name
-        if self.store is not None and self.store.get_campaign(campaign.name) is None:
-            self.store.create_campaign(campaign.name, spec=campaign.study.user_attrs.get(META_KEY, {}),
-                                       workload=self.workload.name)
+        if self.store is None:
+            return
+        spec = campaign.study.user_attrs.get(META_KEY, {})
+        row = self.store.get_campaign(campaign.name)
+        if row is None:
+            self.store.create_campaign(campaign.name, spec=spec, workload=self.workload.name)
+        elif row.spec != spec:  # a replaced campaign of the same name: its settings, not the old ones
+            self.store.update_campaign(campaign.name, spec=spec, workload=self.workload.name, status="running")
 
     def __call__(self, point: dict[str, Any]) -> Evaluation:
         config = self.space.to_config(point, self.base_config)

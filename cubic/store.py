@@ -303,9 +303,17 @@ class TrialStore:
         return [self._campaign(r) for r in rows]
 
     def set_campaign_status(self, name_or_id: str | int, status: str) -> None:
+        self.update_campaign(name_or_id, status=status)
+
+    def update_campaign(self, name_or_id: str | int, *, status: str | None = None,
+                        spec: dict[str, Any] | None = None, workload: str | None = None) -> None:
+        """Change a campaign row (e.g. its settings when the campaign is replaced); its trials stay."""
+        values = {k: v for k, v in (("status", status), ("spec", spec), ("workload", workload)) if v is not None}
+        if not values:
+            return
         col = campaigns_table.c.id if isinstance(name_or_id, int) else campaigns_table.c.name
         with self._write() as conn:
-            n = conn.execute(update(campaigns_table).where(col == name_or_id).values(status=status)).rowcount
+            n = conn.execute(update(campaigns_table).where(col == name_or_id).values(**values)).rowcount
         if n == 0:
             raise SpecError(f"no campaign {name_or_id!r} in {self._safe}", field="campaign")
 

@@ -133,6 +133,11 @@ def test_campaigns(store):
     with pytest.raises(SpecError, match="no campaign"):
         store.record(W, Config(), ok_result(), campaign="missing")
     assert len(store.trials()) == 2  # the failed record left nothing behind
+    # a replaced campaign of the same name: new settings, same row, its trials kept
+    store.update_campaign("c1", spec={"budget": 20}, status="running")
+    c = store.get_campaign("c1")
+    assert c.id == cid and c.spec == {"budget": 20} and c.status == "running"
+    assert len(store.trials(campaign="c1")) == 1
 
 
 def test_filters_never_mix_sources_unless_asked(store):
