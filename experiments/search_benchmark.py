@@ -274,7 +274,9 @@ def plot(results: dict, path: Path) -> None:
         ax.set_ylim(max(0.5, ax.get_ylim()[0]), 1.01)
         ax.set_xlabel("real runs")
         ax.set_ylabel("best feasible throughput / best known")
-        ax.set_title(f"{name}\n{r['kind']}", fontsize=8)
+        import textwrap
+
+        ax.set_title(f"{name}\n" + "\n".join(textwrap.wrap(r["kind"], 70)), fontsize=8)
         ax.legend(fontsize=8)
     fig.suptitle("search_benchmark: median over seeds, band = min..max", fontsize=10)
     fig.tight_layout()
