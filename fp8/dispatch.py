@@ -12,7 +12,8 @@ layer costs in training). The measurement is built to survive a shared, noisy ma
   a kernel's time is the median of its samples;
 - sequential: after ``repeats`` rounds, the acceptable kernels that a one-sided Mann-Whitney test
   cannot tell apart from the fastest (p >= ``alpha``) get more rounds, up to ``max_repeats``.
-  Kernels that remain indistinguishable are a statistical tie: either is "the fastest" here.
+  Kernels that remain indistinguishable are a statistical tie: either is "the fastest" here, and
+  the tie goes to the more accurate one (fp32, then the higher SQNR lower bound).
 
 Timings are cached by (shape, dtypes, device) in memory and, optionally, in a JSON file; decisions
 by that key plus the budget and the set of acceptable kernels.
@@ -229,9 +230,21 @@ class Dispatcher:
         samples = self.samples.get(self.key(m, k, n), {})
         ties = tuple(a for _, a in ranked[1:] if a in samples and best in samples
                      and not slower(samples[a], samples[best], self.alpha))
+        note = ""
+        if ties:
+            # kernels this measurement cannot tell apart in speed: the more accurate one costs nothing
+            def accuracy(name: str) -> float:
+                r = self.kernels[name].recipe
+                return math.inf if r == "fp32" else recipe_sqnr_low.get(r, -math.inf)
+
+            pick = max((best, *ties), key=accuracy)
+            if pick != best:
+                ties = (best, *(a for a in ties if a != pick))
+                best, t = pick, times[pick]
+                note = "; the tie goes to the more accurate kernel"
         rejected = sorted(set(times) - set(acceptable))
         reason = f"fastest of {len(ranked)} acceptable kernels" + (
-            f" (statistically tied with {', '.join(ties)})" if ties else "") + (
+            f" (statistically tied with {', '.join(ties)}{note})" if ties else "") + (
             f"; over budget: {', '.join(rejected)}" if rejected else "")
         d = Decision(best, t, tuple(acceptable), dict(times), reason, ties)
         self.decisions[dkey] = d

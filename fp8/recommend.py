@@ -143,7 +143,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             which = "last" if name == order[-1] else "first (input)"
             recipe, reason = None, f"keep_first_last: the {which} layer stays in high precision"
         low = {r: e["ci_low_db"] for r, e in errors.items()} | {"fp32": 200.0}
-        d = dispatcher.decide(m, s["k"], s["n"], low, budget_db)
+        d = dispatcher.decide(m, s["k"], s["n"], low, budget_here)  # the same bar as the site's recipe
         kernel = None
         if recipe is not None:
             impl = {k.name for k in kernels_for_recipe(recipe)}

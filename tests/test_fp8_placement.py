@@ -277,3 +277,14 @@ def test_probe_stride_spreads_the_batches_over_training():
     assert calls == list(range(10, 22)) and p.trained_steps == 12 and p.steps == 3
     s = p.summary()
     assert all(v["batches"] == 3 for v in s.values()) and s["0"]["act_after"] == "relu"
+
+
+def test_dispatch_tie_goes_to_the_more_accurate_kernel():
+    d = Dispatcher({k: KERNELS[k] for k in ("fp32", "bf16")}, repeats=6, max_repeats=6)
+    key = d.key(64, 32, 16)
+    # bf16's median is lower, but the samples overlap: a statistical tie
+    d.samples[key] = {"fp32": [1.00, 1.02, 0.98, 1.01, 0.99, 1.03], "bf16": [0.99, 1.01, 0.97, 1.00, 1.02, 0.985]}
+    d.timings[key] = {k: sorted(v)[3] for k, v in d.samples[key].items()}
+    dec = d.decide(64, 32, 16, {"bf16": 50.0}, 24.0)
+    assert dec.kernel == "fp32" and dec.ties == ("bf16",) and "more accurate" in dec.reason
+    assert d.measurements == 0
