@@ -102,10 +102,12 @@ def with_eval_batch(w, n: int):
 
 def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_batches: int, ci_db: float,
                       dispatcher: Dispatcher, core_seeds: int, max_seeds: int, wall_budget_s: float,
-                      eval_batch: int = EVAL_BATCH, stride: int = 1) -> dict:
+                      eval_batch: int = EVAL_BATCH, stride: int = 1, floor_every_seed: bool = True) -> dict:
     """Probe, recommend, then train paired seeds: every variant on the first ``core_seeds`` seeds;
-    after that only full precision and the recommendation (the target's comparison), until the
-    recommendation's interval is inside the target, ``max_seeds``, or ``wall_budget_s`` of training."""
+    after that full precision, the recommendation (the target's comparison) and, with
+    ``floor_every_seed``, bf16 (its reference: how far any numerical perturbation moves NE here),
+    until the recommendation's interval is inside the target, ``max_seeds``, or ``wall_budget_s``
+    of training."""
     w = load_workload(name)
     t0 = time.perf_counter()
     # the Probe measures one step in `stride` from `warmup` on, so its batches span the training window
@@ -138,7 +140,8 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         core = seed < core_seeds
         base = train_variant(wt, None, steps, seed=seed)
         runs.setdefault("full_precision", base)
-        todo = ["recommended"] + (["all_fp8_tensorwise", "all_fp8_rowwise", "bf16_noise_floor"] if core else [])
+        todo = ["recommended"] + (["bf16_noise_floor"] if core or floor_every_seed else []) + (
+            ["all_fp8_tensorwise", "all_fp8_rowwise"] if core else [])
         for vname in todo:
             if vname == "bf16_noise_floor":
                 r = train_variant(wt, None, steps, seed=seed,
@@ -159,6 +162,12 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
                                                or elapsed > wall_budget_s):
             break
     stats = {v: paired(list(d.values())) | {"seed_ids": list(d)} for v, d in per_seed.items()}
+    # the recommendation against bf16 on every site, paired by seed: is FP8 on the chosen sites any worse
+    # than the trajectory divergence a far smaller perturbation (bf16, ~50 dB) already causes?
+    both = [sd for sd in per_seed["recommended"] if sd in per_seed["bf16_noise_floor"]]
+    rec_vs_bf16 = paired([per_seed["recommended"][sd] - per_seed["bf16_noise_floor"][sd] for sd in both])
+    print(f"[{name}] recommended minus bf16 (paired): {100 * rec_vs_bf16['mean']:+.3f}%, 95% CI "
+          f"[{100 * rec_vs_bf16['ci95'][0]:+.3f}%, {100 * rec_vs_bf16['ci95'][1]:+.3f}%] over {rec_vs_bf16['seeds']} seeds")
     for vname, st in stats.items():
         runs[vname]["ne_rel_diff"] = st["mean"]
         print(f"[{name}] {vname:22s} NE vs full precision: mean {100 * st['mean']:+.3f}% rel, 95% CI "
@@ -212,6 +221,7 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "runs": runs, "ne_rel_diff": stats, "probe_eval": probe_eval,
         "recommended_ne_rel_diff": stats["recommended"]["mean"],
         "recommended_ci95": stats["recommended"]["ci95"],
+        "recommended_minus_bf16": rec_vs_bf16,
         "target": target,
         "recommended_meets_target": target["met"],
         # degradation beyond trajectory noise: worse than full precision by more than bf16's divergence
@@ -390,20 +400,23 @@ def main() -> None:
     t_start = time.perf_counter()
     if args.quick:
         # workload: (steps, core seeds with every variant, max seeds, training wall budget in s,
-        #            Probe warmup steps, Probe stride)
-        wls = {"dlrm-small": (20, 2, 3, 30.0, 5, 2)}
+        #            Probe warmup steps, Probe stride, bf16 on every seed)
+        wls = {"dlrm-small": (20, 2, 3, 30.0, 5, 2, True)}
         max_b, ci, sizes, qrep, qmax, erep, eval_batch = 4, 3.0, [1024, 8192, 32768], 3, 6, 5, 4096
     else:
         # dlrm-small trains ~10x faster than wukong-small: 600 steps (NE ~0.93 instead of ~1.0 at 150, and a
         # per-seed spread of the paired difference ~3x smaller) and as many paired seeds as its budget allows.
+        # dlrm-small's every seed also trains bf16 on every site, the reference the recommendation is compared
+        # with (wukong-small's seeds cost ~3x more: bf16 there on the core seed only).
         # The Probe's batches (up to 24, until its 95% CI is +-1 dB) span the quality runs' window after its
         # warmup (stride x 24 steps).
-        wls = {"dlrm-small": (600, 2, 24, 660.0, 100, 20), "wukong-small": (150, 1, 8, 400.0, 30, 5)}
+        wls = {"dlrm-small": (600, 2, 24, 660.0, 100, 20, True), "wukong-small": (150, 1, 8, 400.0, 30, 5, False)}
         max_b, ci, sizes, qrep, qmax, erep, eval_batch = (24, 1.0, [1024, 2048, 4096, 8192, 16384, 32768],
                                                           5, 15, 15, EVAL_BATCH)
     dispatcher = Dispatcher(repeats=qrep, max_repeats=qmax)
-    quality = [quality_and_probe(w, args.budget, steps, warmup, max_b, ci, dispatcher, core, mx, wall, eval_batch, stride)
-               for w, (steps, core, mx, wall, warmup, stride) in wls.items()]
+    quality = [quality_and_probe(w, args.budget, steps, warmup, max_b, ci, dispatcher, core, mx, wall, eval_batch, stride,
+                                 floor)
+               for w, (steps, core, mx, wall, warmup, stride, floor) in wls.items()]
     shapes = []
     seen = set()
     for q in quality:
@@ -425,8 +438,8 @@ def main() -> None:
                     "dispatch_judged_on": disp["judged_on"], "dispatch_tie_rule": TIE_RULE},
         "settings": {"quick": args.quick, "budget_sqnr_db": args.budget,
                      "workloads": {w: {"steps": st, "core_seeds": c, "max_seeds": mx, "training_wall_budget_s": wb,
-                                       "probe_warmup_steps": wu, "probe_stride": sd}
-                                   for w, (st, c, mx, wb, wu, sd) in wls.items()},
+                                       "probe_warmup_steps": wu, "probe_stride": sd, "bf16_every_seed": fl}
+                                   for w, (st, c, mx, wb, wu, sd, fl) in wls.items()},
                      "eval_batch": eval_batch, "confidence": CONFIDENCE,
                      "max_batches": max_b, "ci_halfwidth_db": ci, "grid_sizes": sizes,
                      "recommendation": "conservative defaults: keep_first_last, unsure_margin (fp8/recommend.py)"},
@@ -445,7 +458,9 @@ def main() -> None:
         print(f"[{q['workload']}] recommended ({len(q['recommended_sites'])}/{len(q['placement']['sites'])} sites in "
               f"FP8): {q['target']['text']}; all-FP8 tensorwise {100 * st['all_fp8_tensorwise']['mean']:+.3f}%, "
               f"rowwise {100 * st['all_fp8_rowwise']['mean']:+.3f}%, bf16 noise floor "
-              f"{100 * st['bf16_noise_floor']['mean']:+.3f}% (measured, means over paired seeds)")
+              f"{100 * st['bf16_noise_floor']['mean']:+.3f}% (measured, means over paired seeds); recommended minus bf16 "
+              f"{100 * q['recommended_minus_bf16']['mean']:+.3f}% [{100 * q['recommended_minus_bf16']['ci95'][0]:+.3f}%, "
+              f"{100 * q['recommended_minus_bf16']['ci95'][1]:+.3f}%]")
     print(f"wrote {out} and {png_path(name)} in {payload['wall_s'] / 60:.1f} min")
 
 
