@@ -567,7 +567,10 @@ def _world_size(context: dict[str, Any]) -> int:
     """GPUs (ranks) of the campaign's runs: ``context["world_size"]``, or the simulated cluster's."""
     if context.get("world_size"):
         return int(context["world_size"])
-    spec = str((context.get("runner") or {}).get("simulate") or "")
+    r = context.get("runner") or {}
+    if r.get("kind") == "distributed":
+        return int(r.get("world_size") or 1)
+    spec = str(r.get("simulate") or "")
     tail = spec.rsplit("x", 1)[-1]
     return int(tail) if tail.isdigit() else 1
 

@@ -33,6 +33,11 @@ def _runner_from_context(ctx: dict[str, Any]):
         from cubic.sim import SimulatedRunner
 
         inner = SimulatedRunner.from_spec(r["simulate"])
+    elif kind == "distributed":
+        from sharding.distributed import DistributedRunner
+
+        # sharded configs on W local processes (torch.distributed, gloo): real all-to-alls
+        inner = DistributedRunner(int(r["world_size"]), timeout_s=r.get("timeout", 300.0), verify=False)
     else:
         try:
             from cubic.runner import LocalRunner
@@ -74,7 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_dir = Path(args.report) if args.report else None
     if report_dir is not None and not report_dir.parent.is_dir():
         raise SpecError("the parent directory does not exist", source=str(report_dir), field="--report")
-    runner_ctx = {"kind": "simulated" if args.simulate else "local", "simulate": args.simulate,
+    if args.world_size > 1 and args.simulate:
+        raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
+                        field="--world-size")
+    kind = "simulated" if args.simulate else ("distributed" if args.world_size > 1 else "local")
+    runner_ctx = {"kind": kind, "simulate": args.simulate, "world_size": args.world_size,
                   "steps": args.steps, "warmup": args.warmup, "timeout": args.timeout, "device": args.device,
                   "threads": args.threads,
                   "ray": bool(args.ray or args.ray_address), "ray_address": args.ray_address,
@@ -226,6 +235,9 @@ def register(sub: Any) -> None:
     run.add_argument("--warmup", type=_nonnegative_int, default=3, help="warm-up steps per run (default 3)")
     run.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="per run (default 300)")
     run.add_argument("--device", default="auto")
+    run.add_argument("--world-size", type=_positive_int, default=1,
+                     help="local processes per run (default 1); > 1 runs sharded configs with torch.distributed "
+                          "(gloo), e.g. with the space cubic/data/space-sharding-cpu.yaml")
     run.add_argument("--threads", type=_positive_int, default=1,
                      help="intra-op threads per local run (default 1: on a shared machine one thread per run "
                           "is faster and far less noisy than several)")

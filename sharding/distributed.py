@@ -234,6 +234,18 @@ class DistributedRunner(Runner):  # type: ignore[misc,valid-type]
         self.timeout_s = timeout_s
         self.verify = verify
 
+    def fingerprint(self) -> dict:
+        """This machine's fingerprint plus what makes a W-process run differ from a one-process run
+        of the same config (so that the trial store never serves one for the other)."""
+        from cubic.fingerprint import fingerprint
+
+        return {**fingerprint("cpu"), "runner": "distributed", "world_size": self.world_size, "backend": "gloo"}
+
+    def fingerprint_hash(self) -> str:
+        from cubic.fingerprint import fingerprint_hash
+
+        return fingerprint_hash(self.fingerprint())
+
     def _plan(self, workload: Workload, config: Config) -> Plan:
         from sharding.inputs import topology_for
         from sharding.planners import make_planner
@@ -249,11 +261,11 @@ class DistributedRunner(Runner):  # type: ignore[misc,valid-type]
     def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5, progress=None) -> Result:
         import torch.multiprocessing as mp
 
-        from cubic.fingerprint import fingerprint, fingerprint_hash, versions
+        from cubic.fingerprint import fingerprint_hash, versions
         from sharding.comm import _free_port
 
         t_start = time.perf_counter()
-        fp = fingerprint("cpu")
+        fp = self.fingerprint()
         common = dict(workload=workload.name, workload_hash=workload.content_hash(),
                       config_hash=config.content_hash(), seed=config.seed, fingerprint=fp,
                       fingerprint_hash=fingerprint_hash(fp), versions=versions())

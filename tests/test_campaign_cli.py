@@ -74,3 +74,29 @@ def test_resume_asks_for_the_store_url_whose_password_was_not_stored(env, tmp_pa
     rc = main(["campaign", "resume", "pw", *storage])
     err = capsys.readouterr().err
     assert rc == 2 and "--store" in err and "password" in err
+
+
+@pytest.mark.slow  # each run spawns two processes that import torch: ~15 s a run
+def test_world_size_runs_a_sharding_campaign_on_local_processes(env, tmp_path, capsys):
+    from pathlib import Path
+
+    from cubic.store import TrialStore
+
+    storage, store = env
+    space = Path(__file__).resolve().parent.parent / "cubic" / "data" / "space-sharding-cpu.yaml"
+    rc = main(["campaign", "run", "--workload", "dlrm-small", "--space", str(space), "--world-size", "2",
+               "--name", "sh", "--budget", "2", "--batch", "2", "--steps", "3", "--warmup", "1", "--json",
+               *storage, *store])
+    assert rc == 0
+    (s,) = json.loads(capsys.readouterr().out)
+    assert s["runs"] == 2 and s["best_metrics"]["examples_per_s"] > 0
+    trials = TrialStore(store[1]).trials(campaign="sh")
+    # measured on 2 processes, and kept apart from one-process runs of the same config
+    assert len(trials) == 2 and all(t.result.fingerprint["world_size"] == 2 for t in trials)
+
+
+def test_world_size_with_a_simulated_cluster_is_bad_input(env, capsys):
+    storage, store = env
+    rc = main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
+               "--world-size", "2", "--name", "x", *storage, *store])
+    assert rc == 2 and "--world-size" in capsys.readouterr().err
