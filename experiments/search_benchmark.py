@@ -293,7 +293,7 @@ def main() -> None:
     ap.add_argument("--real-workloads", nargs="*", default=["dlrm-small"], help="[] skips the real space")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--passes", type=int, default=3, help="measurements per real configuration (best kept)")
+    ap.add_argument("--passes", type=int, default=5, help="measurements per real configuration (best kept)")
     args = ap.parse_args()
     if args.replot:
         import json
