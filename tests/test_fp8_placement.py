@@ -161,9 +161,8 @@ def test_local_runner_accepts_a_placement():
     assert r.ok, r.reason
 
 
-def _three_layer_probe(max_batches=4, ci_halfwidth_db=50.0):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+def _sgd_steps(model):
+    """A training step on random [64, 16] inputs (seeded), for Probe.run."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
 
@@ -173,6 +172,13 @@ def _three_layer_probe(max_batches=4, ci_halfwidth_db=50.0):
         loss.backward()
         opt.step()
 
+    return step
+
+
+def _three_layer_probe(max_batches=4, ci_halfwidth_db=50.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    step = _sgd_steps(model)
     return Probe(model, ("bf16", "rowwise"), min_batches=3, max_batches=max_batches,
                  ci_halfwidth_db=ci_halfwidth_db).run(step)
 
@@ -245,15 +251,7 @@ def test_probe_sees_functional_activations_and_norms():
 
     torch.manual_seed(0)
     model = Functional()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-
-    def step(i):
-        loss = model(torch.randn(64, 16, generator=g)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
+    step = _sgd_steps(model)
     s = Probe(model, ("rowwise",), min_batches=2, max_batches=2, ci_halfwidth_db=50.0).run(step).summary()
     assert s["a"]["act_after"] == "relu" and not s["a"]["norm_before"]
     assert s["b"]["act_after"] == "sigmoid" and s["b"]["norm_before"]  # through the view
