@@ -40,6 +40,21 @@ def kendall_tau(y_true, y_pred) -> float:
     return 0.0 if tau is None or not np.isfinite(tau) else float(tau)
 
 
+def finite_column_means(X: np.ndarray) -> np.ndarray:
+    """Per column, the mean of its finite entries (0 for a column with none): what fills a gap,
+    i.e. a feature an analytical model could not give (e.g. no throughput for a predicted OOM)."""
+    finite = np.isfinite(X)
+    return np.where(finite, X, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
+
+
+def fill_gaps(X: np.ndarray, means: np.ndarray | None = None) -> np.ndarray:
+    """X with non-finite entries set to ``means`` (default: X's own finite column means)."""
+    bad = ~np.isfinite(X)
+    if not bad.any():
+        return X
+    return np.where(bad, (finite_column_means(X) if means is None else means)[None, :], X)
+
+
 class EnsembleRegressor(BaseEstimator):
     """One model family as an ensemble; ``predict(X, return_std=True)`` gives mean and spread."""
 
@@ -181,11 +196,8 @@ class Proxy(BaseEstimator):
                                  mlp_epochs=self.mlp_epochs)
 
     def _prior(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(X with gaps filled by the training means, the prior per row; zeros without a prior).
-        A gap is a feature the analytical model could not give (e.g. no throughput for a predicted OOM)."""
-        bad = ~np.isfinite(X)
-        if bad.any():
-            X = np.where(bad, self.fill_[None, :], X)
+        """(X with gaps filled by the training means, the prior per row; zeros without a prior)."""
+        X = fill_gaps(X, self.fill_)
         return X, (X[:, self.prior_column] if self.prior_column is not None else np.zeros(len(X)))
 
     def fit(self, X, y) -> "Proxy":
@@ -193,10 +205,7 @@ class Proxy(BaseEstimator):
 
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
-        finite = np.isfinite(X)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            self.fill_ = np.where(finite.any(axis=0), np.nansum(np.where(finite, X, 0.0), axis=0)
-                                  / np.maximum(finite.sum(axis=0), 1), 0.0)
+        self.fill_ = finite_column_means(X)
         self.X_train_, self.y_train_ = X, y  # as given (to_json refits from them)
         X, prior = self._prior(X)
         y = y - prior

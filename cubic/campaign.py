@@ -553,9 +553,10 @@ class CubicFeaturizer:
 
 
 def _context_key(context: dict[str, Any]) -> str:
+    """What a point's features depend on besides the point: where its runs happen."""
     r = context.get("runner") or {}
     return f"{r.get('kind', 'local')}:{r.get('simulate') or r.get('device', 'cpu')}:{r.get('threads', 1)}:" \
-           f"{context.get('world_size', '')}"
+           f"{_world_size(context)}"
 
 
 def cubic_featurizer(space: Space, base_config=None, prior: bool = True) -> CubicFeaturizer:

@@ -39,14 +39,9 @@ def _runner_from_context(ctx: dict[str, Any]):
         # sharded configs on W local processes (torch.distributed, gloo): real all-to-alls
         inner = DistributedRunner(int(r["world_size"]), timeout_s=r.get("timeout", 300.0), verify=False)
     else:
-        try:
-            from cubic.runner import LocalRunner
-        except ModuleNotFoundError as e:
-            if e.name != "cubic.runner":
-                raise
-            raise SpecError("the local runner (cubic.runner) is not available; use --simulate", field="runner") from None
-        inner = LocalRunner(timeout_s=r.get("timeout", 300.0), device=r.get("device", "auto"),
-                            threads=r.get("threads"))
+        from cubic.cli import _local_runner
+
+        inner = _local_runner(r.get("timeout", 300.0), r.get("device", "auto"), r.get("threads"))
     if r.get("ray"):
         from cubic.ray_runner import RayRunner
 

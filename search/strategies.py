@@ -204,6 +204,8 @@ class ProxyGuided(Strategy):
         """The first round when an analytical model predicts the objective: part of the batch is
         the model's best predictions (spread out by the same local penalty as every batch), the
         rest random, so that the proxy also sees where the model may be wrong."""
+        from cost_models.proxy import fill_gaps
+
         size = space.size()
         if size is not None and size <= self.exhaustive_below:
             cands = [p for p in space.enumerate() if space.key(p) not in taken]
@@ -221,7 +223,7 @@ class ProxyGuided(Strategy):
         n_exploit = max(1, int(round(self.exploit_share * k)))
         if not ok.any():
             return [Proposal(p) for p in _fresh(space, taken, rng, k)]
-        picks = _diverse_batch(_filled(X), np.zeros((len(cands), 1)), min(n_exploit, int(ok.sum())), False,
+        picks = _diverse_batch(fill_gaps(X), np.zeros((len(cands), 1)), min(n_exploit, int(ok.sum())), False,
                                exploit=np.where(ok, prior, -np.inf), n_exploit=n_exploit)
         m = space.primary.metric
         out = [Proposal(cands[j], {"objective": float(prior[j]), m: float(math.exp(prior[j])),
@@ -230,7 +232,7 @@ class ProxyGuided(Strategy):
         return out + [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
 
     def propose(self, space, history, k, *, seed, round_index, featurize=None, warm=(), context=None):
-        from cost_models.proxy import FeasibilityClassifier, Proxy
+        from cost_models.proxy import FeasibilityClassifier, Proxy, fill_gaps
 
         context = context or {}
         taken = {space.key(o.point) for o in history}
@@ -340,7 +342,7 @@ class ProxyGuided(Strategy):
         # by acquisition with local penalization
         likely = p_ok >= 0.5
         exploit = np.where(likely, mus[0], -np.inf) if likely.any() else acq[:, 0]
-        picks = _diverse_batch(_filled(X), acq, k, multi, exploit=None if multi else exploit,
+        picks = _diverse_batch(fill_gaps(X), acq, k, multi, exploit=None if multi else exploit,
                                n_exploit=max(1, int(round(self.exploit_share * k))))
         out = []
         for j in picks:
@@ -355,16 +357,6 @@ class ProxyGuided(Strategy):
             taken |= {space.key(c) for c in cands}
             out += [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
         return out
-
-
-def _filled(X: np.ndarray) -> np.ndarray:
-    """X with gaps (features an analytical model could not give) set to their column's mean."""
-    bad = ~np.isfinite(X)
-    if not bad.any():
-        return X
-    with np.errstate(invalid="ignore"):
-        means = np.nan_to_num(np.nanmean(np.where(bad, np.nan, X), axis=0))
-    return np.where(bad, means[None, :], X)
 
 
 def _diverse_batch(X: np.ndarray, acq: np.ndarray, k: int, multi: bool, exploit: np.ndarray | None = None,
