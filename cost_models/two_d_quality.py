@@ -17,13 +17,12 @@ or scale is itself an assumption, stated in every ``source``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from cubic.core.spec import SpecError
+from cubic.core.spec import SpecError, read_structured
 
 DATA = Path(__file__).resolve().parent / "data" / "two_d_quality.json"
 SYNCS = ("gradients", "weights")
@@ -54,10 +53,7 @@ def load(path: str | Path | None = None) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def _load(path: str, stamp: int | None) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"cannot read the 2D quality table: {e}", source=path) from None
+    doc = read_structured(path)  # the one bounded reader: a bad file is a SpecError naming it
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise SpecError("expected an object with a list 'entries'", source=path, field="entries")
     if not isinstance(doc.get("provenance"), dict):

@@ -168,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
                      seed=args.seed, storage=storage, patience=args.patience, max_retries=args.retries,
                      workers=args.workers, featurize=featurize, context=context,
-                     warm_start=args.warm_start or (), listener=_listener(space, args))
+                     warm_start=args.warm_start or (), listener=_listener(space))
         evaluate.attach(c)
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listener(space, args: argparse.Namespace):
+def _listener(space):
     """Live progress (one line per finished run on stderr; a bar under them on a terminal)."""
     from cubic.codesign.progress import ProgressLines
 
@@ -277,7 +277,7 @@ def _stored(args: argparse.Namespace, overrides: dict[str, Any], progress: bool 
             raise SpecError("this campaign's trial store needs a password, which is never stored: pass --store URL "
                             "(or set it in $CUBIC_STORE)", field="--store")
     evaluate, featurize = _build(args.name, ctx, space, args.store or stored)
-    listener = _listener(space, args) if progress else None
+    listener = _listener(space) if progress else None
     c = Campaign.resume(args.name, evaluate, storage=storage, featurize=featurize, listener=listener, **overrides)
     evaluate.attach(c)
     return c, evaluate, ctx, space
