@@ -54,6 +54,7 @@ BATCH = 512
 MEMORY_FLOOR = 1e9  # TorchRec reserves fixed per-rank storage (inputs, 15%): below ~1 GB it plans nothing
 LARGE_GLOBAL_BATCH = 4096  # large tasks: per-rank batch 4096 / ranks, so a piece's kernel sees 4096 examples
 TORCHREC_TIMEOUT_S = 180.0  # large tasks: TorchRec's planner runs in a child process with this wall cap
+TARGET_BELOW_HEURISTIC = 0.85  # the issue's target: mean cost >= 15% below the best heuristic
 FAMILIES = (("10-26 tables", 10, 26), ("27-43 tables", 27, 43), ("44-60 tables", 44, 60))
 MULTI_NODE = (4, 8)  # nodes x ranks per node of the multi-node family (inter-node bytes cost 9x, modelled)
 
@@ -146,6 +147,20 @@ def cubic_vs_best_heuristic(t) -> float | None:
     return c / min(hs) - 1 if c and hs else None
 
 
+def misranked(t) -> str:
+    """Why cubic lost a task to a heuristic: what the cost model predicted for both plans against what
+    was measured (cubic picks by prediction: a loss it predicted as a win is a cost-model error)."""
+    c = t["methods"]["cubic"]
+    h = min((m for m in HEURISTICS if "measured_ms" in t["methods"].get(m, {})),
+            key=lambda m: t["methods"][m]["measured_ms"])
+    hm = t["methods"][h]
+    ratios = [a / b for a, b in zip(c.get("measured_compute_ms", []), c.get("predicted_compute_ms", [])) if b > 0]
+    return (f"{t['task']}: cubic's plan was predicted {c['predicted_ms']:.2f} ms against {h}'s "
+            f"{hm['predicted_ms']:.2f} ms, measured {c['measured_ms']:.2f} against {hm['measured_ms']:.2f}; "
+            f"measured/predicted compute of cubic's ranks {', '.join(f'{r:.2f}' for r in ratios)} "
+            "(a cost-model error on this task, or a rank measured while the machine was busy)")
+
+
 def summarise(families, methods):
     """Per family [(name, tasks)]: mean measured cost per method (over the tasks it planned), failures,
     and cubic's paired gaps (on the tasks both planned)."""
@@ -174,6 +189,12 @@ def summarise(families, methods):
                       "cubic_vs_best_heuristic": paired(best_h) if best_h else None,
                       "cubic_vs_torchrec": paired("torchrec") if "torchrec" in methods else None,
                       "torchrec_planned_tasks": len(ts) - failures.get("torchrec", len(ts))}
+        # headroom: how far above the measured lower bound a plan may be and still meet the 15% target
+        lb = float(np.mean([t["lower_bound_ms"] for t in ts]))
+        fam[fname]["mean_lower_bound_ms"] = lb
+        if best_h and means.get("cubic") is not None:
+            fam[fname]["over_lower_bound"] = {"cubic": means["cubic"] / lb - 1, best_h: means[best_h] / lb - 1,
+                                              "the 15% target": TARGET_BELOW_HEURISTIC * means[best_h] / lb - 1}
     return fam
 
 
@@ -229,12 +250,102 @@ def plot(fam, acc_p, acc_y, large, methods, path):
     fig.savefig(path, dpi=110)
 
 
+def analyse(tasks, multi, large, methods):
+    """Families, cost-model accuracy, the gap to the lower bound and the targets: a function of the
+    recorded tasks only (``--retarget`` recomputes them from the JSON)."""
+    families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
+    families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
+    fam = summarise(families, methods)
+    acc, p, y = model_accuracy(tasks)
+    gap_lb = [t["methods"]["cubic"]["measured_ms"] / t["lower_bound_ms"] - 1 for t in tasks + multi + large
+              if "measured_ms" in t["methods"].get("cubic", {})]
+    big = next((t for t in large if t["tables"] == 856), None)
+    targets = {}
+    for f, v in fam.items():
+        g = v["cubic_vs_best_heuristic"]
+        met = g is not None and g <= -0.15
+        over = v.get("over_lower_bound")
+        why = ({"reason_if_missed": (
+            f"headroom: meeting it needs a mean cost {over['the 15% target']:+.1%} against this family's lower-bound "
+            f"estimate (sharding.estimate.table_lower_bound: all tables fused in chunks, measured, over the ranks, plus "
+            f"a balanced all-to-all); "
+            f"cubic's plans are at {over['cubic']:+.1%}, the best heuristic's ({v['best_heuristic']}) at "
+            f"{over[v['best_heuristic']]:+.1%}. The estimate is approximate, not a proof (cache effects make a rank's "
+            f"share of the tables cheaper than its share of the whole), but a plan far below it is not expected")} if over and not met else {})
+        targets[f"mean cost >= 15% below the best heuristic ({f})"] = {
+            "measured": g, "target": -0.15, "met": met, "by": None if g is None else g + 0.15, **why}
+        if v["cubic_vs_torchrec"] is not None:
+            targets[f"cubic below TorchRec ({f})"] = {"measured": v["cubic_vs_torchrec"], "target": 0.0,
+                                                       "met": v["cubic_vs_torchrec"] < 0, "by": v["cubic_vs_torchrec"]}
+    for t in large:
+        g = cubic_vs_best_heuristic(t)
+        tr = t["methods"].get("torchrec", {}).get("measured_ms")
+        c = t["methods"]["cubic"].get("measured_ms")
+        if g is not None:
+            targets[f"cost >= 15% below the best heuristic ({t['task']})"] = {
+                "measured": g, "target": -0.15, "met": g <= -0.15, "by": g + 0.15}
+            if g > -0.15:
+                best_h = c / (1 + g)
+                targets[f"cost >= 15% below the best heuristic ({t['task']})"]["reason_if_missed"] = (
+                    f"headroom: meeting it needs {TARGET_BELOW_HEURISTIC * best_h / t['lower_bound_ms'] - 1:+.1%} "
+                    f"against the task's lower-bound estimate; cubic's plan is at {c / t['lower_bound_ms'] - 1:+.1%}, "
+                    f"the best heuristic's at {best_h / t['lower_bound_ms'] - 1:+.1%}")
+        if c and tr:
+            targets[f"cubic below TorchRec ({t['task']})"] = {"measured": c / tr - 1, "target": 0.0, "met": c < tr,
+                                                              "by": c / tr - 1}
+    per_task = [(t["task"], cubic_vs_best_heuristic(t)) for t in tasks + multi + large]
+    per_task = [(n, g) for n, g in per_task if g is not None]
+    worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
+    targets["no task > 3% worse than its best heuristic"] = {
+        "measured": worst[1], "worst_task": worst[0], "target": 0.03,
+        "met": worst[1] is not None and worst[1] <= 0.03, "by": None if worst[1] is None else worst[1] - 0.03,
+        "tasks_over_3pct": sorted(n for n, g in per_task if g > 0.03)}
+    if worst[1] is not None and worst[1] > 0.03:
+        targets["no task > 3% worse than its best heuristic"]["reason_if_missed"] = misranked(
+            next(t for t in tasks + multi + large if t["task"] == worst[0]))
+    targets["within 10% of the lower bound on average"] = {
+        "measured": float(np.mean(gap_lb)), "target": 0.10, "met": float(np.mean(gap_lb)) <= 0.10,
+        "by": float(np.mean(gap_lb)) - 0.10}
+    if big:
+        ps = big["methods"]["cubic"].get("planning_s")
+        targets["planning 856 tables on 128 ranks < 5 s"] = {"measured": ps, "target": 5.0,
+                                                             "met": ps is not None and ps < 5.0,
+                                                             "by": None if ps is None else ps - 5.0}
+    targets["cost model Spearman >= 0.95 on unseen tables"] = {"measured": acc["spearman"], "target": 0.95,
+                                                               "met": acc["spearman"] >= 0.95,
+                                                               "by": acc["spearman"] - 0.95}
+    targets["cost model MAPE <= 15% on unseen tables"] = {"measured": acc["mape"], "target": 0.15,
+                                                          "met": acc["mape"] <= 0.15, "by": acc["mape"] - 0.15}
+    return fam, acc, p, y, gap_lb, targets
+
+
+def retarget(name: str) -> int:
+    """The analysis and targets of a recorded run, recomputed by this code; the measurements and the
+    run's context stay as they were."""
+    from experiments.common import RESULTS
+
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    fam, acc, p, y, gap_lb, targets = analyse(doc["tasks"], doc["multi_node_tasks"], doc["large_tasks"],
+                                              doc["methods"])
+    doc.update({"families": fam, "cost_model_accuracy": acc, "lower_bound_gap_cubic_mean": float(np.mean(gap_lb)),
+                "targets": targets})
+    write_result(name, doc)  # the recorded finished_at and load stay
+    plot(fam, p, y, doc["large_tasks"], doc["methods"], png_path(name))
+    for k, v in targets.items():
+        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 small tasks, one 200-table/16-rank task")
     ap.add_argument("--tasks", type=int, default=50)
     ap.add_argument("--multi-node-tasks", type=int, default=10, help="tasks on 4 nodes x 8 ranks")
+    ap.add_argument("--retarget", action="store_true",
+                    help="recompute the analysis and targets from the recorded tasks in the JSON (measure nothing)")
     args = ap.parse_args(argv)
+    if args.retarget:
+        return retarget("sharding_benchmark" + ("_quick" if args.quick else ""))
     n_tasks = 4 if args.quick else args.tasks
     n_multi = 1 if args.quick else args.multi_node_tasks
     large_specs = [(200, 16)] if args.quick else [(512, 64), (856, 128)]
@@ -279,50 +390,7 @@ def main(argv=None) -> int:
               if "measured_ms" in r}
         print(f"[{time.perf_counter() - t_start:6.0f}s] large {n} tables / {w} ranks: (ms, planning s) {ms} "
               f"lb {t['lower_bound_ms']:.1f}", flush=True)
-    families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
-    families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
-    fam = summarise(families, methods)
-    acc, p, y = model_accuracy(tasks)
-    gap_lb = [t["methods"]["cubic"]["measured_ms"] / t["lower_bound_ms"] - 1 for t in tasks + multi + large
-              if "measured_ms" in t["methods"].get("cubic", {})]
-    big = next((t for t in large if t["tables"] == 856), None)
-    targets = {}
-    for f, v in fam.items():
-        g = v["cubic_vs_best_heuristic"]
-        targets[f"mean cost >= 15% below the best heuristic ({f})"] = {
-            "measured": g, "target": -0.15, "met": g is not None and g <= -0.15, "by": None if g is None else g + 0.15}
-        if v["cubic_vs_torchrec"] is not None:
-            targets[f"cubic below TorchRec ({f})"] = {"measured": v["cubic_vs_torchrec"], "target": 0.0,
-                                                       "met": v["cubic_vs_torchrec"] < 0, "by": v["cubic_vs_torchrec"]}
-    for t in large:
-        g = cubic_vs_best_heuristic(t)
-        tr = t["methods"].get("torchrec", {}).get("measured_ms")
-        c = t["methods"]["cubic"].get("measured_ms")
-        if g is not None:
-            targets[f"cost >= 15% below the best heuristic ({t['task']})"] = {
-                "measured": g, "target": -0.15, "met": g <= -0.15, "by": g + 0.15}
-        if c and tr:
-            targets[f"cubic below TorchRec ({t['task']})"] = {"measured": c / tr - 1, "target": 0.0, "met": c < tr,
-                                                              "by": c / tr - 1}
-    per_task = [(t["task"], cubic_vs_best_heuristic(t)) for t in tasks + multi + large]
-    per_task = [(n, g) for n, g in per_task if g is not None]
-    worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
-    targets["no task > 3% worse than its best heuristic"] = {
-        "measured": worst[1], "worst_task": worst[0], "target": 0.03,
-        "met": worst[1] is not None and worst[1] <= 0.03, "by": None if worst[1] is None else worst[1] - 0.03}
-    targets["within 10% of the lower bound on average"] = {
-        "measured": float(np.mean(gap_lb)), "target": 0.10, "met": float(np.mean(gap_lb)) <= 0.10,
-        "by": float(np.mean(gap_lb)) - 0.10}
-    if big:
-        ps = big["methods"]["cubic"].get("planning_s")
-        targets["planning 856 tables on 128 ranks < 5 s"] = {"measured": ps, "target": 5.0,
-                                                             "met": ps is not None and ps < 5.0,
-                                                             "by": None if ps is None else ps - 5.0}
-    targets["cost model Spearman >= 0.95 on unseen tables"] = {"measured": acc["spearman"], "target": 0.95,
-                                                               "met": acc["spearman"] >= 0.95,
-                                                               "by": acc["spearman"] - 0.95}
-    targets["cost model MAPE <= 15% on unseen tables"] = {"measured": acc["mape"], "target": 0.15,
-                                                          "met": acc["mape"] <= 0.15, "by": acc["mape"] - 0.15}
+    fam, acc, p, y, gap_lb, targets = analyse(tasks, multi, large, methods)
     payload = {
         **ctx,
         "what": ("plan cost per method: measured FBGEMM CPU TBE compute (single thread, thread CPU time, median "
