@@ -49,6 +49,7 @@ def test_a_signal_to_the_child_is_a_killed_run_with_a_reason(sig):
     (child,) = set(_children()) - before
     os.kill(child, sig)
     t.join(60)
+    assert not t.is_alive(), "the runner did not return within 60 s of the child's interrupt"
     r = out["r"]
     assert r.failure_kind == "killed" and r.transient, r.reason
     assert sig.name in r.reason and r.extra["interrupted"] == sig.name
@@ -75,3 +76,16 @@ def test_deterministic_failures_carry_the_real_fingerprint():
     assert r.failure_kind == "oom" and r.fingerprint_hash == expected_fingerprint_hash(oom)
     invalid = LocalRunner(device="cpu").run(TINY, Config(model={"no_such_knob": 1}), steps=2, warmup=0)
     assert invalid.failure_kind == "invalid" and invalid.fingerprint_hash == expected_fingerprint_hash(oom)
+
+
+def test_a_child_that_hangs_after_its_result_is_killed_and_the_result_kept(monkeypatch):
+    import time
+
+    import cubic.runners.local as local
+
+    monkeypatch.setattr(local, "EXIT_GRACE_S", 1.0)
+    runner = LocalRunner(timeout_s=120, device="cpu", threads=1, fault=Fault(kind="linger"))
+    t0 = time.monotonic()
+    r = runner.run(TINY, Config(), steps=2, warmup=0)
+    assert r.ok, r.reason
+    assert time.monotonic() - t0 < 60  # not the run's 120 s timeout: the lingering child was killed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 
 def _die_with_parent(parent_pid: int | None = None) -> None:
@@ -51,6 +52,7 @@ def main() -> None:
     from cubic.core.result import Result
 
     header: dict = {}
+    lingers = False
     try:
         request = json.loads(sys.stdin.read())
         # heavy imports first, so that the memory limit covers the run and not the libraries
@@ -58,7 +60,7 @@ def main() -> None:
 
         from cubic.core.config import Config
         from cubic.core.models import fbgemm_available
-        from cubic.runners.local import Fault, _proc_status_bytes, _result_header, train_and_measure
+        from cubic.runners.local import Fault, _proc_status_bytes, _result_header, faults_allowed, train_and_measure
         from cubic.core.spec import Workload
 
         workload = Workload.model_validate(request["workload"])
@@ -75,6 +77,7 @@ def main() -> None:
             cap = (_proc_status_bytes("VmSize") or 0) + int(limit)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         fault = Fault.model_validate(request["fault"]) if request.get("fault") else None
+        lingers = fault is not None and fault.kind == "linger" and faults_allowed()
         result = train_and_measure(
             workload, config, steps=request["steps"], warmup=request["warmup"], device=request["device"],
             eval_every=request.get("eval_every"), fault=fault, versions_info=request.get("versions"),
@@ -89,6 +92,21 @@ def main() -> None:
         result = Result.failed(kind, reason, extra=extra, **header)
     send({"type": "result", "result": result.model_dump(mode="json")})
     out.close()
+    while lingers:  # test fault: a child that hangs on its way out (the parent must not wait forever)
+        time.sleep(1.0)
+    _leave()
+
+
+def _leave() -> None:
+    """Exit without the interpreter's teardown: the result is delivered, and a teardown with torch,
+    FBGEMM and OpenMP threads loaded can abort or hang (more so after an interrupt), which would
+    keep the parent waiting on a run that has already ended."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ PHASES = ("embedding_fwd", "embedding_bwd", "dense_fwd", "dense_bwd", "optimizer
 FAULTS_ENV = "CUBIC_ALLOW_FAULTS"
 _BATCH_BUFFER_BYTES = 256 * 2**20  # pre-generated batches held at once
 _PROGRESS_EVERY_S = 0.2
+EXIT_GRACE_S = 10.0  # after its result, a child has this long to exit before it is killed
 _NAN_CHECK_EVERY = 10  # steps between reading the losses back (and at every evaluation and the end)
 PHASE_EVERY = 5  # one timed step in this many is a phase step (see _phase_steps)
 PREEMPTION_LOSS = 0.02  # share of a step's wall time lost to other processes that makes it "preempted"
@@ -105,10 +106,11 @@ class Fault(BaseModel):
     """Test-only fault injection at training step ``at_step`` (0-based, warm-up included).
 
     Honoured only when the environment has ``CUBIC_ALLOW_FAULTS=1``, so no user path can hit it.
+    ``linger``: the child delivers its result, then does not exit (``at_step`` unused).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["raise", "oom", "hang", "nan", "kill"]
+    kind: Literal["raise", "oom", "hang", "nan", "kill", "linger"]
     at_step: int = Field(default=0, ge=0)
 
 
@@ -261,7 +263,11 @@ class LocalRunner(Runner):
                 raise
             if timed_out:
                 proc.kill()
-            code = proc.wait()
+            try:  # the pipe closed: the child is leaving; one that hangs on its way out is killed
+                code = proc.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
             log.seek(0)
             tail = _tail(log.read().decode(errors="replace"))
         if timed_out:
