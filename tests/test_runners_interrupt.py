@@ -35,6 +35,10 @@ def _children() -> list[int]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_child_is_a_killed_run_with_a_reason(sig):
+    _signal_the_child(sig)
+
+
+def _signal_the_child(sig):
     runner = LocalRunner(timeout_s=120, device="cpu", threads=1, fault=Fault(kind="hang", at_step=1))
     started = threading.Event()
     out = {}
@@ -89,3 +93,13 @@ def test_a_child_that_hangs_after_its_result_is_killed_and_the_result_kept(monke
     r = runner.run(TINY, Config(), steps=2, warmup=0)
     assert r.ok, r.reason
     assert time.monotonic() - t0 < 60  # not the run's 120 s timeout: the lingering child was killed
+
+
+def test_sigint_interrupts_the_child_even_when_the_caller_ignores_it():
+    # a script's background job (`cubic ... &` without job control) starts with SIGINT ignored, and
+    # exec keeps an ignored signal ignored: the child must set its own handler
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _signal_the_child(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -31,13 +31,18 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
 
 def _interrupt_on_term() -> None:
     """SIGTERM raises KeyboardInterrupt("SIGTERM") like SIGINT does, so that both end the run as
-    ``killed`` (transient) with a result, instead of a silent death or an ``error``."""
+    ``killed`` (transient) with a result, instead of a silent death or an ``error``.
+
+    SIGINT is set explicitly too: a process started in the background by a shell without job
+    control (``cmd &`` in a script) ignores SIGINT, Python then installs no handler, and its
+    children would inherit the ignore: an interrupt sent to the run would do nothing."""
     import signal
 
     def on_term(signum, _frame):  # noqa: ANN001
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main() -> None:
