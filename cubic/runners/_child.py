@@ -99,19 +99,20 @@ def main() -> None:
     out.close()
     while lingers:  # test fault: a child that hangs on its way out (the parent must not wait forever)
         time.sleep(1.0)
-    _leave()
+    exit_without_teardown(0)
 
 
-def _leave() -> None:
-    """Exit without the interpreter's teardown: the result is delivered, and a teardown with torch,
-    FBGEMM and OpenMP threads loaded can abort or hang (more so after an interrupt), which would
-    keep the parent waiting on a run that has already ended."""
+def exit_without_teardown(code: int) -> None:
+    """Exit once the result is delivered, skipping the interpreter's and C++ static destructors: a
+    teardown with torch, FBGEMM/gloo and OpenMP threads loaded can abort ("terminate called without
+    an active exception") or hang, more so after an interrupt, and a finished run would read as
+    crashed or keep its parent waiting. Also ends the TorchRec ranks."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -55,17 +55,15 @@ def _init_process(rank: int, world: int, local: int, port: int) -> None:
 
 
 def _leave(code: int) -> None:
-    """End a rank once its result (or traceback) file is written.
-
-    ``os._exit`` skips the interpreter's and C++ static destructors: at normal exit (or in
-    ``destroy_process_group``) a still-joinable gloo/FBGEMM worker thread can be destroyed, which
-    calls ``std::terminate`` ("terminate called without an active exception", SIGABRT) after the
-    work is done, and the run would read as crashed. On success the ranks first meet at a barrier so
-    none closes its sockets while a peer is still in a collective.
+    """End a rank once its result (or traceback) file is written, without teardown
+    (:func:`cubic.runners._child.exit_without_teardown`: at normal exit, or in
+    ``destroy_process_group``, a still-joinable gloo/FBGEMM worker thread can be destroyed and abort
+    the rank after its work is done). On success the ranks first meet at a barrier so none closes
+    its sockets while a peer is still in a collective.
     """
-    import sys
-
     import torch.distributed as dist
+
+    from cubic.runners._child import exit_without_teardown
 
     try:
         if code == 0 and dist.is_initialized():
@@ -73,9 +71,7 @@ def _leave(code: int) -> None:
     except Exception:
         code = 1
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_without_teardown(code)
 
 
 def _full_weights(tables, seed: int) -> dict:
