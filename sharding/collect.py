@@ -3,7 +3,8 @@
 Augmentation (NeuroShard's recipe, on cubic.core.workloads' table generator): each sample is a rank
 holding a random subset of 1..``max_tables`` tables, some with their dim redrawn, some cut
 column-wise (cols = dim / 2^j, multiples of 4) or row-wise (a 1/2^j row block), at a batch drawn
-from ``batches``. The label is the measured forward+backward ms of the set as one fused kernel
+from ``batches``: 32..4096 per rank, because a global batch of 4096 over 64-128 ranks leaves 32-64
+examples per rank (the large tasks), and a model fitted on 512..4096 only extrapolated there. The label is the measured forward+backward ms of the set as one fused kernel
 (sharding.measure). Table seeds start at ``TRAIN_SEED_BASE`` so that benchmark tasks (seeds
 0..999) use tables the model never saw.
 
@@ -29,7 +30,7 @@ TRAIN_SEED_BASE = 100_000
 
 
 def augmented_sample(rng: np.random.Generator, index: int, max_tables: int = 24,
-                     batches: tuple[int, ...] = (512, 1024, 2048, 4096)) -> tuple[list[ShardWork], int]:
+                     batches: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096)) -> tuple[list[ShardWork], int]:
     k = int(np.clip(np.round(np.exp(rng.uniform(0, np.log(max_tables)))), 1, max_tables))
     tables = generate_tables(k, seed=TRAIN_SEED_BASE + index, prefix=f"s{index}_")
     works = []
