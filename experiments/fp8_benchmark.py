@@ -9,6 +9,9 @@ Side by side in one run, on the default dlrm-small and wukong-small (heavy-taile
   A pilot of a few seeds estimates the per-seed spread; from it, the full run trains as many paired
   seeds as an interval inside +-0.1% needs (:func:`plan_seeds`), within the training budget. The
   target is met only when that interval lies inside +-0.1%; otherwise ``targets`` says why;
+- the budget's scope (measured): the recommendation holds the FP8 sites' noise together to the budget
+  (fp8.recommend.apply_model_budget); the placement that holds each site to it alone (the earlier
+  rule) is trained beside it on a few paired seeds when its sites differ;
 - Mods (measured): which sites each Mod made safe or faster (the Probe with and without it), where the
   recommendation applies it, and the NE effect of taking it off those sites (paired seeds); plus each
   Mod on synthetic inputs with the problem it addresses (forward-GEMM SQNR with and without);
@@ -24,7 +27,7 @@ Side by side in one run, on the default dlrm-small and wukong-small (heavy-taile
   and the share of shapes where FP8 is predicted slower.
 
 The JSON's ``targets``: ``{what: {"measured", "target", "met"}}`` plus ``reason`` when missed; the
-context records the machine, load average and code version. The full run takes <= 20 min on 2 quiet
+context records the machine, load average and code version. The full run takes ~30 min on 2 quiet
 cores (two training processes); ``--quick`` is a smoke run (dlrm-small, 20 steps).
 
     .venv/bin/python experiments/fp8_benchmark.py [--quick] [--workers N]
@@ -152,7 +155,7 @@ def plan_seeds(pilot: dict, elapsed_s: float, per_seed_s: float, wall_budget_s: 
 def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_batches: int, ci_db: float,
                       dispatcher: Dispatcher, pilot_seeds: int, core_seeds: int, mod_seeds: int, max_seeds: int,
                       wall_budget_s: float, eval_batch: int = EVAL_BATCH, stride: int = 1, pool=None,
-                      workers: int = 1) -> dict:
+                      workers: int = 1, site_seeds: int = 0) -> dict:
     """Probe (plain, then the suggested Mods on), recommend, then train paired seeds. A pilot of
     ``pilot_seeds`` trains full precision, the recommendation and bf16 on every site (the noise floor);
     all-FP8 per recipe on the first ``core_seeds``; the recommendation without each of its Mods on the
@@ -174,12 +177,16 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
     plain = recommend(w, budget, **kw, keep_first_last=False, unsure_margin=False)
     no_mods = recommend(w, budget, **(kw | {"mods": False}))
     fast_placement = recommend(w, budget, **(kw | {"require_fast": True}))
+    # the budget on each site alone (the rule before the model budget): trained on `site_seeds` seeds so
+    # the NE cost of letting every individually-safe site through is measured beside the recommendation
+    site_scope = recommend(w, budget, **(kw | {"budget_scope": "site"}))
     summary = probe.summary()
     print(f"[{name}] probe: {probe.steps} batches over steps {warmup}..{warmup + probe.trained_steps}, {probe_s:.0f} s; "
           f"with Mods: {len(placement.probe['mods_probed'])} sites, {mods_probe_s:.0f} s; recommended: "
           f"{len(placement.module_filter)}/{len(placement.sites)} sites in FP8 (budget {budget} dB, conservative) "
           f"{placement.module_filter} (without Mods: {len(no_mods.module_filter)}); plain CI rule: "
-          f"{len(plain.module_filter)}; safe-and-fast on H100: {len(fast_placement.module_filter)}", flush=True)
+          f"{len(plain.module_filter)}; budget per site instead of per model: {len(site_scope.module_filter)}; "
+          f"safe-and-fast on H100: {len(fast_placement.module_filter)}", flush=True)
 
     wt = with_eval_batch(w, eval_batch)
     sites = list(summary)
@@ -194,6 +201,9 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "bf16_noise_floor": None,
     } | {f"recommended_without_{m}": FP8Choice(policy="placement", placement=without_mod(rec_doc, m))
          for m in used_mods}
+    same_sites = sorted(site_scope.module_filter) == sorted(placement.module_filter)
+    if not same_sites:
+        choices["site_budget"] = FP8Choice(policy="placement", placement=site_scope.model_dump(mode="json"))
 
     def task(vname: str, seed: int) -> tuple:
         track = seed == 0 and vname.startswith("all_fp8")
@@ -216,6 +226,7 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
     pilot_tasks = [task(v, s) for s in range(pilot_seeds) for v in ("full_precision", "recommended", "bf16_noise_floor")]
     pilot_tasks += [task(v, s) for s in range(core_seeds) for v in choices if v.startswith("all_fp8")]
     pilot_tasks += [task(v, s) for s in range(mod_seeds) for v in choices if v.startswith("recommended_without_")]
+    pilot_tasks += [task("site_budget", s) for s in range(site_seeds) if "site_budget" in choices]
     collect(_run_tasks(pool, pilot_tasks))
 
     def diffs(vname: str, against: str = "full_precision") -> dict[int, float]:
@@ -334,6 +345,9 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "sites_without_mods": no_mods.module_filter,
         "kept_sites": {n: s.reason for n, s in placement.sites.items() if s.recipe is None},
         "plain_rule_sites": plain.module_filter,
+        "budget_scope": placement.budget_scope, "model_sqnr_db": placement.model_sqnr_db,
+        "site_budget_sites": site_scope.module_filter, "site_budget_model_sqnr_db": site_scope.model_sqnr_db,
+        "site_budget_same_sites": same_sites,
         "fast_placement_sites": fast_placement.module_filter,
         "site_speedups_h100": {n: s.speedups for n, s in placement.sites.items()},
         "runs": runs, "ne_rel_diff": stats, "probe_eval": probe_eval, "mods": mods_out,
@@ -528,7 +542,8 @@ def plot(payload: dict, path: Path) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(13, 10))
     # (a) quality: mean paired difference with its 95% CI
     a = ax[0, 0]
-    names = ["all_fp8_tensorwise", "all_fp8_rowwise", "all_fp8_rowwise_with_gw_hp", "recommended", "bf16_noise_floor"]
+    names = ["all_fp8_tensorwise", "all_fp8_rowwise", "all_fp8_rowwise_with_gw_hp", "site_budget", "recommended",
+             "bf16_noise_floor"]
     wls = [q["workload"] for q in payload["quality"]]
     width = 0.8 / len(names)
     for i, v in enumerate(names):
@@ -674,21 +689,24 @@ def main() -> None:
     ctx = run_context("mixed")
     t_start = time.perf_counter()
     # workload: (steps, pilot seeds, core seeds (all-FP8 per recipe), seeds without each Mod, max seeds,
-    #            training wall budget in s, Probe warmup steps, Probe stride)
+    #            training wall budget in s, Probe warmup steps, Probe stride, seeds of the per-site budget)
     if args.quick:
-        wls = {"dlrm-small": (20, 3, 1, 1, 4, 20.0, 5, 2)}
+        wls = {"dlrm-small": (20, 3, 1, 1, 4, 20.0, 5, 2, 2)}
         max_b, ci, sizes, qrep, qmax, erep, eval_batch = 4, 3.0, [1024, 8192, 32768], 3, 6, 5, 4096
     else:
         # dlrm-small trains ~10x faster than wukong-small per step: 600 steps (NE ~0.93, and a per-seed spread
         # of the paired difference ~3x smaller than at 150). The pilot's spread sets the seeds (plan_seeds),
         # within each workload's training budget; the two budgets plus the probes, Dispatch and the rest keep
-        # the run within 20 min on 2 quiet cores. The Probe's batches (up to 24, until its 95% CI is +-1 dB)
+        # the run within ~30 min on 2 quiet cores. The Probe's batches (up to 24, until its 95% CI is +-1 dB)
         # span the quality runs' window after its warmup (stride x 24 steps).
-        # Budgets from the last quiet run's per-seed spread: wukong-small (sd ~0.15%) resolves +-0.1% with
-        # ~12-15 seeds (~25 s a seed on 2 processes), so it gets the larger share; dlrm-small (sd ~0.4%) needs
-        # ~70 (~20 min on its own), so its pilot plan reports how far its budget falls short.
-        wls = {"dlrm-small": (600, 4, 2, 2, 200, 330.0, 100, 20),
-               "wukong-small": (150, 4, 1, 2, 60, 560.0, 30, 5)}
+        # Budgets from the last quiet runs' per-seed spread: dlrm-small's paired difference has sd ~0.3-0.4%
+        # even with no rounding at all (fp32 kernel on every site: summation order alone makes the 600-step
+        # trajectories diverge), so +-0.1% takes ~150-260 seeds at ~5 s a seed on 2 processes: it gets the
+        # larger share (15 min). wukong-small's spread shrinks with its noise (sd ~0.04% with no rounding,
+        # ~0.25% with 17 FP8 sites), so the model budget's few sites need few seeds (~15 s a seed).
+        # Total ~30 min on 2 quiet cores.
+        wls = {"dlrm-small": (600, 4, 2, 2, 300, 900.0, 100, 20, 0),
+               "wukong-small": (150, 4, 1, 2, 60, 560.0, 30, 5, 12)}
         max_b, ci, sizes, qrep, qmax, erep, eval_batch = (24, 1.0, [1024, 2048, 4096, 8192, 16384, 32768],
                                                           5, 15, 15, EVAL_BATCH)
     dispatcher = Dispatcher(repeats=qrep, max_repeats=qmax)
@@ -700,8 +718,8 @@ def main() -> None:
         pool = ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"))
     try:
         quality = [quality_and_probe(w, args.budget, steps, warmup, max_b, ci, dispatcher, pilot, core, mseeds, mx,
-                                     wall, eval_batch, stride, pool=pool, workers=args.workers)
-                   for w, (steps, pilot, core, mseeds, mx, wall, warmup, stride) in wls.items()]
+                                     wall, eval_batch, stride, pool=pool, workers=args.workers, site_seeds=sseeds)
+                   for w, (steps, pilot, core, mseeds, mx, wall, warmup, stride, sseeds) in wls.items()]
     finally:
         if pool is not None:
             pool.shutdown()
@@ -739,12 +757,13 @@ def main() -> None:
         "settings": {"quick": args.quick, "budget_sqnr_db": args.budget, "workers": args.workers,
                      "workloads": {w: {"steps": st, "pilot_seeds": p_, "core_seeds": c, "mod_seeds": ms,
                                        "max_seeds": mx, "training_wall_budget_s": wb, "probe_warmup_steps": wu,
-                                       "probe_stride": sd}
-                                   for w, (st, p_, c, ms, mx, wb, wu, sd) in wls.items()},
+                                       "probe_stride": sd, "site_budget_seeds": ss}
+                                   for w, (st, p_, c, ms, mx, wb, wu, sd, ss) in wls.items()},
                      "eval_batch": eval_batch, "confidence": CONFIDENCE,
                      "max_batches": max_b, "ci_halfwidth_db": ci, "grid_sizes": sizes,
                      "recommendation": "conservative defaults: keep_first_last, unsure_margin; sites probed again "
-                                       "with their suggested Mods on (fp8/recommend.py)"},
+                                       "with their suggested Mods on; the budget held by the FP8 sites together "
+                                       "(budget_scope model: noise powers add) (fp8/recommend.py)"},
         "quality": quality,
         "mods_per_workload": {q["workload"]: q["mods"] for q in quality},
         "rowwise_with_gw_hp": gw_hp_summary(quality, grid),

@@ -6,6 +6,10 @@ Schema (JSON, ``version`` 1)::
       "version": 1,
       "workload": "wukong-small", "workload_hash": "...",
       "budget_sqnr_db": 25.0,            # a site is safe when its SQNR lower bound meets this
+      "budget_scope": "model",           # "model": the FP8 sites' noise powers together meet it too
+                                         # ("site": each site on its own; documents without the field)
+      "model_sqnr_db": 25.3,             # the FP8 sites' combined SQNR lower bound (modelled: noise
+                                         # powers 10^(-dB/10) add); null when no site is in FP8
       "target_device": "h100",           # device of the speed prediction (modelled)
       "probe_device": "cpu",             # device the kernels were timed on (measured)
       "require_fast": true,              # FP8 only where also predicted faster on the target
@@ -42,6 +46,7 @@ Schema (JSON, ``version`` 1)::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
@@ -132,6 +137,8 @@ class Placement(Frozen):
     workload: str = ""
     workload_hash: str = ""
     budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=200.0)
+    budget_scope: Literal["site", "model"] = "site"
+    model_sqnr_db: float | None = None
     target_device: str = "h100"
     probe_device: str = "cpu"
     require_fast: bool = True
@@ -169,6 +176,15 @@ def module_filter_fn(placement: Placement) -> Callable[[Any, str], bool]:
     """torchao's ``module_filter_fn(module, fqn) -> bool``: convert exactly the placement's FP8 sites."""
     names = set(placement.module_filter)
     return lambda module, fqn: fqn in names
+
+
+def combined_sqnr_db(lows_db: list[float]) -> float | None:
+    """SQNR of several sites' noise together, modelled as additive noise powers (first order: the
+    sites' relative errors are independent and weigh alike on the loss); None for no site."""
+    if not lows_db:
+        return None
+    total = sum(10.0 ** (-x / 10.0) for x in lows_db)
+    return 200.0 if total <= 1e-20 else min(200.0, -10.0 * math.log10(total))
 
 
 def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,

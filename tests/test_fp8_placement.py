@@ -316,3 +316,52 @@ def test_dispatch_tie_goes_to_the_more_accurate_kernel():
     dec = d.decide(64, 32, 16, {"bf16": 50.0}, 24.0)
     assert dec.kernel == "fp32" and dec.ties == ("bf16",) and "more accurate" in dec.reason
     assert d.measurements == 0
+
+
+def _fp8_site(low_db: float, speedup: float) -> dict:
+    err = {"sqnr_db": low_db + 1.0, "ci_low_db": low_db, "ci_high_db": low_db + 2.0, "rel_error": 0.05, "batches": 8}
+    return {"recipe": "rowwise", "kernel": "emulated_rowwise", "error": {"rowwise": err},
+            "predicted_speedup": speedup, "applied_mods": [{"name": "pad_dims", "params": {}}],
+            "mods_probe": None, "reason": None}
+
+
+def test_model_budget_holds_the_fp8_sites_together_to_the_budget():
+    from fp8.placement import combined_sqnr_db
+    from fp8.recommend import apply_model_budget
+
+    # 30 + 29 dB together: 26.5 dB; adding 25 dB would make 22.7 dB
+    assert abs(combined_sqnr_db([30.0, 29.0]) - 26.46) < 0.01
+    assert combined_sqnr_db([]) is None and abs(combined_sqnr_db([20.0, 20.0]) - 16.99) < 0.01
+    sites = {"a": _fp8_site(25.0, 1.5), "b": _fp8_site(30.0, 1.1), "c": _fp8_site(29.0, 1.2)}
+    dropped = apply_model_budget(sites, 26.0, require_fast=False)  # the quietest first
+    assert dropped == ["a"] and sites["a"]["recipe"] is None and sites["a"]["kernel"] is None
+    assert sites["a"]["applied_mods"] == [] and sites["a"]["reason"].startswith("model budget")
+    assert sites["b"]["recipe"] == sites["c"]["recipe"] == "rowwise"
+    fast = {"a": _fp8_site(25.0, 1.5), "b": _fp8_site(30.0, 1.1), "c": _fp8_site(29.0, 1.2)}
+    # with require_fast the fastest goes first: a (25 dB) fits alone under 24 dB; b or c would not
+    assert apply_model_budget(fast, 24.0, require_fast=True) == ["c", "b"]
+    assert combined_sqnr_db([fast["a"]["error"]["rowwise"]["ci_low_db"]]) >= 24.0
+
+
+def test_recommend_model_scope_keeps_fewer_sites_than_site_scope_and_records_the_combined_sqnr():
+    from fp8.recommend import recommend
+
+    disp = Dispatcher({k: KERNELS[k] for k in ("fp32", "emulated_rowwise")}, repeats=1)
+    probe = _three_layer_probe()
+    kw = dict(probe=probe, label="toy", require_fast=False, dispatcher=disp, keep_first_last=False)
+    lows = sorted(probe.summary()[n]["errors"]["rowwise"]["ci_low_db"] for n in ("0", "2", "4"))
+    budget = lows[0] - 0.5  # every site clears it alone; all three together do not
+    per_site = recommend(None, budget, budget_scope="site", **kw)
+    assert per_site.module_filter == ["0", "2", "4"] and per_site.budget_scope == "site"
+    whole = recommend(None, budget, **kw)
+    assert whole.budget_scope == "model" and 1 <= len(whole.module_filter) < 3
+    assert whole.model_sqnr_db >= budget
+    kept_out = [n for n, s in whole.sites.items() if s.recipe is None]
+    assert all(whole.sites[n].reason.startswith("model budget") for n in kept_out)
+    # the round trip keeps the new fields; old documents (no field) read as per-site budgets
+    from fp8.placement import parse_placement
+
+    doc = whole.model_dump(mode="json")
+    assert parse_placement(doc).model_sqnr_db == whole.model_sqnr_db
+    doc.pop("budget_scope"), doc.pop("model_sqnr_db")
+    assert parse_placement(doc).budget_scope == "site"

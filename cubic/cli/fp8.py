@@ -1,7 +1,7 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
-                    --budget-sqnr 20 --out fp8.json [--no-require-fast]
+                    --budget-sqnr 20 [--budget-scope model|site] --out fp8.json [--no-require-fast]
                     [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--stride 1] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|rowwise_with_gw_hp|block128|mx32
                     [--mode compile|eager] [--norm-before] [--act-after sigmoid] [--explain] [--json]
@@ -50,7 +50,7 @@ def cmd_probe(args) -> int:
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
-                          probe_stride=args.stride, mods=args.mods)
+                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope)
     text = placement.model_dump_json(indent=2)
     if out:
         out.write_text(text + "\n")
@@ -70,11 +70,13 @@ def cmd_probe(args) -> int:
                      ",".join(m.name for m in s.applied_mods) or "-", err,
                      str(e.batches if e else 0), "yes" if s.safe else "no", "yes" if s.fast else "no",
                      f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or ""])
-    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB; speed modelled on {args.target}"
+    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}; speed modelled on {args.target}"
                 + (f" at batch {batch}" if batch else "") + "; SQNR measured on the probe's batches)",
                 ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "kernel", "mods",
                  "SQNR dB [95% CI]", "batches", "safe", "fast", "speedup", "reason"], rows)
-    print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}" + (f"; wrote {out}" if out else ""))
+    combined = (f"; combined SQNR lower bound {placement.model_sqnr_db:.1f} dB (modelled: noise powers add)"
+                if placement.model_sqnr_db is not None else "")
+    print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
     return 0
 
 
@@ -200,6 +202,9 @@ def register(subparsers) -> None:
                          "or fn(output, target) -> scalar")
     pr.add_argument("--budget-sqnr", type=_positive(float), required=True, metavar="DB",
                     help="a site is safe when its SQNR lower 95%% bound (worst of the 3 GEMMs) >= DB")
+    pr.add_argument("--budget-scope", choices=("model", "site"), default="model",
+                    help="model (default): the FP8 sites' noise together must also meet the budget (noise powers "
+                         "add); site: each site on its own")
     pr.add_argument("--out", help="write the placement JSON here")
     pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")
