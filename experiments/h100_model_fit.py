@@ -10,8 +10,8 @@ measurements* (nothing is measured on this machine).
   ``cost_models.gpu_gemm.FITTED_FIELDS`` (bf16 and fp8 achievable fractions, K pipeline fill,
   GEMM launch overhead), by least squares on log(time) (scipy.optimize.least_squares).
   The rowwise GEMM factor has no kernel-only data and keeps its prior.
-- Block rows (fwd+bwd speedups of torchao's LN -> Linear -> Sigmoid, and of a plain Float8Linear in
-  eager mode from float8_experimental): they fit one more field, the cast kernels' achievable HBM
+- Block rows (fwd+bwd speedups of torchao's LN -> Linear -> Sigmoid, and of a plain Float8Linear:
+  eager tensorwise from float8_experimental, compiled rowwise from pytorch/ao PR #2185): they fit one more field, the cast kernels' achievable HBM
   bandwidth (``cast_mem_frac``), evaluated by leave-one-out: each block's held-out prediction uses
   the value fitted on the other blocks; the saved value is fitted on all of them.
 - Errors before (prior constants) and after (fitted): Spearman of times, MAPE, and fast/slow
@@ -213,8 +213,9 @@ def main() -> None:
     a = after
     bs = a["block_speedup"]
     block_note = ("torchao publishes its LN->Linear->Sigmoid M,K,N speedup tables as images; only its two "
-                  "tensorwise worked examples (compile) and three float8_experimental eager tensorwise Linear "
-                  "speedups exist as text; no rowwise/rowwise_with_gw_hp block point")
+                  "tensorwise worked examples (compile), three float8_experimental eager tensorwise Linear "
+                  "speedups and four compiled rowwise Linear speedups (pytorch/ao PR #2185, recipe inferred from "
+                  "the PR text) exist as text; no rowwise_with_gw_hp block point")
     targets = {
         "gemm_time_heldout_spearman": _target("spearman", a["gemm_time_heldout"]["spearman"], TARGETS["spearman"], True,
                                               a["gemm_time_heldout"]["n"]),
