@@ -27,7 +27,7 @@ Side by side in one run, on the default dlrm-small and wukong-small (heavy-taile
   and the share of shapes where FP8 is predicted slower.
 
 The JSON's ``targets``: ``{what: {"measured", "target", "met"}}`` plus ``reason`` when missed; the
-context records the machine, load average and code version. The full run takes ~30 min on 2 quiet
+context records the machine, load average and code version. The full run takes ~35 min on 2 quiet
 cores (two training processes); ``--quick`` is a smoke run (dlrm-small, 20 steps).
 
     .venv/bin/python experiments/fp8_benchmark.py [--quick] [--workers N]
@@ -697,16 +697,16 @@ def main() -> None:
         # dlrm-small trains ~10x faster than wukong-small per step: 600 steps (NE ~0.93, and a per-seed spread
         # of the paired difference ~3x smaller than at 150). The pilot's spread sets the seeds (plan_seeds),
         # within each workload's training budget; the two budgets plus the probes, Dispatch and the rest keep
-        # the run within ~30 min on 2 quiet cores. The Probe's batches (up to 24, until its 95% CI is +-1 dB)
+        # the run within ~35 min on 2 quiet cores. The Probe's batches (up to 24, until its 95% CI is +-1 dB)
         # span the quality runs' window after its warmup (stride x 24 steps).
         # Budgets from the last quiet runs' per-seed spread: dlrm-small's paired difference has sd ~0.3-0.4%
         # even with no rounding at all (fp32 kernel on every site: summation order alone makes the 600-step
         # trajectories diverge), so +-0.1% takes ~150-260 seeds at ~5 s a seed on 2 processes: it gets the
-        # larger share (15 min). wukong-small's spread shrinks with its noise (sd ~0.04% with no rounding,
+        # larger share (20 min). wukong-small's spread shrinks with its noise (sd ~0.04% with no rounding,
         # ~0.25% with 17 FP8 sites), so the model budget's few sites need few seeds (~15 s a seed).
-        # Total ~30 min on 2 quiet cores.
-        wls = {"dlrm-small": (600, 4, 2, 2, 300, 900.0, 100, 20, 0),
-               "wukong-small": (150, 4, 1, 2, 60, 560.0, 30, 5, 12)}
+        # Total ~35 min on 2 quiet cores.
+        wls = {"wukong-small": (150, 4, 1, 2, 60, 560.0, 30, 5, 12),
+               "dlrm-small": (600, 4, 2, 2, 300, 1200.0, 100, 20, 0)}
         max_b, ci, sizes, qrep, qmax, erep, eval_batch = (24, 1.0, [1024, 2048, 4096, 8192, 16384, 32768],
                                                           5, 15, 15, EVAL_BATCH)
     dispatcher = Dispatcher(repeats=qrep, max_repeats=qmax)
