@@ -178,13 +178,20 @@ def module_filter_fn(placement: Placement) -> Callable[[Any, str], bool]:
     return lambda module, fqn: fqn in names
 
 
+def noise_power(sqnr_db: float) -> float:
+    """Noise power relative to the signal, ``10^(-dB/10)``: what adds across sites."""
+    return 10.0 ** (-sqnr_db / 10.0)
+
+
+def sqnr_of(total_noise: float) -> float:
+    """The SQNR (dB, at most 200) of a relative noise power: the inverse of :func:`noise_power`."""
+    return 200.0 if total_noise <= 1e-20 else min(200.0, -10.0 * math.log10(total_noise))
+
+
 def combined_sqnr_db(lows_db: list[float]) -> float | None:
     """SQNR of several sites' noise together, modelled as additive noise powers (first order: the
     sites' relative errors are independent and weigh alike on the loss); None for no site."""
-    if not lows_db:
-        return None
-    total = sum(10.0 ** (-x / 10.0) for x in lows_db)
-    return 200.0 if total <= 1e-20 else min(200.0, -10.0 * math.log10(total))
+    return sqnr_of(sum(noise_power(x) for x in lows_db)) if lows_db else None
 
 
 def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,

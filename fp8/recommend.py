@@ -12,7 +12,7 @@ from cubic.core.spec import SpecError, Workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
 from fp8.mods import cuda_fp8_shape_problem, site_mods, suggest_mods
-from fp8.placement import Placement, choose, combined_sqnr_db, parse_placement
+from fp8.placement import Placement, choose, combined_sqnr_db, noise_power, parse_placement, sqnr_of
 from fp8.probe import Probe
 from fp8.recipes import ALL_RECIPES, FP8_RECIPES
 
@@ -290,8 +290,8 @@ def apply_model_budget(sites: dict[str, dict], budget_db: float, require_fast: b
     time saved is the value); otherwise the quietest first (as many sites in FP8 as the budget
     allows). A site that does not fit is skipped, and smaller ones may still fit after it.
     """
-    room = 10.0 ** (-budget_db / 10.0)
-    fp8 = {n: 10.0 ** (-s["error"][s["recipe"]]["ci_low_db"] / 10.0) for n, s in sites.items() if s["recipe"]}
+    room = noise_power(budget_db)
+    fp8 = {n: noise_power(s["error"][s["recipe"]]["ci_low_db"]) for n, s in sites.items() if s["recipe"]}
     if require_fast:
         order = sorted(fp8, key=lambda n: (-(sites[n]["predicted_speedup"] or 0.0), fp8[n], n))
     else:
@@ -304,7 +304,7 @@ def apply_model_budget(sites: dict[str, dict], budget_db: float, require_fast: b
         s = sites[n]
         low = s["error"][s["recipe"]]["ci_low_db"]
         s["reason"] = (f"model budget: with it, the FP8 sites' combined SQNR lower bound would be "
-                       f"{-10.0 * math.log10(used + fp8[n]):.1f} dB < budget {budget_db:.1f} dB (this site "
+                       f"{sqnr_of(used + fp8[n]):.1f} dB < budget {budget_db:.1f} dB (this site "
                        f"{low:.1f} dB with {s['recipe']}; noise powers add)")
         s["recipe"], s["kernel"], s["applied_mods"] = None, None, []
         if s["mods_probe"] is not None:
