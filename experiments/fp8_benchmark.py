@@ -92,10 +92,15 @@ def _seeds_to_resolve(sd: float, target: float) -> int:
     return n
 
 
+def ci_text(st: dict) -> str:
+    """A :func:`paired` result's interval in words, e.g. ``95% CI [+0.043%, +0.230%] over 22 paired seeds``."""
+    lo, hi = st["ci95"]
+    return f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"
+
+
 def verdict(st: dict, target: float = NE_TARGET) -> dict:
     """The quality target in words: met only when resolved (the interval inside +-target)."""
-    lo, hi = st["ci95"]
-    ci = f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"
+    ci = ci_text(st)
     if st["ci_inside_target"]:
         text = f"met (resolved): {ci} lies inside +-{100 * target:.1f}%"
     elif st["ci_includes_zero"]:
@@ -604,8 +609,7 @@ def plot(payload: dict, path: Path) -> None:
 
 def quality_reason(st: dict, plan: dict, loads: dict) -> str:
     """Why a quality target is missed, in one line (what the figures say, not a guess)."""
-    lo, hi = st["ci95"]
-    ci = f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"
+    ci = ci_text(st)
     if not st["ci_includes_zero"] and abs(st["mean"]) > NE_TARGET:
         return f"measurably {'worse' if st['mean'] > 0 else 'better'} than full precision: {ci} excludes 0"
     if st["seeds"] < plan["seeds_needed"]:

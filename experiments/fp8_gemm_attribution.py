@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from experiments.common import png_path, run_context, write_result  # noqa: E402
-from experiments.fp8_benchmark import NE_TARGET, paired, with_eval_batch  # noqa: E402
+from experiments.fp8_benchmark import NE_TARGET, ci_text, paired, with_eval_batch  # noqa: E402
 
 WORKLOAD, STEPS, FIRST_SEED = "wukong-small", 150, 1000  # seeds apart from fp8_benchmark's 0..59
 ROLES = {"fwd_gi": ("fwd", "grad_input"), "fwd_only": ("fwd",), "gi_only": ("grad_input",)}
@@ -116,28 +116,22 @@ def main() -> None:
         }
         for k in ("eval_as_trained", "eval_fp32"):
             st = rows[v][k]
-            print(f"{v:9s} {k:16s} NE vs full precision {100 * st['mean']:+.3f}% "
-                  f"[{100 * st['ci95'][0]:+.3f}%, {100 * st['ci95'][1]:+.3f}%] over {st['seeds']} paired seeds (measured)")
+            print(f"{v:9s} {k:16s} NE vs full precision {100 * st['mean']:+.3f}%, {ci_text(st)} (measured)")
     fwd, gi = rows["fwd_only"]["eval_as_trained"], rows["gi_only"]["eval_as_trained"]
     rec_hp = rows["fwd_gi"]["eval_fp32"]
+    attributed = bool((not fwd["ci_includes_zero"] and gi["ci_inside_target"])
+                      or (not gi["ci_includes_zero"] and fwd["ci_inside_target"]))
     targets = {
         "the placement's cost is attributed to one GEMM role (its CI excludes 0, the other's lies inside +-0.1%)": {
-            "measured": bool((not fwd["ci_includes_zero"] and gi["ci_inside_target"])
-                             or (not gi["ci_includes_zero"] and fwd["ci_inside_target"])),
-            "target": True, "met": bool((not fwd["ci_includes_zero"] and gi["ci_inside_target"])
-                                        or (not gi["ci_includes_zero"] and fwd["ci_inside_target"])),
-            "label": "measured on this CPU"},
+            "measured": attributed, "target": True, "met": attributed, "label": "measured on this CPU"},
         "the placement's trained weights, evaluated in fp32, within +-0.1% of full precision (95% CI)": {
             "measured": max(abs(rec_hp["ci95"][0]), abs(rec_hp["ci95"][1])), "target": NE_TARGET,
             "met": bool(rec_hp["ci_inside_target"]), "label": "measured on this CPU"},
     }
-    def ci(st: dict) -> str:
-        return f"[{100 * st['ci95'][0]:+.3f}%, {100 * st['ci95'][1]:+.3f}%] over {st['seeds']} paired seeds"
-
-    reasons = [f"forward only {ci(fwd)}, grad-input only {ci(gi)}: neither role's cost is resolved against the "
-               f"other's at this many seeds",
-               f"the placement's weights evaluated in fp32: {ci(rec_hp)} (as trained, FP8 forward at evaluation: "
-               f"{ci(rows['fwd_gi']['eval_as_trained'])})"]
+    reasons = [f"forward only {ci_text(fwd)}, grad-input only {ci_text(gi)}: neither role's cost is resolved "
+               f"against the other's at this many seeds",
+               f"the placement's weights evaluated in fp32: {ci_text(rec_hp)} (as trained, FP8 forward at "
+               f"evaluation: {ci_text(rows['fwd_gi']['eval_as_trained'])})"]
     for (k, t), why in zip(targets.items(), reasons):
         if not t["met"]:
             t["reason"] = why

@@ -11,9 +11,10 @@ measurements* (nothing is measured on this machine).
   GEMM launch overhead), by least squares on log(time) (scipy.optimize.least_squares).
   The rowwise GEMM factor has no kernel-only data and keeps its prior.
 - Block rows (fwd+bwd speedups of torchao's LN -> Linear -> Sigmoid, and of a plain Float8Linear:
-  eager tensorwise from float8_experimental, compiled rowwise from pytorch/ao PR #2185): they fit one more field, the cast kernels' achievable HBM
-  bandwidth (``cast_mem_frac``), evaluated by leave-one-out: each block's held-out prediction uses
-  the value fitted on the other blocks; the saved value is fitted on all of them.
+  eager tensorwise from float8_experimental, compiled rowwise from pytorch/ao PR #2185): they fit
+  one more field, the cast kernels' achievable HBM bandwidth (``cast_mem_frac``), evaluated by
+  leave-one-out: each block's held-out prediction uses the value fitted on the other blocks; the
+  saved value is fitted on all of them.
 - Errors before (prior constants) and after (fitted): Spearman of times, MAPE, and fast/slow
   agreement (FP8 faster than bf16 at the same shape, or block speedup > 1).
 

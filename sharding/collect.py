@@ -4,7 +4,8 @@ Augmentation (NeuroShard's recipe, on cubic.core.workloads' table generator): ea
 holding a random subset of 1..``max_tables`` tables, some with their dim redrawn, some cut
 column-wise (cols = dim / 2^j, multiples of 4) or row-wise (a 1/2^j row block), at a batch drawn
 from ``batches``: 32..4096 per rank, because a global batch of 4096 over 64-128 ranks leaves 32-64
-examples per rank (the large tasks), and a model fitted on 512..4096 only extrapolated there. The label is the measured forward+backward ms of the set as one fused kernel
+examples per rank (the large tasks), and a model fitted on 512..4096 only extrapolated there. The
+label is the measured forward+backward ms of the set as one fused kernel
 (sharding.measure). Table seeds start at ``TRAIN_SEED_BASE`` so that benchmark tasks (seeds
 0..999) use tables the model never saw.
 
