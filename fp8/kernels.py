@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -226,3 +227,20 @@ def swap_linears(model: nn.Module, kernels: dict[str, str], track_error: bool = 
         parent = modules[parent_name] if parent_name else model
         setattr(parent, child, Fp8Linear.from_linear(mod, kernel, track_error))
     return model
+
+
+@contextmanager
+def swapped(model: nn.Module, kernels: dict[str, str]):
+    """``model`` with the named sites on :class:`Fp8Linear` for the duration (see :func:`swap_linears`);
+    the original modules are put back on exit (their Parameters were shared, so nothing is copied)."""
+    modules = dict(model.named_modules())
+    saved = {name: modules[name] for name in kernels}
+    swap_linears(model, kernels)
+    try:
+        yield model
+    finally:
+        modules = dict(model.named_modules())
+        for name, mod in saved.items():
+            parent_name, _, child = name.rpartition(".")
+            setattr(modules[parent_name] if parent_name else model, child, mod)
+

@@ -10,6 +10,12 @@ Schema (JSON, ``version`` 1)::
                                          # ("site": each site on its own; documents without the field)
       "model_sqnr_db": 25.3,             # the FP8 sites' combined SQNR lower bound (modelled: noise
                                          # powers 10^(-dB/10) add); null when no site is in FP8
+      "budget_ne_rel": 0.0002,           # a site is safe only when the upper end of its held-out NE
+                                         # cost's interval meets this too (with scope "model": the FP8
+                                         # sites together, measured together); null: not checked
+      "model_ne_rel": {"mean", "ci_low", "ci_high", "examples"},
+                                         # the FP8 sites' held-out NE cost, measured together (forward
+                                         # only, on the Probe's trained model); null when not measured
       "target_device": "h100",           # device of the speed prediction (modelled)
       "probe_device": "cpu",             # device the kernels were timed on (measured)
       "require_fast": true,              # FP8 only where also predicted faster on the target
@@ -24,7 +30,9 @@ Schema (JSON, ``version`` 1)::
           "predicted_speedup": 0.61,     # H100 fwd+bwd block, bf16 time / fp8 time (modelled)
           "error": {"<recipe>": {"sqnr_db", "ci_low_db", "ci_high_db", "rel_error", "batches",
                                   "per_gemm_sqnr_db": {"fwd", "grad_input", "grad_weight"},
-                                  "per_gemm_ci_low_db": {...}}},   # grad_input absent when it never runs
+                                  "per_gemm_ci_low_db": {...},     # grad_input absent when it never runs
+                                  "ne_rel", "ne_rel_ci_low", "ne_rel_ci_high"}},
+                                         # held-out NE cost of the recipe's forward at this site alone
           "speedups": {"<recipe>": 0.61},
           "dispatch": {"kernel": "bf16", "time_ms": 0.4, "times_ms": {...}, "acceptable": [...]},
           "mods": ["pad_dims", ...],     # Mods the site's statistics suggest (fp8.mods.suggest_mods)
@@ -66,6 +74,11 @@ class SiteError(Frozen):
     batches: int = Field(ge=0)
     per_gemm_sqnr_db: dict[str, float] = Field(default_factory=dict)
     per_gemm_ci_low_db: dict[str, float] = Field(default_factory=dict)
+    # held-out NE cost of this recipe's forward at the site alone (fp8.probe.ne_cost; relative, e.g.
+    # 0.0002 = +0.02%) and its interval; absent in documents from before it was measured
+    ne_rel: float | None = None
+    ne_rel_ci_low: float | None = None
+    ne_rel_ci_high: float | None = None
 
 
 class SiteMod(Frozen):
@@ -139,6 +152,8 @@ class Placement(Frozen):
     budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=200.0)
     budget_scope: Literal["site", "model"] = "site"
     model_sqnr_db: float | None = None
+    budget_ne_rel: float | None = Field(default=None, gt=0.0, le=1.0)
+    model_ne_rel: dict[str, float] | None = None
     target_device: str = "h100"
     probe_device: str = "cpu"
     require_fast: bool = True
@@ -194,16 +209,26 @@ def combined_sqnr_db(lows_db: list[float]) -> float | None:
     return sqnr_of(sum(noise_power(x) for x in lows_db)) if lows_db else None
 
 
+def ne_within(error: dict, budget_ne_rel: float | None) -> bool:
+    """Whether a recipe's held-out NE cost interval ends at or below the budget (True when either is
+    unknown: documents and probes from before it was measured)."""
+    hi = error.get("ne_rel_ci_high")
+    return budget_ne_rel is None or hi is None or hi <= budget_ne_rel
+
+
 def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,
-           recipes: tuple[str, ...] = FP8_RECIPES) -> tuple[str | None, bool, bool, float | None, str | None]:
+           recipes: tuple[str, ...] = FP8_RECIPES,
+           budget_ne_rel: float | None = None) -> tuple[str | None, bool, bool, float | None, str | None]:
     """(recipe, safe, fast, speedup, reason) for one probed site (``site`` from Probe.summary
-    plus ``speedups``). The recipe is the safe (and, with ``require_fast``, fast) one with the
-    highest predicted speedup; ties go to the higher SQNR."""
+    plus ``speedups``). Safe: the SQNR lower bound meets ``budget_db`` and the held-out NE cost's
+    upper bound meets ``budget_ne_rel``. The recipe is the safe (and, with ``require_fast``, fast)
+    one with the highest predicted speedup; ties go to the higher SQNR."""
     errs, speedups = site["errors"], site["speedups"]
     cands = [r for r in recipes if r in errs]
     if not cands:
         raise SpecError("the probe measured no FP8 recipe", field="recipes")
-    safe = {r: budget_db is None or errs[r]["ci_low_db"] >= budget_db for r in cands}
+    quiet = {r: budget_db is None or errs[r]["ci_low_db"] >= budget_db for r in cands}
+    safe = {r: quiet[r] and ne_within(errs[r], budget_ne_rel) for r in cands}
     fast = {r: speedups.get(r, 0.0) > fast_threshold for r in cands}
     ok = [r for r in cands if safe[r] and (fast[r] or not require_fast)]
     if ok:
@@ -212,9 +237,16 @@ def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_thre
     # kept in high precision: report the most accurate candidate and why it failed
     best = max(cands, key=lambda r: errs[r]["ci_low_db"])
     reasons = []
-    if not any(safe.values()):
+    if not any(quiet.values()):
         reasons.append(f"unsafe: best SQNR lower bound {errs[best]['ci_low_db']:.1f} dB ({best}) "
                        f"< budget {budget_db:.1f} dB")
+    elif not any(safe.values()):
+        r = min((r for r in cands if quiet[r]), key=lambda r: errs[r]["ne_rel_ci_high"])
+        e = errs[r]
+        reasons.append(f"unsafe: held-out NE cost of its FP8 forward {100 * e['ne_rel']:+.4f}% "
+                       f"[{100 * e['ne_rel_ci_low']:+.4f}%, {100 * e['ne_rel_ci_high']:+.4f}%] ({r}, the "
+                       f"lowest of the recipes meeting the SQNR budget) > budget {100 * budget_ne_rel:.4f}%")
+        best = r
     if require_fast:
         safe_r = [r for r in cands if safe[r]]
         pool = safe_r or cands

@@ -17,17 +17,25 @@ from fp8.probe import Probe
 from fp8.recipes import ALL_RECIPES, FP8_RECIPES
 
 
+# the held-out NE cost (relative) an FP8 placement's forward may add: a fifth of the 0.1% quality
+# target, leaving the rest to what training in FP8 adds, which no single trained model shows
+DEFAULT_BUDGET_NE_REL = 0.0002
+
+
 def probe_workload(workload: Workload, config: Config | None = None, *, warmup_steps: int = 30,
                    recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
                    min_batches: int = 4, max_batches: int = 24, device: str = "cpu", stride: int = 1,
-                   mods: dict[str, list] | None = None) -> tuple[Probe, Any]:
+                   mods: dict[str, list] | None = None, ne_examples: int = 16384) -> tuple[Probe, Any]:
     """Train ``warmup_steps`` in fp32 (statistics of a trained model, not of the init), then keep
     training with the Probe attached, measuring one step in ``stride``, until every site's
     intervals are narrow.
 
     ``mods`` (site -> Mod entries, :func:`fp8.mods.apply_site_mods`): the model is built with those
     Mods on from step 0, as the runner builds it from a placement, and only those sites are probed
-    (their inner GEMM, reported under the site's name)."""
+    (their inner GEMM, reported under the site's name).
+
+    ``ne_examples``: then each site's held-out NE cost per recipe (:meth:`fp8.probe.Probe.measure_ne`)
+    on that many examples no run trains on; 0 skips it."""
     from cubic.core.train import TrainSession
     from fp8.mods import apply_site_mods
 
@@ -46,6 +54,8 @@ def probe_workload(workload: Workload, config: Config | None = None, *, warmup_s
                   max_batches=max_batches, stride=stride, sites=list(mods) if mods else None,
                   aliases={inner: site for site, inner in where.items()})
     probe.run(trainer.step, start_step=warmup_steps)
+    if ne_examples:
+        probe.measure_ne(lambda model: trainer.held_out_losses(ne_examples, model))
     return probe, trainer
 
 
@@ -107,11 +117,15 @@ def resolve_loss(loss: str):
 
 
 def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
-                 min_batches: int = 4, max_batches: int = 24, lr: float = 1e-3, loss: str = "mse") -> Probe:
+                 min_batches: int = 4, max_batches: int = 24, lr: float = 1e-3, loss: str = "mse",
+                 ne_batches: int = 16) -> Probe:
     """Probe any model given as ``package.module:factory``.
 
     ``factory()`` returns ``(model, batch_fn)`` where ``batch_fn(step) -> (inputs, targets)``; the
     Probe trains it with Adam on ``loss`` (:func:`resolve_loss`: ``model(inputs)`` vs ``targets``).
+    Then each site's held-out cost (:meth:`fp8.probe.Probe.measure_ne`) is the relative change of
+    ``loss`` (NE's, for a log loss) paired over the ``ne_batches`` batches after the trained ones,
+    which the Probe never trained on; 0 skips it.
     """
     import torch
 
@@ -133,7 +147,20 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
         opt.step()
 
     probe = Probe(model, recipes, ci_halfwidth_db=ci_halfwidth_db, min_batches=min_batches, max_batches=max_batches)
-    return probe.run(step)
+    probe.run(step)
+    if ne_batches:
+        held_out = [batch_fn(probe.trained_steps + i) for i in range(ne_batches)]
+
+        def losses(m: torch.nn.Module) -> torch.Tensor:
+            m.eval()
+            try:
+                with torch.no_grad():
+                    return torch.stack([loss_fn(m(x), y).detach().float().reshape(()) for x, y in held_out])
+            finally:
+                m.train()
+
+        probe.measure_ne(losses)
+    return probe
 
 
 def recommend(workload: Workload | None, budget_db: float | None, *, config: Config | None = None,
@@ -142,7 +169,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
               keep_first_last: bool = True, unsure_margin: bool = True, probe_stride: int = 1,
               label: str | None = None, mods: bool = True, mods_probe: Probe | None = None,
-              budget_scope: str = "model") -> Placement:
+              budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL) -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -168,6 +195,13 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     :func:`apply_model_budget`): a per-site bar alone let 17 sites of wukong-small through at
     >= 24 dB each, and their noise together cost +0.22% NE (fp8_benchmark, paired seeds).
     ``"site"``: each site on its own, as before.
+
+    ``budget_ne_rel``: where the Probe measured held-out NE costs (:meth:`fp8.probe.Probe.measure_ne`),
+    a recipe is safe at a site only when the upper end of that cost's interval is at most this
+    (relative NE; 0.0002 = +0.02%), and with scope ``"model"`` the FP8 sites measured *together*
+    must meet it too (:func:`apply_model_ne_budget`). SQNR alone let wukong-small's
+    ``layers.0.lcb.proj`` through at 29 dB; its FP8 forward costs +0.1% NE on held-out examples.
+    None: not checked.
     """
     if budget_scope not in ("site", "model"):
         raise SpecError(f"unknown budget scope {budget_scope!r} (site or model)", field="budget_scope")
@@ -207,7 +241,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             margin = probe.ci_halfwidth_db if unsure_margin and not probed.get("converged_ci", True) else 0.0
             budget_here = budget_db + margin if budget_db is not None else None
             return errors, margin, budget_here, choose({"errors": errors, "speedups": speedups}, budget_here,
-                                                       require_fast=require_fast, fast_threshold=fast_threshold)
+                                                       require_fast=require_fast, fast_threshold=fast_threshold,
+                                                       budget_ne_rel=budget_ne_rel)
 
         errors, margin, budget_here, (recipe, safe, fast, speedup, reason) = decide(s)
         batches_here = s["batches"]
@@ -260,11 +295,18 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         }
     if budget_scope == "model" and budget_db is not None:
         apply_model_budget(sites, budget_db, require_fast)
+    model_ne = None
+    if probe.losses is not None:
+        if budget_scope == "model" and budget_ne_rel is not None:
+            model_ne = apply_model_ne_budget(sites, probe, budget_ne_rel, require_fast)
+        else:
+            model_ne = placement_ne_cost(probe, sites, [n for n, s in sites.items() if s["recipe"]])
     fp8_lows = [s["error"][s["recipe"]]["ci_low_db"] for s in sites.values() if s["recipe"] is not None]
     doc = {
         "version": 1, "workload": workload.name if workload is not None else (label or ""),
         "workload_hash": workload.content_hash() if workload is not None else "",
         "budget_sqnr_db": budget_db, "budget_scope": budget_scope, "model_sqnr_db": combined_sqnr_db(fp8_lows),
+        "budget_ne_rel": budget_ne_rel if probe.losses is not None else None, "model_ne_rel": model_ne,
         "target_device": target_device, "probe_device": str(dispatcher.device),
         "require_fast": require_fast,
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
@@ -291,26 +333,75 @@ def apply_model_budget(sites: dict[str, dict], budget_db: float, require_fast: b
     allows). A site that does not fit is skipped, and smaller ones may still fit after it.
     """
     room = noise_power(budget_db)
-    fp8 = {n: noise_power(s["error"][s["recipe"]]["ci_low_db"]) for n, s in sites.items() if s["recipe"]}
-    if require_fast:
-        order = sorted(fp8, key=lambda n: (-(sites[n]["predicted_speedup"] or 0.0), fp8[n], n))
-    else:
-        order = sorted(fp8, key=lambda n: (fp8[n], n))
     used, dropped = 0.0, []
-    for n in order:
-        if used + fp8[n] <= room * (1 + 1e-9):
-            used += fp8[n]
-            continue
+    for n in _sites_in_order(sites, require_fast):
         s = sites[n]
         low = s["error"][s["recipe"]]["ci_low_db"]
-        s["reason"] = (f"model budget: with it, the FP8 sites' combined SQNR lower bound would be "
-                       f"{sqnr_of(used + fp8[n]):.1f} dB < budget {budget_db:.1f} dB (this site "
-                       f"{low:.1f} dB with {s['recipe']}; noise powers add)")
-        s["recipe"], s["kernel"], s["applied_mods"] = None, None, []
-        if s["mods_probe"] is not None:
-            s["mods_probe"]["chosen"] = False
+        if used + noise_power(low) <= room * (1 + 1e-9):
+            used += noise_power(low)
+            continue
+        _to_high_precision(s, f"model budget: with it, the FP8 sites' combined SQNR lower bound would be "
+                              f"{sqnr_of(used + noise_power(low)):.1f} dB < budget {budget_db:.1f} dB (this site "
+                              f"{low:.1f} dB with {s['recipe']}; noise powers add)")
         dropped.append(n)
     return dropped
+
+
+def _sites_in_order(sites: dict[str, dict], require_fast: bool) -> list[str]:
+    """The FP8 sites in the order the model budgets keep them: with ``require_fast`` the highest
+    predicted speedup first (the time saved is the value), otherwise the quietest first."""
+    fp8 = {n: noise_power(s["error"][s["recipe"]]["ci_low_db"]) for n, s in sites.items() if s["recipe"]}
+    if require_fast:
+        return sorted(fp8, key=lambda n: (-(sites[n]["predicted_speedup"] or 0.0), fp8[n], n))
+    return sorted(fp8, key=lambda n: (fp8[n], n))
+
+
+def _to_high_precision(site: dict, reason: str) -> None:
+    site["reason"] = reason
+    site["recipe"], site["kernel"], site["applied_mods"] = None, None, []
+    if site["mods_probe"] is not None:
+        site["mods_probe"]["chosen"] = False
+
+
+def placement_ne_cost(probe: Probe, sites: dict[str, dict], names: list[str]) -> dict[str, float] | None:
+    """Held-out NE cost of ``names`` in FP8 together (their recipes' kernels and applied Mods) on the
+    Probe's trained model (:func:`fp8.probe.ne_cost`); None for no site. With Mods, a copy of the
+    model gets them (a Mod's own parameters, such as a clamp, start where the Mod initialises them)."""
+    import copy
+
+    from fp8.mods import apply_site_mods
+    from fp8.probe import ne_cost
+
+    if not names or probe.losses is None:
+        return None
+    model = probe.model
+    modded = {n: sites[n]["applied_mods"] for n in names if sites[n]["applied_mods"]}
+    inner: dict[str, str] = {}
+    if modded:
+        model = copy.deepcopy(model)
+        inner = apply_site_mods(model, modded)
+    kernels = {inner.get(n, n): sites[n]["kernel"] for n in names}
+    return ne_cost(model, probe.losses, kernels, confidence=probe.confidence)
+
+
+def apply_model_ne_budget(sites: dict[str, dict], probe: Probe, budget_ne_rel: float,
+                          require_fast: bool) -> dict[str, float] | None:
+    """Keep the FP8 sites whose held-out NE cost, measured together, stays within the budget (in
+    place, greedy in :func:`_sites_in_order`): each site joins only if the upper end of the cost
+    interval of the sites kept so far plus it is at most ``budget_ne_rel`` (costs need not add:
+    errors interact downstream, so they are measured, not summed). Returns the kept sites' cost."""
+    kept: list[str] = []
+    cost = None
+    for n in _sites_in_order(sites, require_fast):
+        c = placement_ne_cost(probe, sites, kept + [n])
+        if c["ci_high"] <= budget_ne_rel:
+            kept.append(n)
+            cost = c
+            continue
+        _to_high_precision(sites[n], (
+            f"model NE budget: with it, the FP8 sites' held-out NE cost together would be {100 * c['mean']:+.4f}% "
+            f"[{100 * c['ci_low']:+.4f}%, {100 * c['ci_high']:+.4f}%] > budget {100 * budget_ne_rel:.4f}%"))
+    return cost
 
 
 def resolve_choice(fp8_choice: "FP8Choice", workload: Workload) -> "FP8Choice":

@@ -178,3 +178,17 @@ def test_preempted_steps_are_left_out():
     # fewer than MIN_CLEAN_STEPS unpreempted: every step is used, and the share says so
     m2 = window_stats([6.5, 6.4, 3.0, 6.6], batch=300, preempted=[1, 1, 0, 1])
     assert m2["steps_preempted_frac"] == 0.75 and m2["step_time_median_ms"] > 6
+
+
+def test_held_out_losses_are_per_example_on_examples_no_run_trains_on():
+    s = TrainSession(TINY, Config())
+    s.train(3)
+    before = [p.detach().clone() for p in s.model.parameters()]
+    losses = s.held_out_losses(256)
+    assert losses.shape == (256,) and bool((losses >= 0).all()) and s.model.training
+    assert all(torch.equal(a, b) for a, b in zip(before, s.model.parameters()))  # nothing trained
+    # not the eval batch (final NE is judged there) and not a training batch
+    eval_labels = s.data.eval_batch().labels[:256]
+    assert not torch.equal(s._held_out.labels, eval_labels)
+    assert not torch.equal(s._held_out.labels[:128], s.data.batch(0).labels)
+    assert torch.equal(s.held_out_losses(256), losses)  # the same examples each call

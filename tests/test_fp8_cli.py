@@ -71,7 +71,24 @@ def test_probe_cli_takes_any_module(tmp_path):
                  "--out", str(out), "--max-batches", "4", "--no-require-fast"]) == 0
     p = load_placement(str(out))
     assert set(p.sites) == {"0", "2"} and p.workload == "tests.test_fp8_cli:toy_factory"
+    # the held-out loss cost is measured per site (paired over the batches after the trained ones)
+    e = p.sites["2"].error["rowwise"]
+    assert e.ne_rel_ci_low <= e.ne_rel <= e.ne_rel_ci_high and p.budget_ne_rel == 0.0002
     assert main(["fp8", "probe", "--module", "no_such_mod:f", "--budget-sqnr", "15"]) == 2
+
+
+def test_probe_cli_budget_ne_flag(tmp_path, capsys):
+    base = ["fp8", "probe", "--module", "tests.test_fp8_cli:toy_factory", "--budget-sqnr", "15",
+            "--max-batches", "3", "--no-require-fast", "--no-keep-first-last", "--out", str(tmp_path / "p.json")]
+    assert main(base + ["--budget-ne", "off"]) == 0
+    assert load_placement(str(tmp_path / "p.json")).budget_ne_rel is None
+    assert main(base + ["--budget-ne", "0.5"]) == 0
+    assert load_placement(str(tmp_path / "p.json")).budget_ne_rel == 0.005
+    capsys.readouterr()
+    (tmp_path / "p.json").unlink()
+    for bad in ("abc", "0", "-1"):
+        assert main(base + ["--budget-ne", bad]) == 2
+        assert "--budget-ne" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
 
 
 def test_budget_policy_probes_and_converts():
@@ -82,9 +99,21 @@ def test_budget_policy_probes_and_converts():
     from fp8.recommend import resolve_choice
     from fp8.runtime import apply_fp8
 
+    from fp8.placement import parse_placement
+    from fp8.recommend import DEFAULT_BUDGET_NE_REL
+
     w = load_workload("dlrm-small")
-    model = apply_fp8(build_model(w), resolve_choice(FP8Choice(policy="budget", budget_sqnr_db=15.0), w), w)
-    assert any(isinstance(m, Fp8Linear) for m in model.modules())  # 15 dB: FP8 is safe somewhere
+    choice = resolve_choice(FP8Choice(policy="budget", budget_sqnr_db=15.0), w)
+    assert choice.policy == "placement"
+    placement = parse_placement(choice.placement)
+    model = apply_fp8(build_model(w), choice, w)
+    converted = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert converted == set(placement.module_filter)  # exactly the placement's FP8 sites
+    # the short Probe's evidence is all in it: SQNR and held-out NE cost per site, the NE budget held
+    assert placement.budget_ne_rel == DEFAULT_BUDGET_NE_REL and len(placement.sites) == 5
+    assert all(s.error["rowwise"].ne_rel is not None and (s.recipe or s.reason) for s in placement.sites.values())
+    # 15 dB alone (no NE budget) puts FP8 somewhere: what converts is the placement's choice
+    assert any(s.error[r].ci_low_db >= 15.0 for s in placement.sites.values() for r in s.error if r != "bf16")
 
 
 def l1_loss(output, target):

@@ -365,3 +365,67 @@ def test_recommend_model_scope_keeps_fewer_sites_than_site_scope_and_records_the
     assert parse_placement(doc).model_sqnr_db == whole.model_sqnr_db
     doc.pop("budget_scope"), doc.pop("model_sqnr_db")
     assert parse_placement(doc).budget_scope == "site"
+
+
+def _held_out(model):
+    """Per-example squared error of ``model`` on a fixed batch (the Probe's held-out losses)."""
+    x = torch.randn(512, 16, generator=torch.Generator().manual_seed(7)) * torch.logspace(-2, 2, 16)
+    with torch.no_grad():
+        return model(x).pow(2).mean(dim=1)
+
+
+def test_ne_cost_pairs_examples_and_puts_the_model_back():
+    from fp8.probe import ne_cost
+
+    probe = _three_layer_probe()
+    model = probe.model
+    site = model[2]
+    exact = ne_cost(model, _held_out, {"2": "fp32"})
+    assert abs(exact["mean"]) < 1e-6 and exact["examples"] == 512
+    coarse = ne_cost(model, _held_out, {"0": "emulated_tensorwise", "2": "emulated_tensorwise"})
+    assert coarse["ci_low"] <= coarse["mean"] <= coarse["ci_high"] and coarse["mean"] != 0.0
+    assert model[2] is site and type(model[0]) is nn.Linear  # swapped for the measurement only
+    # measured per site and recipe by the Probe; recipes with the same forward rounding share it
+    probe.measure_ne(_held_out)
+    errs = probe.summary()["2"]["errors"]
+    assert errs["rowwise"]["ne_rel_ci_low"] <= errs["rowwise"]["ne_rel"] <= errs["rowwise"]["ne_rel_ci_high"]
+    assert errs["bf16"]["ne_rel"] != errs["rowwise"]["ne_rel"]
+
+
+def test_choose_needs_the_held_out_ne_cost_within_its_budget():
+    err = {"sqnr_db": 31.0, "ci_low_db": 30.0, "ci_high_db": 32.0, "rel_error": 0.03, "batches": 8}
+    site = {"errors": {"rowwise": err | {"ne_rel": 0.001, "ne_rel_ci_low": 0.0005, "ne_rel_ci_high": 0.0015},
+                       "tensorwise": err | {"ne_rel": 0.0001, "ne_rel_ci_low": -0.0001, "ne_rel_ci_high": 0.0003}},
+            "speedups": {"rowwise": 1.5, "tensorwise": 1.2}}
+    assert choose(site, 24.0, require_fast=False)[0] == "rowwise"  # no NE budget: the faster one
+    assert choose(site, 24.0, require_fast=False, budget_ne_rel=0.0005)[0] == "tensorwise"
+    recipe, safe, _, _, reason = choose(site, 24.0, require_fast=False, budget_ne_rel=0.0002)
+    assert recipe is None and not safe and "held-out NE cost" in reason and "tensorwise" in reason
+    # documents and probes without the measurement: the SQNR rule alone
+    bare = {"errors": {"rowwise": err}, "speedups": {"rowwise": 1.5}}
+    assert choose(bare, 24.0, require_fast=False, budget_ne_rel=1e-9)[0] == "rowwise"
+
+
+def test_recommend_holds_the_fp8_sites_together_to_the_ne_budget():
+    from fp8.probe import ne_cost
+    from fp8.recommend import recommend
+
+    disp = Dispatcher({k: KERNELS[k] for k in ("fp32", "emulated_rowwise")}, repeats=1)
+    probe = _three_layer_probe().measure_ne(_held_out)
+    kw = dict(probe=probe, label="toy", require_fast=False, dispatcher=disp, keep_first_last=False)
+    free = recommend(None, 5.0, budget_ne_rel=None, **kw)
+    assert free.module_filter == ["0", "2", "4"] and free.budget_ne_rel is None
+    budget = max(s.error["rowwise"].ne_rel_ci_high for s in free.sites.values()) * 1.001  # each fits alone
+    per_site = recommend(None, 5.0, budget_ne_rel=budget, budget_scope="site", **kw)
+    assert per_site.module_filter == ["0", "2", "4"] and per_site.model_ne_rel is not None
+    held = recommend(None, 5.0, budget_ne_rel=budget, budget_scope="model", **kw)
+    assert held.model_ne_rel["ci_high"] <= budget and held.budget_ne_rel == budget
+    dropped = [n for n, s in held.sites.items() if s.recipe is None]
+    assert dropped and all(held.sites[n].reason.startswith("model NE budget") for n in dropped)
+    # tried quietest first: the first site dropped breaks the budget together with the ones before it
+    order = sorted(free.sites, key=lambda n: -free.sites[n].error["rowwise"].ci_low_db)
+    before = [m for m in order[:order.index(dropped[0])] if m in held.module_filter]
+    assert before, "the quietest site fits alone"
+    with_it = ne_cost(probe.model, _held_out, {m: "emulated_rowwise" for m in [*before, dropped[0]]})
+    assert with_it["ci_high"] > budget
+    assert parse_placement(held.model_dump(mode="json")).model_ne_rel == held.model_ne_rel

@@ -1,7 +1,7 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
-                    --budget-sqnr 20 [--budget-scope model|site] --out fp8.json [--no-require-fast]
+                    --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json [--no-require-fast]
                     [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--stride 1] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|rowwise_with_gw_hp|block128|mx32
                     [--mode compile|eager] [--norm-before] [--act-after sigmoid] [--explain] [--json]
@@ -50,7 +50,8 @@ def cmd_probe(args) -> int:
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
-                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope)
+                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope,
+                          **({} if args.budget_ne == "default" else {"budget_ne_rel": args.budget_ne}))
     text = placement.model_dump_json(indent=2)
     if out:
         out.write_text(text + "\n")
@@ -65,17 +66,24 @@ def cmd_probe(args) -> int:
         r = s.recipe or max(s.error, key=lambda k: s.error[k].ci_low_db if k != "bf16" else -1e9)
         e = s.error.get(r)
         err = f"{e.sqnr_db:.1f} [{e.ci_low_db:.1f}, {e.ci_high_db:.1f}]" if e else "-"
+        ne = (f"{100 * e.ne_rel:+.3f} [{100 * e.ne_rel_ci_low:+.3f}, {100 * e.ne_rel_ci_high:+.3f}]"
+              if e and e.ne_rel is not None else "-")
         # M of the batch the placement is for (--target-batch), the shape its speedup is predicted at
         rows.append([name, f"{s.m_target or s.m}x{s.k}x{s.n}", s.recipe or "-", s.kernel or "-",
-                     ",".join(m.name for m in s.applied_mods) or "-", err,
+                     ",".join(m.name for m in s.applied_mods) or "-", err, ne,
                      str(e.batches if e else 0), "yes" if s.safe else "no", "yes" if s.fast else "no",
                      f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or ""])
     print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}; speed modelled on {args.target}"
                 + (f" at batch {batch}" if batch else "") + "; SQNR measured on the probe's batches)",
                 ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "kernel", "mods",
-                 "SQNR dB [95% CI]", "batches", "safe", "fast", "speedup", "reason"], rows)
+                 "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches", "safe", "fast", "speedup", "reason"],
+                rows)
     combined = (f"; combined SQNR lower bound {placement.model_sqnr_db:.1f} dB (modelled: noise powers add)"
                 if placement.model_sqnr_db is not None else "")
+    if placement.model_ne_rel is not None:
+        c = placement.model_ne_rel
+        combined += (f"; held-out NE cost together {100 * c['mean']:+.4f}% [{100 * c['ci_low']:+.4f}%, "
+                     f"{100 * c['ci_high']:+.4f}%] (measured, forward only)")
     print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
     return 0
 
@@ -188,6 +196,20 @@ def _positive(kind):
     return parse
 
 
+def _ne_budget(text: str) -> float | str | None:
+    """``--budget-ne``: a percentage (relative NE) returned as a fraction, ``off`` (None) or
+    ``default`` (fp8.recommend's DEFAULT_BUDGET_NE_REL, the one place that number lives)."""
+    if text in ("off", "default"):
+        return None if text == "off" else text
+    try:
+        v = float(text)
+    except ValueError:
+        raise SpecError(f"not a number or 'off': {text!r}") from None
+    if not (0.0 < v <= 100.0):
+        raise SpecError(f"must be in (0, 100] percent, got {text}")
+    return v / 100.0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("fp8", help="FP8 placement: probe, model, check, kernels")
     sub = p.add_subparsers(dest="fp8_command", metavar="<verb>", required=True)
@@ -205,6 +227,10 @@ def register(subparsers) -> None:
     pr.add_argument("--budget-scope", choices=("model", "site"), default="model",
                     help="model (default): the FP8 sites' noise together must also meet the budget (noise powers "
                          "add); site: each site on its own")
+    pr.add_argument("--budget-ne", type=_ne_budget, default="default", metavar="PCT|off",
+                    help="a site is safe only when the upper 95%% bound of its FP8 forward's NE cost on held-out "
+                         "examples is <= PCT percent (with --budget-scope model: the FP8 sites together); "
+                         "default 0.02; off: SQNR alone")
     pr.add_argument("--out", help="write the placement JSON here")
     pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")

@@ -49,6 +49,7 @@ from cubic.core.data import Batch, SparseBatch, SyntheticData, normalized_entrop
 from cubic.core.models import build_model, build_optimizer
 from cubic.core.spec import Workload
 
+HELD_OUT_STEP = 2**40  # the held-out batch's step: no run trains this far
 TIMED_PHASES = ("embedding_fwd", "dense_fwd", "dense_bwd", "embedding_bwd", "optimizer")
 
 
@@ -133,6 +134,7 @@ class TrainSession:
         self.losses: list[float] = []
         self._unchecked: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet read back
         self._eval: Batch | None = None
+        self._held_out: Batch | None = None
 
     # -- data ---------------------------------------------------------------------------------
     def batch(self, step: int) -> Batch:
@@ -233,6 +235,22 @@ class TrainSession:
                 self.losses.append(e.value)
                 break
         return self.losses
+
+    @torch.no_grad()
+    def held_out_losses(self, examples: int = 16384, model: nn.Module | None = None) -> torch.Tensor:
+        """Per-example log loss (1-D) of ``model`` (default: this session's) on ``examples`` held-out
+        examples: a training-stream batch far past any training step (never trained on) and apart
+        from the eval batch (which final NE is judged on, so what is tuned on these is not tuned on
+        it). The model is left in train mode."""
+        model = self.model if model is None else model
+        if self._held_out is None or self._held_out.labels.numel() != examples:
+            self._held_out = self._prepare(self.data.batch(HELD_OUT_STEP, batch_size=examples))
+        model.eval()
+        try:
+            logits = model(self._held_out).reshape(-1)
+            return F.binary_cross_entropy_with_logits(logits, self._held_out.labels.reshape(-1), reduction="none")
+        finally:
+            model.train()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
