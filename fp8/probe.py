@@ -366,8 +366,9 @@ class Probe:
         site alone in the recipe's forward. SQNR averages the noise over a tensor; this sees what it
         does to the predictions: on wukong-small a site at 29 dB (``layers.0.lcb.proj``, whose rows mix
         the dense features' heavy-tailed projection with the embeddings) costs +0.16% [+0.10%, +0.23%]
-        NE, from a per-example tail that a tensor-wide SQNR cannot show. ``losses(model)``: its per-example (or per-batch) losses on held-out data,
-        kept as :attr:`losses` for measuring sites together (:func:`ne_cost`)."""
+        NE, from a per-example tail that a tensor-wide SQNR cannot show. ``losses(model)``: its
+        per-example (or per-batch) losses on held-out data, kept as :attr:`losses` for measuring
+        sites together (:func:`ne_cost`)."""
         self.losses = losses
         base = losses(self.model)
         for name, rec in self.sites.items():
