@@ -1,7 +1,8 @@
 """``cubic fp8 <verb>``: probe, model, check, kernels.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
-                    --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json [--no-require-fast]
+                    --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json
+                    [--no-require-fast]
                     [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--stride 1] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|rowwise_with_gw_hp|block128|mx32
                     [--mode compile|eager] [--norm-before] [--act-after sigmoid] [--explain] [--json]
