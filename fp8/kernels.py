@@ -216,6 +216,12 @@ class Fp8Linear(nn.Linear):
         return super().extra_repr() + f", kernel={self.kernel.name}"
 
 
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` where the dotted submodule ``name`` of ``model`` is (in place)."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
 def swap_linears(model: nn.Module, kernels: dict[str, str], track_error: bool = False) -> nn.Module:
     """Replace the named ``nn.Linear`` submodules of ``model`` (in place) by :class:`Fp8Linear`."""
     modules = dict(model.named_modules())
@@ -223,9 +229,7 @@ def swap_linears(model: nn.Module, kernels: dict[str, str], track_error: bool = 
         mod = modules.get(name)
         if not isinstance(mod, nn.Linear):
             raise KeyError(name)
-        parent_name, _, child = name.rpartition(".")
-        parent = modules[parent_name] if parent_name else model
-        setattr(parent, child, Fp8Linear.from_linear(mod, kernel, track_error))
+        replace_module(model, name, Fp8Linear.from_linear(mod, kernel, track_error))
     return model
 
 
@@ -239,8 +243,6 @@ def swapped(model: nn.Module, kernels: dict[str, str]):
     try:
         yield model
     finally:
-        modules = dict(model.named_modules())
         for name, mod in saved.items():
-            parent_name, _, child = name.rpartition(".")
-            setattr(modules[parent_name] if parent_name else model, child, mod)
+            replace_module(model, name, mod)
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from fp8.kernels import Fp8Linear
+from fp8.kernels import Fp8Linear, replace_module
 
 CUDA_FP8_MULTIPLE = 16
 
@@ -38,12 +38,6 @@ def cuda_fp8_shape_problem(k: int, n: int) -> str | None:
     if k % CUDA_FP8_MULTIPLE or n % CUDA_FP8_MULTIPLE:
         return f"k={k} and n={n} must be multiples of {CUDA_FP8_MULTIPLE}"
     return None
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    modules = dict(model.named_modules())
-    parent_name, _, child = name.rpartition(".")
-    setattr(modules[parent_name] if parent_name else model, child, new)
 
 
 def _linear(model: nn.Module, name: str) -> nn.Linear:
@@ -79,7 +73,7 @@ def pad_dims(model: nn.Module, sites: Iterable[str], multiple: int = CUDA_FP8_MU
     for name in list(sites):
         lin = _linear(model, name)
         if lin.in_features % multiple or lin.out_features % multiple:
-            _replace(model, name, PaddedLinear(lin, multiple))
+            replace_module(model, name, PaddedLinear(lin, multiple))
     return model
 
 
@@ -100,7 +94,7 @@ class RowNormalizedLinear(nn.Module):
 
 def normalize_rows(model: nn.Module, sites: Iterable[str]) -> nn.Module:
     for name in list(sites):
-        _replace(model, name, RowNormalizedLinear(_linear(model, name)))
+        replace_module(model, name, RowNormalizedLinear(_linear(model, name)))
     return model
 
 
@@ -134,7 +128,7 @@ def smooth_channels(model: nn.Module, col_amax: Mapping[str, torch.Tensor | None
     """``col_amax``: site -> per-input-channel amax of its input (e.g. from a calibration batch), or
     None to calibrate on the first batch the site sees."""
     for name, amax in col_amax.items():
-        _replace(model, name, SmoothedLinear(_linear(model, name), amax, alpha))
+        replace_module(model, name, SmoothedLinear(_linear(model, name), amax, alpha))
     return model
 
 
@@ -154,7 +148,7 @@ class ClampedLinear(nn.Module):
 def clamp_outliers(model: nn.Module, alphas: dict[str, float]) -> nn.Module:
     """``alphas``: site -> initial clamp (e.g. the Probe's p99.9 of |x| times a margin)."""
     for name, alpha in alphas.items():
-        _replace(model, name, ClampedLinear(_linear(model, name), alpha))
+        replace_module(model, name, ClampedLinear(_linear(model, name), alpha))
     return model
 
 
@@ -168,7 +162,7 @@ def keep_first_last(model: nn.Module) -> nn.Module:
         nn.Module.__init__(plain)
         plain.in_features, plain.out_features = mod.in_features, mod.out_features
         plain.weight, plain.bias = mod.weight, mod.bias
-        _replace(model, name, plain)
+        replace_module(model, name, plain)
     return model
 
 
@@ -235,15 +229,15 @@ def apply_site_mods(model: nn.Module, mods: Mapping[str, Iterable[Any]]) -> dict
             if name == "pad_dims":
                 if not (lin.in_features % CUDA_FP8_MULTIPLE or lin.out_features % CUDA_FP8_MULTIPLE):
                     continue
-                _replace(model, inner, PaddedLinear(lin, int(params.get("multiple", CUDA_FP8_MULTIPLE))))
+                replace_module(model, inner, PaddedLinear(lin, int(params.get("multiple", CUDA_FP8_MULTIPLE))))
             elif name == "normalize_rows":
-                _replace(model, inner, RowNormalizedLinear(lin))
+                replace_module(model, inner, RowNormalizedLinear(lin))
             elif name == "smooth_channels":
-                _replace(model, inner, SmoothedLinear(lin, None, float(params.get("alpha", 0.5))))
+                replace_module(model, inner, SmoothedLinear(lin, None, float(params.get("alpha", 0.5))))
             else:
                 if "alpha" not in params:
                     raise ValueError(f"clamp_outliers at {site!r} needs params.alpha")
-                _replace(model, inner, ClampedLinear(lin, float(params["alpha"])))
+                replace_module(model, inner, ClampedLinear(lin, float(params["alpha"])))
             inner = f"{inner}.linear"
         where[site] = inner
     return where
