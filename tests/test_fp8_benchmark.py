@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from experiments import fp8_benchmark as fb
+from tests.benchmark_convention import check_targets
 
 
 def test_plan_seeds_asks_the_pilot_how_many_seeds_resolve_the_interval():
@@ -43,7 +44,7 @@ def test_targets_follow_the_convention_and_say_why_when_missed():
     wide = _quality([4e-3, -3e-3, 5e-3, -4e-3], plan_budget=0.0)  # the budget allows no seed beyond the pilot
     worse = _quality([5e-3, 5.1e-3, 4.9e-3, 5e-3], name="v")
     t = fb.targets(_payload([resolved]))
-    assert all(set(v) >= {"measured", "target", "met"} for v in t.values())
+    check_targets(t)
     assert all(v["met"] and "reason" not in v for v in t.values())
     (q,) = [v for k, v in t.items() if k.startswith("w:")]
     assert q["measured"] == max(abs(x) for x in q["ci95"]) <= 1e-3
@@ -64,8 +65,7 @@ def test_quick_run_writes_the_targets_object(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["fp8_benchmark.py", "--quick", "--workers", "1"])
     fb.main()
     out = json.loads((tmp_path / "fp8_benchmark_quick.json").read_text())
-    assert out["targets"] and all(set(v) >= {"measured", "target", "met"} for v in out["targets"].values())
-    assert all(v.get("reason") for v in out["targets"].values() if not v["met"])
+    check_targets(out["targets"])
     assert out["context"]["code_version"] and "loadavg_1m_at_start" in out["context"]
     assert out["quality"][0]["seed_plan"]["seeds_planned"] >= out["quality"][0]["pilot_seeds"]
     assert (tmp_path / "fp8_benchmark_quick.png").is_file()

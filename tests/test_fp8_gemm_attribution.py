@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from tests.benchmark_convention import check_targets
+
 
 @pytest.mark.slow
 def test_quick_run_writes_each_role_with_both_evaluations_and_reasons(tmp_path, monkeypatch):
@@ -18,6 +20,5 @@ def test_quick_run_writes_each_role_with_both_evaluations_and_reasons(tmp_path, 
     assert set(out["variants"]) == {"fwd_gi", "fwd_only", "gi_only"}
     for v in out["variants"].values():
         assert v["eval_as_trained"]["seeds"] == v["eval_fp32"]["seeds"] == 2
-    assert out["targets"] and all(set(t) >= {"measured", "target", "met"} for t in out["targets"].values())
-    assert all(t.get("reason") for t in out["targets"].values() if not t["met"])
+    check_targets(out["targets"])
     assert (tmp_path / "fp8_gemm_attribution_quick.png").is_file()
