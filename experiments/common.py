@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from cubic.core.fingerprint import code_version, fingerprint, fingerprint_hash, versions
+from cubic.core.stats import mean_interval, samples_to_resolve
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -39,3 +42,21 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
 def png_path(name: str) -> Path:
     RESULTS.mkdir(exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def paired(diffs: list[float], target: float) -> dict[str, Any]:
+    """Mean of paired differences (e.g. relative NE, same seed) with its 95% Student-t interval
+    (cubic.core.stats.mean_interval, the one interval formula), and how it sits against +-target."""
+    n = len(diffs)
+    mean, lo, hi = mean_interval(diffs)
+    sd = statistics.stdev(diffs) if n > 1 else math.nan
+    return {"seeds": n, "mean": mean, "sd": sd, "ci95": [lo, hi], "half_width": (hi - lo) / 2, "per_seed": diffs,
+            "ci_includes_zero": lo <= 0.0 <= hi, "ci_inside_target": -target <= lo and hi <= target,
+            # paired seeds a CI of half-width `target` would take if the spread stayed at this estimate
+            "seeds_to_resolve": samples_to_resolve(sd, target) if n > 1 and math.isfinite(sd) else None}
+
+
+def ci_text(st: dict[str, Any]) -> str:
+    """A :func:`paired` result's interval in words, e.g. ``95% CI [+0.043%, +0.230%] over 22 paired seeds``."""
+    lo, hi = st["ci95"]
+    return f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"

@@ -48,12 +48,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from scipy import stats as sps  # noqa: E402
 
 from cost_models.gpu_gemm import block_speedup, constants_table  # noqa: E402
 from cubic.core.config import FP8Choice  # noqa: E402
 from cubic.core.workloads import load_workload  # noqa: E402
-from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.common import ci_text, png_path, run_context, write_result  # noqa: E402
+from experiments.common import paired as _paired  # noqa: E402
+from cubic.core.stats import samples_to_resolve  # noqa: E402
 from fp8.dispatch import Dispatcher, slower  # noqa: E402
 from fp8.kernels import KERNELS, swap_linears  # noqa: E402
 from fp8.quality import train_variant  # noqa: E402
@@ -69,33 +70,8 @@ QUALITY_RULE = ("met when the 95% Student-t interval of the mean paired relative
 
 
 def paired(diffs: list[float], target: float = NE_TARGET) -> dict:
-    """Mean of paired differences with its Student-t interval (scipy), and how it sits against +-target."""
-    n = len(diffs)
-    mean = statistics.fmean(diffs) if diffs else math.nan
-    sd = statistics.stdev(diffs) if n > 1 else math.nan
-    if n > 1 and sd > 0:
-        lo, hi = (float(v) for v in sps.t.interval(CONFIDENCE, n - 1, loc=mean, scale=sd / math.sqrt(n)))
-    elif n > 1:
-        lo = hi = mean
-    else:
-        lo, hi = -math.inf, math.inf
-    return {"seeds": n, "mean": mean, "sd": sd, "ci95": [lo, hi], "half_width": (hi - lo) / 2, "per_seed": diffs,
-            "ci_includes_zero": lo <= 0.0 <= hi, "ci_inside_target": -target <= lo and hi <= target,
-            # paired seeds a CI of half-width `target` would take if the spread stayed at this estimate
-            "seeds_to_resolve": _seeds_to_resolve(sd, target) if n > 1 and math.isfinite(sd) else None}
-
-
-def _seeds_to_resolve(sd: float, target: float) -> int:
-    n = 2
-    while n < 100_000 and sps.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * sd / math.sqrt(n) > target:
-        n += 1
-    return n
-
-
-def ci_text(st: dict) -> str:
-    """A :func:`paired` result's interval in words, e.g. ``95% CI [+0.043%, +0.230%] over 22 paired seeds``."""
-    lo, hi = st["ci95"]
-    return f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"
+    """experiments.common.paired against the FP8 quality target by default."""
+    return _paired(diffs, target)
 
 
 def verdict(st: dict, target: float = NE_TARGET) -> dict:
@@ -147,7 +123,7 @@ def plan_seeds(pilot: dict, elapsed_s: float, per_seed_s: float, wall_budget_s: 
     if the per-seed spread stays at the pilot's; capped by what the training budget affords."""
     n = pilot["seeds"]
     room = max(target - abs(pilot["mean"]), target / 2)
-    needed = _seeds_to_resolve(pilot["sd"], room) if math.isfinite(pilot["sd"]) else max_seeds
+    needed = samples_to_resolve(pilot["sd"], room, CONFIDENCE) if math.isfinite(pilot["sd"]) else max_seeds
     affordable = n + max(0, int((wall_budget_s - elapsed_s) // max(per_seed_s, 1e-9)))
     return {"pilot_seeds": n, "pilot_mean": pilot["mean"], "pilot_sd": pilot["sd"], "planned_half_width": room,
             "seeds_needed": needed, "seeds_affordable": affordable, "per_seed_wall_s": per_seed_s,

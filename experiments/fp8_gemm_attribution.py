@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from experiments.common import png_path, run_context, write_result  # noqa: E402
-from experiments.fp8_benchmark import NE_TARGET, ci_text, paired, with_eval_batch  # noqa: E402
+from experiments.common import ci_text  # noqa: E402
+from experiments.fp8_benchmark import NE_TARGET, paired, with_eval_batch  # noqa: E402
 
 WORKLOAD, STEPS, FIRST_SEED = "wukong-small", 150, 1000  # seeds apart from fp8_benchmark's 0..59
 ROLES = {"fwd_gi": ("fwd", "grad_input"), "fwd_only": ("fwd",), "gi_only": ("grad_input",)}

@@ -13,7 +13,7 @@ every mode, like a dense part; initialised at the base rate's log-odds), BCE on 
 workload's labels. Quality is the normalized entropy (cubic.core.data.normalized_entropy) on the
 workload's held-out eval batch (SyntheticData.eval_batch), evaluated by every replica after
 training; NE cost = (NE(2D) - NE(1D)) / NE(1D), paired by seed (same data, same initial weights),
-mean over seeds with a 95% Student-t interval (experiments.fp8_benchmark.paired).
+mean over seeds with a 95% Student-t interval (experiments.common.paired).
 
 Embedding optimizers: the two the workload spec has (``Optimizers.embedding``: row-wise AdaGrad,
 SGD) on the rows a step touched, plus "ms_rowwise_adagrad", the momentum-scaled row-wise AdaGrad
@@ -300,7 +300,7 @@ def summarise(runs, steps, ne_target_for):
     """Per (optimizer, variant): NE and step time over seeds, NE cost and step-time ratio vs 1D paired by seed."""
     import statistics
 
-    from experiments.fp8_benchmark import paired
+    from experiments.common import paired
 
     base = {(r["job"]["optimizer"], r["seed"]): r for r in runs if r["job"]["mode"] == "1d"}
     out: dict = {}

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
-from scipy import stats as sps
 from torch import nn
 
+from cubic.core.stats import t_half_width
 from fp8.kernels import default_kernel, swapped
 from fp8.recipes import FP8_RECIPES, gemm_recipe, linear_gemm_errors
 
@@ -70,7 +70,7 @@ class Welford:
             return (-math.inf, math.inf)
         if self._m2 == 0.0:
             return (self.mean, self.mean)
-        h = sps.t.ppf(0.5 + confidence / 2, self.n - 1) * self.std / math.sqrt(self.n)
+        h = t_half_width(self.std, self.n, confidence)
         return (float(self.mean - h), float(self.mean + h))
 
 
@@ -415,8 +415,7 @@ def ne_cost(model: nn.Module, losses: Callable[[nn.Module], torch.Tensor], kerne
         d = ((q - base) / base.mean()).double().reshape(-1)
     n = d.numel()
     mean = float(d.mean())
-    sd = float(d.std()) if n > 1 else math.inf
-    h = float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n) if n > 1 else math.inf
+    h = t_half_width(float(d.std()) if n > 1 else math.inf, n, confidence)
     return {"mean": mean, "ci_low": mean - h, "ci_high": mean + h, "examples": n}
 
 

@@ -267,3 +267,35 @@ def pooled_result(ok: list[Any], p: Pooled) -> Any:
     extra["pooled"] = p.to_json()
     return newest.model_copy(update={"metrics": p.metrics, "phases_ms": phases, "extra": extra,
                                      "wall_time_s": sum(r.wall_time_s for r in ok)})
+
+
+# --- one Student-t interval of a mean, for every caller (fp8's NE costs, paired seeds, experiments) ---
+
+def t_half_width(sd: float, n: int, confidence: float = CONFIDENCE) -> float:
+    """Half-width of the Student-t interval of a mean of ``n`` samples with standard deviation ``sd``
+    (infinite below two samples or with an undefined spread)."""
+    if n < 2 or not math.isfinite(sd):
+        return math.inf
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the Student-t interval of the mean of ``values`` (one sample: infinite)."""
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = math.fsum(xs) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.inf
+    h = 0.0 if sd == 0.0 else t_half_width(sd, n, confidence)
+    return mean, mean - h, mean + h
+
+
+def samples_to_resolve(sd: float, half_width: float, confidence: float = CONFIDENCE, cap: int = 100_000) -> int:
+    """Samples a Student-t interval of half-width ``half_width`` would take if the spread stayed ``sd``."""
+    n = 2
+    while n < cap and t_half_width(sd, n, confidence) > half_width:
+        n += 1
+    return n
