@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from cost_models.proxy import kendall_tau  # noqa: E402
-from cubic.codesign.campaign import RunnerEvaluate  # noqa: E402
+from cubic.codesign.evaluate import RunnerEvaluate  # noqa: E402
 from cubic.core.stats import Repeat, noise_models, pool  # noqa: E402
 from cubic.core.store import TrialStore  # noqa: E402
 from cubic.core.workloads import DEFAULT_WORKLOADS  # noqa: E402

@@ -41,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from cubic.codesign.campaign import Campaign, RunnerEvaluate, cubic_featurizer  # noqa: E402
+from cubic.codesign.campaign import Campaign  # noqa: E402
+from cubic.codesign.evaluate import RunnerEvaluate  # noqa: E402
+from cubic.codesign.prior import cubic_featurizer  # noqa: E402
 from cubic.core.result import Result  # noqa: E402
 from cubic.core.config import Config  # noqa: E402
 from cubic.runners.step_model import DEFAULT_PARAMS  # noqa: E402

@@ -135,7 +135,7 @@ def test_simulated_campaign_defaults_to_the_simulated_space_and_workers_join_by_
                  "--strategy", "random", "--budget", "3", "--batch", "3", "--json", *storage, *store]) == 0
     out = json.loads(capsys.readouterr().out)[0]
     assert out["runs"] == 3 and out["best_metrics"]["examples_per_s"] > 0  # feasible runs, not nan
-    from cubic.codesign.campaign import load_meta
+    from cubic.codesign.storage import load_meta
 
     assert load_meta(storage[1], "s")["space"]["name"].startswith("sim-default")
     # a worker on a finished campaign has nothing to do and says so
@@ -148,7 +148,7 @@ def test_resume_while_another_process_coordinates_exits_3_naming_it(env, tmp_pat
     assert main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "held",
                  "--strategy", "random", "--budget", "2", "--batch", "2", *storage, *store]) == 0
     capsys.readouterr()
-    from cubic.codesign.campaign import Lease, open_storage
+    from cubic.codesign.storage import open_storage, Lease
 
     with Lease(open_storage(storage[1]), "held", "otherhost:4242"):
         assert main(["campaign", "resume", "held", "--budget", "4", *storage, *store]) == 3

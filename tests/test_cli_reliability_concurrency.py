@@ -10,7 +10,8 @@ import time
 import optuna
 import pytest
 
-from cubic.codesign.campaign import Campaign, Lease, LeaseHeld
+from cubic.codesign.campaign import Campaign
+from cubic.codesign.storage import Lease, LeaseHeld
 from cubic.codesign.worker import load_factory
 from cubic.core.spec import SpecError
 from cubic.testing import make_evaluate, space

@@ -5,7 +5,8 @@ import yaml
 
 from cubic.cli.app import main
 from cubic.codesign.answer import campaign_answer, default_point, fmt, read_baseline_point, write_answer
-from cubic.codesign.campaign import Campaign, load_meta
+from cubic.codesign.campaign import Campaign
+from cubic.codesign.storage import load_meta
 from cubic.core.config import Config, load_config
 from cubic.core.spec import SpecError
 from search.space import Space

@@ -11,7 +11,8 @@ import numpy as np
 import optuna
 import pytest
 
-from cubic.codesign.campaign import Campaign, list_campaigns
+from cubic.codesign.campaign import Campaign
+from cubic.codesign.storage import list_campaigns
 from cubic.core.result import Result
 from cubic.core.spec import SpecError
 from search.space import Space
@@ -58,7 +59,7 @@ def test_baselines_spend_the_budget_without_repeating_points(strategy):
 def test_a_trial_holds_one_record_of_its_run_the_result():
     """trial_attrs writes a trial's attributes from the run's Result, trial_result reads the same
     Result back, and what the strategies see (Observation) is that Result."""
-    from cubic.codesign.campaign import trial_observation, trial_result
+    from cubic.codesign.trials import trial_observation, trial_result
 
     space = Space.model_validate(SPACE)
 
@@ -255,7 +256,8 @@ def test_first_round_follows_the_analytical_prior_then_the_proxy_learns_its_resi
 def test_trial_store_and_campaign_storage_share_one_database_and_the_report_joins_by_hashes(tmp_path):
     from sqlalchemy import inspect
 
-    from cubic.codesign.campaign import RunnerEvaluate, load_meta
+    from cubic.codesign.evaluate import RunnerEvaluate
+    from cubic.codesign.storage import load_meta
     from cubic.codesign.report import stored_run, winner_job_config
     from cubic.core.store import TrialStore
     from cubic.testing import FastRunner, space, toy_workload
@@ -307,7 +309,7 @@ def test_a_stale_trial_whose_run_was_recorded_is_not_enqueued_again():
     counts as a run, so re-running its point would duplicate it and lose another point's run."""
     import optuna
 
-    from cubic.codesign.campaign import RetryUnrecordedRun
+    from cubic.codesign.storage import RetryUnrecordedRun
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
@@ -326,7 +328,7 @@ def test_a_lost_workers_recorded_run_is_told_as_recorded_not_failed(tmp_path):
     recorded values (COMPLETE, as in an uninterrupted campaign), not failed by the heartbeat."""
     import socket
 
-    from cubic.codesign.campaign import trial_attrs
+    from cubic.codesign.trials import trial_attrs
     from cubic.testing import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

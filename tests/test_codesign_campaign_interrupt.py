@@ -5,7 +5,8 @@ import time
 import optuna
 import pytest
 
-from cubic.codesign.campaign import _LEASES, Campaign, Lease, list_campaigns, open_storage
+from cubic.codesign.campaign import Campaign
+from cubic.codesign.storage import _LEASES, list_campaigns, open_storage, Lease
 from search.space import Space
 
 SPACE = Space.model_validate({"name": "toy", "parameters": [{"name": "x", "type": "int", "low": 0, "high": 99}],

@@ -3,7 +3,8 @@
 
 import io
 
-from cubic.codesign.campaign import Campaign, CampaignListener, RunEvent, RunnerEvaluate
+from cubic.codesign.campaign import Campaign, CampaignListener, RunEvent
+from cubic.codesign.evaluate import RunnerEvaluate
 from cubic.core.result import Result
 from cubic.codesign.progress import ProgressLines, format_run
 from cubic.core.result import Result

@@ -8,7 +8,8 @@ import json
 import optuna
 import pytest
 
-from cubic.codesign.campaign import Campaign, RunnerEvaluate
+from cubic.codesign.campaign import Campaign
+from cubic.codesign.evaluate import RunnerEvaluate
 from cubic.core.result import Result, RunInterrupted
 from cubic.core.store import StoreError, TrialStore
 from cubic.core.workloads import DEFAULT_WORKLOADS

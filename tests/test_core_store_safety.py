@@ -115,7 +115,7 @@ def test_foreign_trials_table_is_refused(tmp_path):
 def test_campaign_storage_checks_say_what_they_found(tmp_path):
     import optuna
 
-    from cubic.codesign.campaign import open_storage
+    from cubic.codesign.storage import open_storage
 
     old = tmp_path / "old.db"  # a trial store of the layout before the cubic_ prefix
     with sqlite3.connect(old) as c:

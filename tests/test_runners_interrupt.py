@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from cubic.codesign.campaign import expected_fingerprint_hash
+from cubic.codesign.evaluate import expected_fingerprint_hash
 from cubic.core.config import Config
 from cubic.core.result import RunInterrupted
 from cubic.core.spec import Workload

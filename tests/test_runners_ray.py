@@ -92,7 +92,8 @@ def test_runs_execute_on_ray_workers_and_lost_workers_are_transient(ray_head):
 
 
 def test_a_campaign_validates_on_ray(ray_head):
-    from cubic.codesign.campaign import Campaign, RunnerEvaluate
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.evaluate import RunnerEvaluate
     from cubic.runners.ray_runner import RayRunner
     from search.space import Space
 

@@ -60,7 +60,8 @@ def test_the_config_sync_interval_picks_the_cost_and_the_sync_time(table):
 
 
 def test_a_campaign_ne_constraint_rejects_a_too_lossy_sync_interval(table):
-    from cubic.codesign.campaign import Campaign, RunnerEvaluate
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.evaluate import RunnerEvaluate
     from search.space import Space
 
     space = Space.model_validate({

@@ -80,7 +80,8 @@ def _runner_from_context(ctx: dict[str, Any]):
 
 
 def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None):
-    from cubic.codesign.campaign import RunnerEvaluate, cubic_featurizer
+    from cubic.codesign.evaluate import RunnerEvaluate
+    from cubic.codesign.prior import cubic_featurizer
 
     if meta_context.get("job"):  # a user's own job (see "a user's own job" below)
         return _job_build(name, meta_context, space), None
@@ -156,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.replace:
         import optuna
 
-        from cubic.codesign.campaign import open_storage
+        from cubic.codesign.storage import open_storage
 
         st = open_storage(storage)
         existing = {s.study_name for s in optuna.get_all_study_summaries(st)}
@@ -229,7 +230,7 @@ def _workload_space(args: argparse.Namespace, space_path: str, workload, kind: s
 def _reference_ne(context: dict[str, Any], space, store_url: str | None, kind: str) -> float | None:
     """NE of the default config (the workload's own shape), measured (or served from the trial
     store) before the campaign: what the NE ceiling of shape tuning is relative to."""
-    from cubic.codesign.campaign import RunnerEvaluate
+    from cubic.codesign.evaluate import RunnerEvaluate
 
     evaluate, _ = _build("", context, space, store_url)
     ref = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
@@ -261,7 +262,8 @@ def _print_ne_per_run(c, space) -> None:
 
 def _stored(args: argparse.Namespace, overrides: dict[str, Any], progress: bool = True):
     """(campaign, evaluate) for a stored campaign, from its stored settings."""
-    from cubic.codesign.campaign import Campaign, load_meta
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.storage import load_meta
 
     storage = args.storage or default_storage()
     meta = load_meta(storage, args.name)
@@ -304,7 +306,7 @@ def _lease_held(e) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from cubic.codesign.campaign import LeaseHeld
+    from cubic.codesign.storage import LeaseHeld
 
     storage = args.storage or default_storage()
     c, evaluate, ctx, space = _stored(args, dict(budget=args.budget), progress=True)
@@ -344,7 +346,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from cubic.codesign.campaign import list_campaigns
+    from cubic.codesign.storage import list_campaigns
 
     rows = list_campaigns(args.storage or default_storage())
     if args.json:
@@ -635,7 +637,7 @@ def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> None:
     if spec.get("config") is None:
         _said(c.measure_baseline(spec["point"], spec["label"]), space)
         return
-    from cubic.codesign.campaign import RunnerEvaluate
+    from cubic.codesign.evaluate import RunnerEvaluate
 
     ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                         store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
@@ -644,7 +646,7 @@ def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> None:
 
 def _said(doc: dict[str, Any], space) -> None:
     """The baseline's outcome, one line on stderr like a run's progress line."""
-    from cubic.codesign.campaign import PROVENANCE
+    from cubic.codesign.trials import PROVENANCE
     from cubic.codesign.progress import format_result
     from cubic.core.result import Result
     from cubic.core.spec import sanitize

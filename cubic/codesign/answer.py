@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cubic.core.units import GIB
-from cubic.codesign.campaign import BASELINE_KEY, MEMORY_METRICS, NE_METRICS, trial_observation
+from cubic.codesign.campaign import BASELINE_KEY
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, trial_observation
 from search.space import Space
 from search.strategies import objective_value
 

@@ -20,7 +20,8 @@ import threading
 from typing import Any, TextIO
 
 from cubic.codesign.answer import fmt
-from cubic.codesign.campaign import MEMORY_METRICS, NE_METRICS, PROVENANCE, CampaignListener, RunEvent, first_metric
+from cubic.codesign.campaign import CampaignListener, RunEvent
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, PROVENANCE, first_metric
 from cubic.core.result import Result
 from cubic.core.units import fmt_gib
 from cubic.core.spec import sanitize

@@ -25,17 +25,17 @@ import numpy as np
 import optuna
 
 from cubic.codesign.answer import campaign_answer, feasible_best, fmt, write_answer
-from cubic.codesign.campaign import (MEMORY_METRICS, NE_METRICS, _is_run, first_metric, load_meta, open_storage,
-                                    trial_observation)
-from search.space import Space
+from cubic.codesign.storage import load_meta, open_storage
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, trial_observation
 from cubic.core.units import GIB
+from search.space import Space
 from search.strategies import objective_value
 
 
 def _load(storage, name: str):
     meta = load_meta(storage, name)
     study = optuna.load_study(study_name=name, storage=storage)
-    trials = [t for t in study.get_trials(deepcopy=False) if _is_run(t)]  # not a lost worker's attempt
+    trials = [t for t in study.get_trials(deepcopy=False) if is_run(t)]  # not a lost worker's attempt
     return meta, study, trials
 
 

@@ -40,7 +40,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 
 def _campaign(args: argparse.Namespace, create: bool):
-    from cubic.codesign.campaign import Campaign, list_campaigns, load_meta
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.storage import list_campaigns, load_meta
     from search.space import Space, load_space
 
     from cubic.codesign.progress import ProgressLines
@@ -76,7 +77,7 @@ def _create_or_attach(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cubic.codesign.campaign import LEASE_S, LeaseHeld
+    from cubic.codesign.storage import LEASE_S, LeaseHeld
 
     p = argparse.ArgumentParser(prog="python -m cubic.codesign.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=["run", "work"], help="run: coordinate/resume the campaign; "

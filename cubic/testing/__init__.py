@@ -93,7 +93,7 @@ class FastRunner(Runner):
 def make_evaluate(space_, store_url: str | None):
     """``module:factory`` entry for ``python -m cubic.codesign.worker``: cubic's RunnerEvaluate over the
     stand-in runner, recording into the trial store at ``store_url``."""
-    from cubic.codesign.campaign import RunnerEvaluate
+    from cubic.codesign.evaluate import RunnerEvaluate
     from cubic.core.store import TrialStore
 
     store = TrialStore(store_url) if store_url else None

@@ -55,7 +55,8 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     in flight; another worker takes the lease over after ``lease_s`` and the lost run is retried."""
     import optuna
 
-    from cubic.codesign.campaign import Campaign, _LEASES
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.storage import _LEASES
 
     sp = space()
     name = f"conc-{uuid.uuid4().hex[:8]}"

@@ -15,7 +15,9 @@ def fault_campaign(runner: Runner, workdir: str | Path, budget: int = 8, max_ret
                    steps: int = 2) -> dict[str, Any]:
     """A campaign over ``runner`` (faults per point); what each fault became and whether the
     campaign went on. Needs CUBIC_ALLOW_FAULTS=1 for the real runner's faults."""
-    from cubic.codesign.campaign import Campaign, RunnerEvaluate, trial_observation
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.evaluate import RunnerEvaluate
+    from cubic.codesign.trials import trial_observation
     from cubic.core.store import TrialStore
     from search.space import Space
 

@@ -1,0 +1,177 @@
+"""cubic's own evaluate: a point -> a Config -> repeats of the run on a Runner, recorded in the trial
+store and served from it (:class:`RunnerEvaluate`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cubic.core.result import Result
+from cubic.core.spec import SpecError
+from cubic.codesign.storage import META_KEY
+from search.space import Space
+
+if TYPE_CHECKING:
+    from cubic.codesign.campaign import Campaign
+
+from cubic.runners.local import expected_fingerprint_hash  # noqa: E402,F401  (the one implementation)
+
+
+def _noted(result: Result, default_metrics: dict[str, float] | None = None, **notes: Any) -> Result:
+    """A copy of ``result`` with the campaign's notes (RUN_NOTES) in its extra and metrics it lacks
+    added; the stored or served Result itself is left as it is."""
+    metrics = dict(result.metrics)
+    for k, v in (default_metrics or {}).items():
+        metrics.setdefault(k, v)
+    return result.model_copy(update={"metrics": metrics, "extra": {**result.extra, **notes}})
+
+
+class RunnerEvaluate:
+    """cubic's evaluate: point -> Config -> runs on ``runner`` (local, Ray, simulated) -> metrics.
+
+    A measurement is a distribution: each evaluation wants ``repeats`` repeats of the run (each a
+    fresh child process for local runs), and every repeat is recorded in the trial store with the
+    campaign's name and its attempt number. What the campaign (and its proxy) sees is the repeats'
+    pooled estimate (cubic.core.stats: median, 95% interval, contended repeats excluded), never one
+    sample. Repeats already stored for the config on this fingerprint with the same steps are served
+    instead of run again (also what makes a resumed campaign cheap); only the missing ones run.
+    ``remeasure=True`` runs ``repeats`` fresh repeats for every evaluation and pools them with the
+    stored ones. A deterministic failure (oom, nan, invalid, error) is stored under the real
+    fingerprint and served like a success.
+
+    A store write that fails raises :class:`cubic.core.store.StoreError` (the row is kept in the
+    pending file): the campaign stops with a store error instead of recording a failed run. An
+    interrupted run is recorded as ``killed`` and the interrupt goes on.
+    """
+
+    def __init__(self, workload, runner, space: Space, *, steps: int = 20, warmup: int = 3, store=None,
+                 campaign: str | None = None, base_config=None, repeats: int = 1, remeasure: bool = False):
+        if repeats < 1:
+            raise SpecError("must be >= 1", field="repeats")
+        self.workload, self.runner, self.space = workload, runner, space
+        self.steps, self.warmup = steps, warmup
+        self.store, self.campaign, self.base_config = store, campaign, base_config
+        self.repeats, self.remeasure = repeats, remeasure
+        self.served = 0  # evaluations served from the store without a run
+        self.runs = 0  # repeats run
+        self._fp: tuple[str | None] | None = None
+        self._local: dict[str, list] = {}  # ok repeats per config when nothing is stored
+
+    def attach(self, campaign: "Campaign") -> None:
+        """Create the campaign's row in the trial store (once) so trials can carry its id."""
+        self.campaign = campaign.name
+        if self.store is None:
+            return
+        spec = campaign.study.user_attrs.get(META_KEY, {})
+        row = self.store.get_campaign(campaign.name)
+        if row is None:
+            self.store.create_campaign(campaign.name, spec=spec, workload=self.workload.name)
+        elif row.spec != spec:  # a replaced campaign of the same name: its settings, not the old ones
+            self.store.update_campaign(campaign.name, spec=spec, workload=self.workload.name, status="running")
+
+    # ---- keys and what is stored ----------------------------------------------------------------
+    def _fingerprint(self) -> str | None:
+        if self._fp is None:
+            self._fp = (expected_fingerprint_hash(self.runner),)
+        return self._fp[0]
+
+    def _key(self, config) -> tuple:
+        return (self.workload.content_hash(), config.content_hash(), self._fingerprint(),
+                getattr(self.runner, "source", "measured"))
+
+    def _stored(self, config):
+        """:class:`cubic.core.store.Served` for ``config`` (from the store, or this object's own
+        repeats when there is no store)."""
+        from cubic.core.store import Served
+
+        if self.store is not None and self._fingerprint() is not None:
+            return self.store.serve(*self._key(config), steps=self.steps, warmup=self.warmup,
+                                    threads=getattr(self.runner, "threads", None))
+        ok = self._local.get(config.content_hash(), [])
+        if not ok:
+            return Served(None, [])
+        from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
+
+        p = pool([Repeat(dict(r.metrics), contention(r.metrics, r.extra, cores_available(r.fingerprint)) is not None)
+                  for r in ok])
+        return Served(pooled_result(ok, p), [], p)
+
+    def _config(self, point: dict[str, Any]):
+        return self.space.to_config(point, self.base_config)
+
+    # ---- evaluate ---------------------------------------------------------------------------------
+    def __call__(self, point: dict[str, Any]) -> Result:
+        config = self._config(point)
+        try:
+            config.apply(self.workload)
+        except SpecError as e:  # nothing ran: labelled as the runner's runs are (measured or simulated)
+            return Result.failed("invalid", str(e), source=getattr(self.runner, "source", "measured"))
+        return self._measure(config, self.repeats, fresh=self.remeasure)
+
+    def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
+        """Run ``n`` fresh repeats of ``point`` and return its new pooled estimate (confirm phase)."""
+        return self._measure(self._config(point), n, fresh=True)
+
+    def estimate(self, point: dict[str, Any], metric: str):
+        """The pooled :class:`cubic.core.stats.Estimate` of ``metric`` for ``point`` from the repeats
+        stored so far (None when there is no successful one)."""
+        from cubic.core.stats import ci_names, estimate
+
+        served = self._stored(self._config(point))
+        if served.result is None or not served.result.ok or metric not in served.result.metrics:
+            return None
+        if metric in served.pooled.estimates:  # examples/s, step time: pooled with the machine's noise
+            return served.pooled.estimates[metric]
+        used = set(served.pooled.trial_ids)
+        rows = [t.result.metrics for t in served.trials if t.id in used] if served.trials else \
+            [r.metrics for r in self._local.get(self._config(point).content_hash(), [])]
+        vals = [m[metric] for m in rows if metric in m] or [served.result.metrics[metric]]
+        lo, hi = ci_names(metric)
+        m = served.result.metrics
+        within = (m[lo], m[hi]) if len(vals) == 1 and lo in m and hi in m else None
+        return estimate(vals, within)
+
+    def _measure(self, config, repeats: int, fresh: bool) -> Result:
+        served = self._stored(config)
+        if not fresh and served.satisfies(repeats):
+            self.served += 1
+            return _noted(served.result, served_from_store=True,
+                          trial_id=served.trials[-1].id if served.trials else None,
+                          trial_ids=[t.id for t in served.trials])
+        need = repeats if (fresh or served.result is None or served.failure) else max(1, repeats - served.good)
+        wall = 0.0
+        for _ in range(need):
+            result, tid = self._run_once(config)
+            wall += result.wall_time_s
+            if not result.ok:  # a failed repeat is the answer: deterministic ones are served from now on
+                return _noted(result, trial_id=tid)
+        served = self._stored(config)
+        return _noted(served.result, {"wall_time_s": wall}, trial_id=served.trials[-1].id if served.trials else None,
+                      trial_ids=[t.id for t in served.trials], repeats_run=need)
+
+    def _run_once(self, config):
+        """One repeat: run, record (with its attempt number), return (Result, trial id)."""
+        from cubic.core.result import RunInterrupted
+
+        key = self._key(config)
+        attempt = 1
+        if self.store is not None and key[2] is not None:
+            attempt = self.store.next_attempt(*key, steps=self.steps, warmup=self.warmup)
+        try:
+            result = self.runner.run(self.workload, config, steps=self.steps, warmup=self.warmup)
+        except RunInterrupted as e:  # the parent was interrupted: record the run as killed, then stop
+            self._record(config, e.result, attempt)
+            raise
+        self.runs += 1
+        tid = self._record(config, result, attempt)
+        if result.ok and (self.store is None or key[2] is None):
+            self._local.setdefault(config.content_hash(), []).append(result)
+        if result.failure_kind == "killed" and (result.extra or {}).get("interrupted") == "SIGINT":
+            raise RunInterrupted(result)  # Ctrl-C reached the run's process group: the campaign stops too
+        return result, tid
+
+    def _record(self, config, result, attempt: int) -> int | None:
+        if self.store is None:
+            return None
+        return self.store.record(self.workload, config, result, campaign=self.campaign, attempt=attempt,
+                                 steps=self.steps, warmup=self.warmup, fingerprint_hash=self._fingerprint())
+
