@@ -14,13 +14,14 @@ Data-parallel tables all-reduce their dense gradient over every replica (ring: 2
 of the other W/G - 1 groups every step (sparse all-gather of touched rows; expected touched rows
 under the table's Zipf law).
 
-The constants come from one of two places:
-- ``CommModel.calibrated()``: fitted to real torch.distributed (gloo) all-to-all runs between
-  processes on this machine (loopback), stored with the machine fingerprint in
-  ``sharding/data/comm_calibration.json`` (re-measure with ``calibrate()`` / ``cubic shard
-  calibrate-comm``). Used when the topology's device is "cpu": the plan's ground truth here.
-- ``CommModel.from_topology(topo)``: a modelled cluster (bandwidths from the Topology, latencies
-  from cost_models.hardware's defaults), for devices such as "h100". Figures are modelled.
+The constants come from one of two places (``CommModel.from_topology`` picks by
+``Topology.comm_model``, the same rule on every device; ``describe()`` says which, and where from):
+- ``CommModel.calibrated(path)``: fitted to real torch.distributed (gloo) all-to-all runs between
+  processes on one machine (loopback), stored with that machine's fingerprint (``cubic shard
+  calibrate-comm`` writes the user's, in $CUBIC_HOME; ``cost_models/data/comm_calibration.json``
+  ships one from another machine). A calibration whose machine is not this one says so.
+- the bandwidth model: the Topology's intra/inter-node bandwidths and latencies (latencies default
+  to cost_models.hardware's), e.g. a modelled GPU cluster or the user's own network.
 """
 
 from __future__ import annotations
@@ -46,6 +47,46 @@ ID_BYTES = 8
 FP32 = 4
 
 
+USER_CALIBRATION_NAME = "comm_calibration.json"
+
+
+def user_calibration_path() -> Path:
+    """Where `cubic shard calibrate-comm` writes by default (the user's data directory)."""
+    from cubic.core.fingerprint import user_data_dir
+
+    return Path(user_data_dir()) / USER_CALIBRATION_NAME
+
+
+def default_calibration_path() -> Path | None:
+    """The user's calibration if there is one, else the packaged one (None when neither exists)."""
+    for p in (user_calibration_path(), CALIBRATION_PATH):
+        if p.is_file():
+            return p
+    return None
+
+
+@lru_cache(maxsize=16)
+def _read_calibration(path: str, mtime: float) -> tuple[dict, str | None]:
+    """(the calibration document, why it is another machine's or None); cached per file version."""
+    from cubic.core.fingerprint import machine_differences
+
+    try:
+        d = json.loads(Path(path).read_text())
+        c = d["constants"]
+        float(c["alpha_s"]), float(c["alpha_peer_s"]), float(c["beta_s_per_byte"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        from cubic.core.spec import SpecError
+
+        raise SpecError(f"not a comm calibration ({type(e).__name__}: {e}); write one with "
+                        "`cubic shard calibrate-comm`", source=path, field="constants") from None
+    fp = d.get("fingerprint") or {}
+    diff = machine_differences(fp)
+    foreign = None if not diff else (
+        f"measured on another machine ({fp.get('cpu_model', 'unrecorded')}, {fp.get('cpu_count', '?')} cores; "
+        f"differs in {', '.join(diff)})")
+    return d, foreign
+
+
 @dataclass(frozen=True)
 class CommModel:
     alpha_s: float  # fixed cost of one collective
@@ -53,30 +94,60 @@ class CommModel:
     beta_intra_s_per_byte: float
     beta_inter_s_per_byte: float
     ranks_per_node: int = 1 << 30
-    source: str = "calibrated"
+    source: str = "calibrated"  # calibrated | bandwidth | a caller's name (the step model's cluster)
     alpha_inter_s: float | None = None  # fixed cost of the inter-node leg (default: alpha_s)
+    origin: tuple = ()  # (key, value) pairs: where the constants came from (describe() gives them as a dict)
 
     @classmethod
-    def calibrated(cls, path: str | Path = CALIBRATION_PATH) -> "CommModel":
-        d = json.loads(Path(path).read_text())
+    def calibrated(cls, path: str | Path | None = None) -> "CommModel":
+        """The alpha-beta constants of a `cubic shard calibrate-comm` file (default: the user's, else
+        the packaged one); ``origin`` records the file, its machine and whether that machine is this one."""
+        p = Path(path) if path else default_calibration_path()
+        if p is None:
+            from cubic.core.spec import SpecError
+
+            raise SpecError("no comm calibration (run `cubic shard calibrate-comm`)", field="comm_calibration")
+        d, foreign = _read_calibration(str(p.resolve()), p.stat().st_mtime)
         c = d["constants"]
-        return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated")
+        fp = d.get("fingerprint") or {}
+        origin = (("kind", "calibrated"), ("file", str(p)), ("machine", fp.get("cpu_model", "unrecorded")),
+                  ("cores", fp.get("cpu_count")), ("fingerprint_hash", d.get("fingerprint_hash")),
+                  ("this_machine", foreign is None), ("foreign_reason", foreign), ("fit_mape", d.get("fit_mape")),
+                  ("measured_at", d.get("measured_at")))
+        return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated",
+                   origin=origin)
 
     @classmethod
     def from_topology(cls, topo: Topology) -> "CommModel":
-        if topo.device == "cpu" and CALIBRATION_PATH.is_file():
-            cal = cls.calibrated()
+        """The interconnect a plan is for: ``topo.comm_model`` "calibrated" (a calibration file; on
+        several nodes the inter-node leg is scaled by the topology's intra/inter bandwidth ratio),
+        "bandwidth" (the topology's bandwidths and latencies), or "auto": calibrated on a cpu topology
+        when a calibration exists, else bandwidth. The same rule on every device."""
+        kind = topo.comm_model
+        if kind == "auto":
+            has_cal = topo.comm_calibration is not None or default_calibration_path() is not None
+            kind = "calibrated" if topo.device == "cpu" and has_cal else "bandwidth"
+        if kind == "calibrated":
+            cal = cls.calibrated(topo.comm_calibration)
             if topo.world_size <= topo.ranks_per_node:
                 return cal
             # several nodes: the loopback calibration is the intra-node rate; a byte between nodes
             # costs the topology's intra/inter bandwidth ratio more (modelled, no multi-node calibration)
             ratio = topo.intra_node_bw_gbps / topo.inter_node_bw_gbps
             return cls(cal.alpha_s, cal.alpha_peer_s, cal.beta_intra_s_per_byte, cal.beta_intra_s_per_byte * ratio,
-                       ranks_per_node=topo.ranks_per_node, source="calibrated intra-node, inter-node scaled")
+                       ranks_per_node=topo.ranks_per_node, source="calibrated",
+                       origin=cal.origin + (("inter_node", f"scaled by the topology's bandwidth ratio {ratio:.3g}"),))
         from cost_models.hardware import ClusterSpec
 
-        lat_intra = ClusterSpec.model_fields["nvlink_latency_s"].default
-        lat_inter = ClusterSpec.model_fields["network_latency_s"].default
+        lat_intra = (topo.intra_node_latency_us * 1e-6 if topo.intra_node_latency_us is not None
+                     else ClusterSpec.model_fields["nvlink_latency_s"].default)
+        lat_inter = (topo.inter_node_latency_us * 1e-6 if topo.inter_node_latency_us is not None
+                     else ClusterSpec.model_fields["network_latency_s"].default)
+        origin = (("kind", "bandwidth"), ("intra_node_bw_gbps", topo.intra_node_bw_gbps),
+                  ("inter_node_bw_gbps", topo.inter_node_bw_gbps), ("intra_node_latency_us", lat_intra * 1e6),
+                  ("inter_node_latency_us", lat_inter * 1e6), ("ranks_per_node", topo.ranks_per_node),
+                  ("latencies_from", "topology" if topo.intra_node_latency_us is not None
+                   or topo.inter_node_latency_us is not None else "defaults (cost_models.hardware)"))
         return cls(
             alpha_s=lat_intra,
             alpha_inter_s=lat_inter,
@@ -84,8 +155,20 @@ class CommModel:
             beta_intra_s_per_byte=1.0 / (topo.intra_node_bw_gbps * 1e9),
             beta_inter_s_per_byte=1.0 / (topo.inter_node_bw_gbps * 1e9),
             ranks_per_node=topo.ranks_per_node,
-            source="modelled",
+            source="bandwidth",
+            origin=origin,
         )
+
+    def describe(self) -> dict:
+        """Which communication model this is and where its constants came from (recorded in plans)."""
+        d = dict(self.origin) or {"kind": self.source}
+        d.update({"alpha_s": self.alpha_s, "alpha_peer_s": self.alpha_peer_s,
+                  "beta_intra_s_per_byte": self.beta_intra_s_per_byte,
+                  "beta_inter_s_per_byte": self.beta_inter_s_per_byte,
+                  "alpha_inter_s": self.alpha_s if self.alpha_inter_s is None else self.alpha_inter_s})
+        if self.ranks_per_node < (1 << 30):
+            d["ranks_per_node"] = self.ranks_per_node
+        return d
 
     def beta(self, peers: int) -> float:
         """Seconds per byte when a rank's bytes are spread evenly over ``peers`` other ranks."""

@@ -33,14 +33,10 @@ USER_MODEL_NAME = "sharding_cost_model.json"
 
 
 def user_data_dir() -> Path:
-    """Where `cubic shard train` writes (never the installed package): $CUBIC_HOME, else
-    $XDG_DATA_HOME/cubic, else ~/.local/share/cubic."""
-    import os
+    """Where `cubic shard train` writes (cubic.core.fingerprint.user_data_dir)."""
+    from cubic.core.fingerprint import user_data_dir as _dir
 
-    if os.environ.get("CUBIC_HOME"):
-        return Path(os.environ["CUBIC_HOME"])
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "cubic"
+    return Path(_dir())
 
 
 def cost_model_path() -> Path:
@@ -51,14 +47,12 @@ def cost_model_path() -> Path:
 
 def machine_mismatch(meta: dict) -> str | None:
     """Why a learned CPU model's figures may not hold on this machine (None when it was trained here)."""
-    from cubic.core.fingerprint import fingerprint
+    from cubic.core.fingerprint import fingerprint, machine_differences
 
     fp, here = meta.get("fingerprint") or {}, fingerprint("cpu")
-    keys = ("machine", "cpu_model", "cpu_count")
     if not fp:
         return "the cost model does not record the machine it was trained on"
-    diff = [k for k in keys if fp.get(k) != here.get(k)]
-    if not diff:
+    if not machine_differences(fp):
         return None
     return (f"the cost model was trained on {fp.get('cpu_model')} ({fp.get('cpu_count')} cores), this machine is "
             f"{here.get('cpu_model')} ({here.get('cpu_count')} cores): its CPU figures may not hold here; "
@@ -225,7 +219,7 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
         lb = table_lower_bound(plan.tables, G, B, estimator, comm)
     describe = getattr(estimator, "describe", None)
     return PlanCost.from_ranks(estimator.source, per_rank, lower_bound_ms=lb,
-                               details={"per_rank_batch": B, "kernel_batch": G * B, "comm": comm.source,
+                               details={"per_rank_batch": B, "kernel_batch": G * B, "comm": comm.describe(),
                                         "compute": describe() if describe else estimator.source,
                                         "device": plan.topology.device})
 

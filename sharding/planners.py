@@ -165,7 +165,8 @@ def to_plan(ctx: Context, planner: str, units: list[Unit], ranks: list[int], dp:
                    for r in range(ctx.group)]
     elapsed = time.perf_counter() - t0
     plan = Plan(planner=planner, target=ctx.target, world_size=ctx.world, group_size=ctx.group, batch_size=ctx.batch,
-                topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes)
+                topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes,
+                comm=ctx.comm.describe())
     return with_prediction(plan, ctx.estimator, ctx.comm)
 
 

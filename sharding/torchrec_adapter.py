@@ -102,7 +102,7 @@ class TorchRecPlanner(Planner):
                                         col_offset=md.shard_offsets[1], cols=cols))
         plan = Plan(planner="torchrec", target="torchrec", world_size=ctx.world, group_size=ctx.group, batch_size=batch_size,
                     topology=topology, tables=ctx.tables, shards=shards, planning_time_s=time.perf_counter() - t0,
-                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)")
+                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)", comm=ctx.comm.describe())
         return with_prediction(plan, self.estimator, ctx.comm)
 
 

@@ -135,6 +135,9 @@ class Plan(Frozen):
     measured: PlanCost | None = None
     planning_time_s: float = 0.0
     notes: str = ""
+    comm: dict | None = Field(default=None, description=(
+        "the communication model the planner priced the plan with and where it came from "
+        "(cost_models.comm.CommModel.describe(): kind calibrated|bandwidth, file, machine, this_machine, constants)"))
 
     @model_validator(mode="after")
     def _covers_every_table(self) -> "Plan":
@@ -304,6 +307,27 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     return "\n".join(lines)
 
 
+def comm_line(comm: dict | str | None) -> str:
+    """One line naming a recorded communication model (Plan.comm / PlanCost.details["comm"]); a
+    calibration from another machine is named so."""
+    if not isinstance(comm, dict):
+        return f"alpha-beta model ({comm or 'unrecorded'})"
+    if comm.get("kind") == "calibrated":
+        mape = comm.get("fit_mape")
+        line = (f"alpha-beta model fitted to gloo all-to-alls measured on {comm.get('machine')} ({comm.get('cores')} "
+                f"cores, {comm.get('measured_at')}" + (f", fit error {mape:.0%}" if isinstance(mape, (int, float)) else "")
+                + f"; {comm.get('file')})")
+        if not comm.get("this_machine"):
+            line = (f"FROM ANOTHER MACHINE: {line}: {comm.get('foreign_reason')}; `cubic shard calibrate-comm` "
+                    "measures this one")
+        return line + (f"; inter-node {comm['inter_node']}" if comm.get("inter_node") else "")
+    if comm.get("kind") == "bandwidth":
+        return (f"bandwidth model: {comm['intra_node_bw_gbps']:g} GB/s + {comm['intra_node_latency_us']:g} us per "
+                f"all-to-all inside a node, {comm['inter_node_bw_gbps']:g} GB/s + {comm['inter_node_latency_us']:g} us "
+                f"between nodes ({comm.get('ranks_per_node')} ranks per node; latencies from {comm.get('latencies_from')})")
+    return f"alpha-beta model ({comm.get('kind', 'unrecorded')})"
+
+
 def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list[str]:
     device = plan.topology.device
     d = cost.details if cost else {}
@@ -313,10 +337,7 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         compute_src = d.get("compute") or (f"{cost.source} for {device}")
         if cost.source == "measured" and "measured" not in compute_src:
             compute_src = f"measured: {compute_src}"
-        comm = str(d.get("comm", "modelled"))
-        comm_src = ("MODELLED for every plan: alpha-beta model " + (
-            "fitted to measured gloo all-to-alls on this CPU" if comm.startswith("calibrated")
-            else "from the topology's bandwidths") + f" ({comm}); never measured per plan")
+        comm_src = f"MODELLED for every plan, never measured per plan: {comm_line(d.get('comm') or plan.comm)}"
     kernel_batch = plan.group_size * plan.batch_size
     out = [
         f"  rank: a rank of one model-parallel group of {plan.group_size}"

@@ -39,6 +39,31 @@ def _estimator(path: str | None, device: str | None = None):
     return est
 
 
+COMM_FLAGS = {"intra_node_bw_gbps": "--intra-node-bw-gbps", "inter_node_bw_gbps": "--inter-node-bw-gbps",
+              "intra_node_latency_us": "--intra-node-latency-us", "inter_node_latency_us": "--inter-node-latency-us"}
+
+
+def _comm_flags(args) -> dict:
+    """The interconnect the user typed: bandwidth/latency flags select the bandwidth model (on every
+    device, cpu included) unless --comm-model says otherwise; --comm-calibration a calibration file."""
+    out = {k: getattr(args, k, None) for k in COMM_FLAGS}
+    for k, flag in COMM_FLAGS.items():
+        if out[k] is not None and not (0 < out[k] < 1e6 or (out[k] == 0 and "latency" in k)):
+            raise SpecError(f"{flag} must be positive (got {out[k]:g})", field=flag)
+    model = getattr(args, "comm_model", None)
+    cal = getattr(args, "comm_calibration", None)
+    if cal is not None:
+        if not Path(cal).is_file():
+            raise SpecError("no such calibration file (write one with `cubic shard calibrate-comm`)",
+                            field="--comm-calibration", source=cal)
+        model = model or "calibrated"
+        out["comm_calibration"] = str(Path(cal).resolve())
+    if model is None and any(out[k] is not None for k in COMM_FLAGS):
+        model = "bandwidth"
+    out["comm_model"] = model
+    return out
+
+
 def cmd_plan(args) -> int:
     from cubic.core.units import GB, GIB
     from sharding.inputs import load_tables, topology_for
@@ -47,7 +72,7 @@ def cmd_plan(args) -> int:
 
     tables, wl = load_tables(args.tables)
     memory_gb = args.memory_gib * GIB / GB if args.memory_gib is not None else args.memory_gb
-    topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device)
+    topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
     batch = args.batch_size or (wl.batch_size if wl else 512)
     kw = {"time_budget_s": args.time_budget} if args.planner == "cubic" else {}
     est = _estimator(args.model, topo.device)
@@ -210,11 +235,15 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from cost_models.comm import CALIBRATION_PATH, calibrate
+    from cost_models.comm import calibrate, user_calibration_path
 
-    out = args.out or CALIBRATION_PATH
+    out = args.out or user_calibration_path()
     doc = calibrate(repeats=args.repeats, path=out)
-    print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"]}, indent=1))
+    print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"],
+                      "machine": doc["fingerprint"].get("cpu_model"), "fingerprint_hash": doc["fingerprint_hash"],
+                      "loadavg_1m": doc["loadavg_1m"]}, indent=1))
+    print("`cubic shard plan` on cpu now prices all-to-alls with it (a plan records the file and its machine)",
+          file=sys.stderr)
     return 0
 
 
@@ -241,6 +270,16 @@ def register(subparsers) -> None:
     pl.add_argument("--ranks-per-node", type=_positive_int, default=None)
     pl.add_argument("--device", default=None, help="cpu (learned CPU kernel model, calibrated comm) or a modelled GPU "
                     "(h100, h200, a100: HBM lookup model, comm from the topology bandwidths)")
+    net = pl.add_argument_group("interconnect (default: the workload's topology; on cpu the calibration of "
+                                "`cubic shard calibrate-comm` when there is one)")
+    net.add_argument("--intra-node-bw-gbps", type=float, default=None, help="per-rank bandwidth inside a node, GB/s")
+    net.add_argument("--inter-node-bw-gbps", type=float, default=None, help="per-rank bandwidth between nodes, GB/s")
+    net.add_argument("--intra-node-latency-us", type=float, default=None, help="per all-to-all inside a node, us")
+    net.add_argument("--inter-node-latency-us", type=float, default=None, help="per all-to-all between nodes, us")
+    net.add_argument("--comm-model", default=None, choices=("auto", "bandwidth", "calibrated"),
+                     help="bandwidth: the flags/topology above; calibrated: a calibration file (default when "
+                          "--comm-calibration is given); a bandwidth/latency flag alone means bandwidth")
+    net.add_argument("--comm-calibration", default=None, help="a `cubic shard calibrate-comm` file")
     pl.add_argument("--planner", default="cubic", choices=PLANNERS)
     pl.add_argument("--target", default="torchrec", choices=("torchrec", "any"),
                     help="torchrec (default): only shard shapes TorchRec executes as planned (`shard export`); "
@@ -294,5 +333,6 @@ def register(subparsers) -> None:
 
     ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
     ca.add_argument("--repeats", type=int, default=10)
-    ca.add_argument("--out", default=None)
+    ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
+                    "which `shard plan` then prefers to the packaged one")
     ca.set_defaults(func=cmd_calibrate)
