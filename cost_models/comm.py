@@ -236,26 +236,26 @@ class ShardTraffic:
     ids_per_example: float  # mean ids of the shard's row range per example
 
 
-def rank_comm_ms(traffic: list[ShardTraffic], group: int, batch: int, model: CommModel) -> list[float]:
-    """Forward (ids + pooled) and backward (grads) all-to-all time of every rank of the group, ms."""
+def rank_volumes(traffic: list[ShardTraffic], group: int, batch: int) -> dict[str, np.ndarray]:
+    """Bytes per rank per step (arrays over the group): ids sent/received in the input all-to-all,
+    pooled embeddings sent/received in the forward output all-to-all (the backward reverses them)."""
     cols = np.zeros(group)
     ids = np.zeros(group)
     for t in traffic:
         cols[t.rank] += t.cols
         ids[t.rank] += t.ids_per_example
     tot_cols, tot_ids = cols.sum(), ids.sum()
-    out = []
-    for r in range(group):
-        ids_sent = batch * (tot_ids - ids[r]) * ID_BYTES
-        ids_recv = (group - 1) * batch * ids[r] * ID_BYTES
-        emb_sent = (group - 1) * batch * cols[r] * FP32
-        emb_recv = batch * (tot_cols - cols[r]) * FP32
-        out.append(
-            model.all_to_all_ms(group, ids_sent, ids_recv)
-            + model.all_to_all_ms(group, emb_sent, emb_recv)  # forward pooled embeddings
-            + model.all_to_all_ms(group, emb_recv, emb_sent)  # backward gradients, reversed
-        )
-    return out
+    return {"ids_sent": batch * (tot_ids - ids) * ID_BYTES, "ids_recv": (group - 1) * batch * ids * ID_BYTES,
+            "emb_sent": (group - 1) * batch * cols * FP32, "emb_recv": batch * (tot_cols - cols) * FP32}
+
+
+def rank_comm_ms(traffic: list[ShardTraffic], group: int, batch: int, model: CommModel) -> list[float]:
+    """Forward (ids + pooled) and backward (grads) all-to-all time of every rank of the group, ms."""
+    v = rank_volumes(traffic, group, batch)
+    t = (model.all_to_all_ms(group, v["ids_sent"], v["ids_recv"])
+         + model.all_to_all_ms(group, v["emb_sent"], v["emb_recv"])  # forward pooled embeddings
+         + model.all_to_all_ms(group, v["emb_recv"], v["emb_sent"]))  # backward gradients, reversed
+    return [float(x) for x in np.broadcast_to(t, (group,))]
 
 
 def dp_sync_ms(nbytes: float, world: int, model: CommModel) -> float:

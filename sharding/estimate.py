@@ -24,6 +24,7 @@ from cost_models.comm import (
     dp_sync_ms,
     expected_unique_rows,
     rank_comm_ms,
+    rank_volumes,
 )
 from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
 from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost
@@ -102,6 +103,10 @@ class Estimator(ABC):
     @abstractmethod
     def compute_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[float]: ...
 
+    def compute_split_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[tuple[float, float]] | None:
+        """(forward, backward + optimizer) ms per rank, where the estimator knows the split (None otherwise)."""
+        return None
+
 
 class LearnedEstimator(Estimator):
     source = "modelled"
@@ -168,6 +173,9 @@ class MeasuredEstimator(Estimator):
     def compute_ms(self, ranks, batch):
         return [self.cache.compute(ws, batch)["total_ms"] for ws in ranks]
 
+    def compute_split_ms(self, ranks, batch):
+        return [(m["fwd_ms"], m["bwd_ms"]) for m in (self.cache.compute(ws, batch) for ws in ranks)]
+
     def describe(self) -> str:
         return "measured on this CPU: FBGEMM CPU TBE, single thread"
 
@@ -205,13 +213,19 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
     for r in range(G):
         sync[r] += dp_sync_ms(dp_bytes[r], W, comm)
     compute = estimator.compute_ms(works, G * B)
+    split = estimator.compute_split_ms(works, G * B)
     if any(dp_works):
         compute = [a + b for a, b in zip(compute, estimator.compute_ms(dp_works, B))]
+        dp_split = estimator.compute_split_ms(dp_works, B)
+        split = split and dp_split and [(a + c, b + d) for (a, b), (c, d) in zip(split, dp_split)]
     comms = rank_comm_ms(traffic, G, B, comm)
+    vol = rank_volumes(traffic, G, B)
     mem = plan.memory_per_rank()
     per_rank = [
         RankCost(rank=r, compute_ms=compute[r], comm_ms=comms[r], sync_ms=sync[r],
-                 total_ms=compute[r] + comms[r] + sync[r], memory_bytes=mem[r])
+                 total_ms=compute[r] + comms[r] + sync[r], memory_bytes=mem[r],
+                 fwd_compute_ms=split[r][0] if split else None, bwd_compute_ms=split[r][1] if split else None,
+                 input_bytes=float(vol["ids_recv"][r]), output_bytes=float(vol["emb_sent"][r]))
         for r in range(G)
     ]
     lb = None

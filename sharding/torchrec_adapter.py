@@ -262,7 +262,8 @@ def _layouts_from_json(doc: dict, source: str) -> dict[str, Layout]:
                         field="parameters") from None
 
 
-def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None):
+def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None,
+              world_size: int | None = None, local_world_size: int | None = None):
     """A ``torchrec.distributed.types.ShardingPlan`` for ``DistributedModelParallel(plan=...)``.
 
     ``path``: a cubic plan (``cubic shard plan --out``) or its export (``cubic shard export``).
@@ -270,15 +271,54 @@ def load_plan(path, module_path: str = "", device: str | None = None, local_size
     the collection itself, e.g. "sparse_arch.embedding_bag_collection" in TorchRec's DLRM).
     ``device``: "cuda" or "cpu" (default: the plan's). ``local_size``: ranks per node (default: the
     plan's); it must equal the job's LOCAL_WORLD_SIZE when a table is table-row-wise.
+    ``world_size``/``local_world_size``: the job's (default: torch.distributed's when initialised,
+    else $WORLD_SIZE/$LOCAL_WORLD_SIZE): checked against the plan before TorchRec sees it.
     Raises SpecError (one line) when the plan cannot run under TorchRec as planned.
     """
     from cubic.core.spec import read_structured
 
-    return load_plan_dict(read_structured(path), module_path, device, local_size, source=str(path))
+    return load_plan_dict(read_structured(path), module_path, device, local_size, source=str(path),
+                          world_size=world_size, local_world_size=local_world_size)
+
+
+def job_sizes(world_size: int | None = None, local_world_size: int | None = None) -> tuple[int | None, int | None]:
+    """The running job's (world size, local world size): the arguments, else torch.distributed's
+    world when initialised and $WORLD_SIZE / $LOCAL_WORLD_SIZE (None where nothing says)."""
+    import os
+
+    if world_size is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                world_size = dist.get_world_size()
+        except Exception:  # torch without distributed: fall back to the launcher's variables
+            pass
+    env = {k: os.environ.get(k, "") for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    if world_size is None and env["WORLD_SIZE"].isdigit():
+        world_size = int(env["WORLD_SIZE"])
+    if local_world_size is None and env["LOCAL_WORLD_SIZE"].isdigit():
+        local_world_size = int(env["LOCAL_WORLD_SIZE"])
+    return world_size, local_world_size
+
+
+def check_job(plan_world: int, plan_local: int, layouts: dict[str, Layout], source: str,
+              world_size: int | None = None, local_world_size: int | None = None) -> None:
+    """One line (SpecError) when the job cannot run the plan: another world size, or another local
+    world size while a table is table-row-wise (its rows are split over one node's ranks)."""
+    world, local = job_sizes(world_size, local_world_size)
+    if world is not None and world != plan_world:
+        raise SpecError(f"the plan is for {plan_world} ranks but this job has {world} (WORLD_SIZE); re-plan with "
+                        f"--world-size {world}", source=source, field="world_size")
+    twrw = sorted(n for n, lay in layouts.items() if lay.sharding_type == "table_row_wise")
+    if local is not None and twrw and local != plan_local:
+        raise SpecError(f"table {twrw[0]!r} is table-row-wise over {plan_local} ranks per node but this job has "
+                        f"{local} (LOCAL_WORLD_SIZE); re-plan with --ranks-per-node {local}", source=source,
+                        field="local_world_size")
 
 
 def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, local_size: int | None = None,
-                   source: str = "plan"):
+                   source: str = "plan", world_size: int | None = None, local_world_size: int | None = None):
     """:func:`load_plan` of an already parsed document (a cubic plan or its export)."""
     _require()
     from sharding.types import plan_from_dict
@@ -288,9 +328,16 @@ def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, 
         layouts = _layouts_from_json(doc, source)
         L = local_size or int(doc.get("local_world_size") or doc.get("world_size") or 1)
         dev = _device_name(device or doc.get("device", "cpu"))
+        try:
+            plan_world = int(doc["world_size"]) * int(doc.get("replicas") or 1)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
+                            field="world_size") from None
     else:
         plan = plan_from_dict(doc, source=source)
         layouts = torchrec_layout(plan, local_size)
         L = local_size_of(plan, local_size)
         dev = _device_name(device or plan.topology.device)
+        plan_world = plan.world_size
+    check_job(plan_world, L, layouts, source, world_size, local_world_size)
     return ShardingPlan({module_path: EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, L))})

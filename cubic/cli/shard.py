@@ -105,6 +105,8 @@ def _evaluate_torchrec(args) -> int:
     cfg = Config(sharding=ShardingChoice(plan=plan.model_dump(mode="json")), seed=args.seed)
     res = TorchRecRunner(world_size=W, local_size=args.local_size).run(wl, cfg, steps=args.steps,
                                                                         warmup=min(args.warmup, args.steps - 1))
+    over = oversubscription(W)
+    res = res.model_copy(update={"extra": {**res.extra, "oversubscription": over}})
     if args.json:
         print(res.model_dump_json(indent=1))
     elif res.ok:
@@ -115,28 +117,54 @@ def _evaluate_torchrec(args) -> int:
               + ", ".join(f"{x:.1f}" for x in res.extra["per_rank_step_ms"]) + ")")
         print("  phases: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ph.items()))
         print(f"  loss {m['loss_start']:.4f} -> {m['loss_end']:.4f}")
+        print(f"  {over['line']}")
         if plan.predicted:
             dev = plan.topology.device
-            print(f"cubic's estimate ({plan.predicted.source}, {dev}, embedding kernels + all-to-all only): "
-                  f"max {plan.predicted.max_ms:.2f} ms per step")
+            print(f"cubic's estimate ({plan.predicted.source}, {dev}, embedding kernels + all-to-all only, one "
+                  f"uncontended core per rank): max {plan.predicted.max_ms:.2f} ms per step"
+                  + (f"; the measured step is on {over['processes']} processes sharing {over['cores']} cores, "
+                     "so it is not comparable" if over["factor"] > 1 else ""))
     if not res.ok:
         print(f"torchrec run failed ({res.failure_kind}): {res.reason}", file=sys.stderr)
         return 1
     return 0
 
 
+def oversubscription(processes: int) -> dict:
+    """Processes vs the cores this process may run on, with the line printed beside measured figures."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    factor = processes / cores
+    line = (f"{processes} processes on {cores} cores" + (f" (load {load:.1f})" if load is not None else "")
+            + (f": OVERSUBSCRIBED {factor:.1f}x, each rank gets ~1/{factor:.1f} of a core, so the step time is "
+               "inflated by CPU contention" if factor > 1 else ": one core per process at least"))
+    return {"processes": processes, "cores": cores, "factor": factor, "loadavg_1m": load, "line": line}
+
+
 def cmd_evaluate(args) -> int:
     if args.backend == "torchrec":
         return _evaluate_torchrec(args)
     from cost_models.comm import CommModel
-    from sharding.estimate import MeasuredEstimator, plan_cost
+    from sharding.estimate import MeasuredEstimator, plan_cost, table_lower_bound
     from sharding.measure import MeasurementCache
     from sharding.types import format_plan, load_plan
 
     plan = load_plan(args.plan)
     _check_measurable(plan, args.plan)
     cache = MeasurementCache(repeats=args.repeats)
-    cost = plan_cost(plan, MeasuredEstimator(cache), CommModel.from_topology(plan.topology), lower_bound=True)
+    comm = CommModel.from_topology(plan.topology)
+    cost = plan_cost(plan, MeasuredEstimator(cache), comm)
+    # the lower bound is a function of the tables and the topology only: the device's modelled
+    # estimator (never this plan's noisy measurements, which made it move with the plan)
+    lb_est = _estimator(None, plan.topology.device)
+    lb = table_lower_bound(plan.tables, plan.group_size, plan.batch_size, lb_est, comm)
+    cost = cost.model_copy(update={"lower_bound_ms": lb, "details": {
+        **cost.details, "lower_bound": f"modelled: {lb_est.describe()}; comm as the columns"}})
     plan = plan.model_copy(update={"measured": cost})
     if args.out:
         plan.save(args.out)
@@ -144,9 +172,13 @@ def cmd_evaluate(args) -> int:
         print(cost.model_dump_json(indent=1))
     else:
         print(sanitize(format_plan(plan, cost)))
+        slow = max(cost.per_rank, key=lambda r: r.total_ms)
+        print(f"of the slowest rank's {slow.total_ms:.2f} ms, {slow.compute_ms:.2f} ms lookup is MEASURED on this cpu "
+              f"and {slow.comm_ms + slow.sync_ms:.2f} ms communication is MODELLED ({comm.source})")
         if plan.predicted:
             err = (plan.predicted.max_ms - cost.max_ms) / cost.max_ms
-            print(f"predicted max {plan.predicted.max_ms:.2f} ms vs measured {cost.max_ms:.2f} ms ({err:+.1%})")
+            print(f"predicted max {plan.predicted.max_ms:.2f} ms (modelled) vs {cost.max_ms:.2f} ms (measured lookup + "
+                  f"modelled communication) ({err:+.1%})")
     return 0
 
 
