@@ -192,7 +192,7 @@ class CommModel:
     def all_to_all_ms(self, group: int, sent, received):
         """One all-to-all in a group of ``group`` ranks where a rank sends ``sent`` and receives
         ``received`` bytes in total, spread evenly over its peers (scalars or arrays, one per rank).
-        This and :meth:`all_to_all_ranks_s` are the one all-to-all model: the planner, the sharding
+        This and :meth:`all_to_all_ranks_ms` are the one all-to-all model (every collective here is in ms): the planner, the sharding
         evaluator and the simulated cluster's step model all call them."""
         if group <= 1:
             return 0.0 if np.ndim(sent) == 0 and np.ndim(received) == 0 else np.zeros(np.broadcast(sent, received).shape)
@@ -203,8 +203,8 @@ class CommModel:
         t = self._legs_s(sent * f_in, received * f_in, sent * (1 - f_in), received * (1 - f_in), p_in, p_out)
         return float(1e3 * t) if t.ndim == 0 else 1e3 * t
 
-    def all_to_all_ranks_s(self, per_peer: np.ndarray, group: int) -> np.ndarray:
-        """Per-rank seconds of one all-to-all where rank r sends ``per_peer[r]`` bytes to each other
+    def all_to_all_ranks_ms(self, per_peer: np.ndarray, group: int) -> np.ndarray:
+        """Per-rank ms of one all-to-all where rank r sends ``per_peer[r]`` bytes to each other
         rank (uneven across ranks); ranks r // ranks_per_node share a node."""
         if group <= 1:
             return np.zeros(group)
@@ -213,13 +213,28 @@ class CommModel:
         v = np.asarray(per_peer, dtype=float)
         node_sum = np.bincount(node, weights=v)
         local_n = np.bincount(node)[node]
-        return self._legs_s(v * (local_n - 1), node_sum[node] - v, v * (group - local_n), v.sum() - node_sum[node],
-                            local_n - 1, group - local_n)
+        return 1e3 * self._legs_s(v * (local_n - 1), node_sum[node] - v, v * (group - local_n),
+                                  v.sum() - node_sum[node], local_n - 1, group - local_n)
 
-    def all_reduce_ms(self, group: int, nbytes: float) -> float:
+    def all_reduce_ms(self, group: int, nbytes: float, members_per_node: int | None = None) -> float:
+        """Hierarchical all-reduce of ``nbytes`` over ``group`` ranks, ``members_per_node`` of them per
+        node (default: the model's ranks per node): reduce-scatter inside the node (ring of L), an
+        all-reduce of nbytes/L across the nodes (the cheaper of a ring and NCCL's double binary
+        tree), all-gather inside the node. Each ring step costs a latency plus the per-peer overhead."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * 2 * (group - 1) / group * nbytes)
+        L = max(1, min(members_per_node or self.ranks_per_node, group))
+        nodes = -(-group // L)
+        t = 0.0
+        if L > 1:
+            t += 2 * (L - 1) / L * nbytes * self.beta_intra_s_per_byte + 2 * (L - 1) * (self.alpha_s + self.alpha_peer_s)
+        if nodes > 1:
+            a = (self.alpha_s if self.alpha_inter_s is None else self.alpha_inter_s) + self.alpha_peer_s
+            n = nbytes / L
+            ring = 2 * (nodes - 1) / nodes * n * self.beta_inter_s_per_byte + 2 * (nodes - 1) * a
+            tree = 2 * n * self.beta_inter_s_per_byte + 2 * math.ceil(math.log2(nodes)) * a
+            t += min(ring, tree)
+        return 1e3 * t
 
     def all_gather_ms(self, group: int, nbytes_each: float) -> float:
         if group <= 1 or nbytes_each <= 0:

@@ -96,9 +96,20 @@ def rank_features(works: list[ShardWork], batch: int) -> np.ndarray:
 
 
 class Estimator(ABC):
-    """Compute cost of each rank's shard set (ms per step)."""
+    """Compute cost of each rank's shard set (ms per step).
+
+    The contract the planners use: :meth:`compute_ms` (shard sets -> ms), and :meth:`predict`
+    (rank feature rows, ``RANK_FEATURES`` -> ms) for the search's batched scoring; an estimator that
+    cannot score features (a measured one) says so with :meth:`can_predict`."""
 
     source: str
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """ms per row of rank features (``rank_features_from_sums``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score rank features")
+
+    def can_predict(self) -> bool:
+        return type(self).predict is not Estimator.predict
 
     @abstractmethod
     def compute_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[float]: ...
@@ -123,8 +134,8 @@ class LearnedEstimator(Estimator):
         X = np.stack([rank_features(ws, batch) for ws in ranks])
         return [float(x) for x in self.model.predict(X)]
 
-    def predict_features(self, X: np.ndarray) -> np.ndarray:
-        return self.model.predict(X)
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.predict(np.atleast_2d(X)), dtype=float)
 
     def describe(self) -> str:
         meta = getattr(self.model, "meta_", None) or {}

@@ -37,7 +37,7 @@ from cubic.core.units import fmt_gib
 from cost_models.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces, torchrec_row_blocks
 from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
-from sharding.types import PLANNERS, Plan, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
+from sharding.types import PLANNERS, Plan, PlanDoesNotFit, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
 
 
 @dataclass
@@ -236,7 +236,7 @@ class HeuristicPlanner(Planner):
                     ok[r] = False
                 cand = np.flatnonzero(ok)
             if not len(cand):
-                raise SpecError(f"{self.name}: no rank has {fmt_gib(u.mem)} left for table {u.table.name!r}",
+                raise PlanDoesNotFit(f"{self.name}: no rank has {fmt_gib(u.mem)} left for table {u.table.name!r}",
                                 field=f"tables.{u.table.name}")
             if self.name == "random":
                 r = int(rng.choice(cand))
@@ -481,7 +481,7 @@ class CubicPlanner(Planner):
 
     name = "cubic"
 
-    def __init__(self, estimator: LearnedEstimator | None = None, beam_width: int = 3, branch: int = 2,
+    def __init__(self, estimator: Estimator | None = None, beam_width: int = 3, branch: int = 2,
                  time_budget_s: float = 3.0, max_rounds: int = 8, kicks: int = 20, refine_candidates: bool = True, allow: tuple[str, ...] = (
                      "column_wise", "row_wise", "table_row_wise", "data_parallel"), target: str = "any"):
         self.estimator = estimator
@@ -526,7 +526,10 @@ class CubicPlanner(Planner):
         est = self.estimator or LearnedEstimator()
         ctx = _context(tables, topology, batch_size, group_size, est, self.target)
         deadline = t0 + self.time_budget_s
-        model = est.model
+        if not est.can_predict():
+            raise SpecError(f"the cubic planner scores plans with Estimator.predict, which {type(est).__name__} "
+                            "does not provide (pass a modelled estimator)", field="estimator")
+        model = est
         by_name = {t.name: t for t in ctx.tables}
 
         def evaluate(splits):
@@ -550,7 +553,7 @@ class CubicPlanner(Planner):
         for kind in PORTFOLIO:
             try:
                 r_h = HeuristicPlanner(kind).assign(ctx, pl0.units)
-            except SpecError:  # a heuristic that cannot place the pieces is no candidate
+            except PlanDoesNotFit:  # a heuristic that cannot place the pieces is no candidate
                 continue
             heur_ranks.append((kind, r_h))
             c_h = pl0.rank_costs(r_h)
@@ -603,7 +606,7 @@ class CubicPlanner(Planner):
             best = min(best, pool[0], key=lambda c: c[0])
         score, splits, pl, ranks, _ = best
         if not math.isfinite(score):
-            raise SpecError("no placement fits the memory limit", field="memory_per_rank_gb")
+            raise PlanDoesNotFit("no placement fits the memory limit", field="memory_per_rank_gb")
         # local search from the best plan, the rest of the beam and the heuristics' placements of the
         # same pieces (different basins), then iterated local search (random kicks) from the best
         end = deadline + 0.25 * self.time_budget_s

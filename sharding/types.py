@@ -37,7 +37,12 @@ from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, 
 
 # planner names (sharding.planners.make_planner builds them); here so that the CLI can list them
 # without importing torch
-PLANNERS = ("cubic", "torchrec", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+PLANNERS = ("cubic", "torchrec", "greedy", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+
+class PlanDoesNotFit(SpecError):
+    """A planner found no placement of the tables in the memory per rank (a SpecError: one line, exit 2
+    at the CLI); callers recognise out-of-memory by this type, never by the message's text."""
+
 
 PLAN_VERSION = 1
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
@@ -417,6 +422,6 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
 
 __all__ = [
     "PLAN_VERSION", "SHARDING_TYPES", "COLUMN_MULTIPLE", "Storage", "Shard", "ShardSpec", "ShardingOption",
-    "RankCost", "PlanCost", "Plan", "validate_shards", "load_plan", "plan_from_dict", "format_plan", "SpecError",
+    "RankCost", "PlanCost", "Plan", "PlanDoesNotFit", "validate_shards", "load_plan", "plan_from_dict", "format_plan", "SpecError",
     "SHARDING_TYPE_NAMES",
 ]
