@@ -75,8 +75,11 @@ class TorchRecPlanner(Planner):
         constraints = {t.name: ParameterConstraints(pooling_factors=[float(t.pooling_factor)]) for t in ctx.tables}
         dev = _device(topology)
         cap = int(ctx.memory_bytes)
+        # TorchRec is told the same network as cubic's planners (its bandwidths are bytes per ms)
         topo = TRTopology(world_size=ctx.group, compute_device=dev, local_world_size=min(ctx.group, topology.ranks_per_node),
-                          hbm_cap=cap if dev == "cuda" else None, ddr_cap=cap)
+                          hbm_cap=cap if dev == "cuda" else None, ddr_cap=cap,
+                          intra_host_bw=1e-3 / ctx.comm.beta_intra_s_per_byte,
+                          inter_host_bw=1e-3 / ctx.comm.beta_inter_s_per_byte)
         planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch_size, constraints=constraints)
         try:
             sp = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
