@@ -229,6 +229,11 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
         compute = [a + b for a, b in zip(compute, estimator.compute_ms(dp_works, B))]
         dp_split = estimator.compute_split_ms(dp_works, B)
         split = split and dp_split and [(a + c, b + d) for (a, b), (c, d) in zip(split, dp_split)]
+    if plan.kernels:  # memory tiers: misses of UVM-cached / UVM tables cross PCIe (sharding.kernels, modelled)
+        from sharding.kernels import tier_penalty_ms
+
+        compute = [c + p for c, p in zip(compute, tier_penalty_ms(plan, G * B))]
+        split = None
     comms = rank_comm_ms(traffic, G, B, comm)
     vol = rank_volumes(traffic, G, B)
     mem = plan.memory_per_rank()

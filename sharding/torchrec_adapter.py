@@ -117,6 +117,7 @@ class Layout(NamedTuple):
     compute_kernel: str
     ranks: list[int]
     shards: list[tuple[int, int, int, int, int]] | None
+    cache_load_factor: float | None = None  # fused_uvm_caching: TorchRec's CacheParams.load_factor
 
 
 REPLAN = "re-plan with --target torchrec"
@@ -192,6 +193,8 @@ def torchrec_layout(plan: Plan, local_size: int | None = None) -> dict[str, Layo
                             field=t.name)
         else:
             raise SpecError(f"{where}: sharding type {kind} has no TorchRec equivalent", field=t.name)
+    for name, k in (plan.kernels or {}).items():  # the plan's kernel and memory tier per table
+        out[name] = out[name]._replace(compute_kernel=k.compute_kernel, cache_load_factor=k.cache_load_factor)
     return out
 
 
@@ -202,15 +205,16 @@ def _device_name(device: str) -> str:
 def _parameter_shardings(layouts: dict[str, Layout], device: str, local_size: int) -> dict:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.types import CacheParams, ParameterSharding
 
     out = {}
     for name, lay in layouts.items():
         spec = None if lay.shards is None else EnumerableShardingSpec([
             ShardMetadata(shard_offsets=[ro, co], shard_sizes=[rows, cols], placement=placement(device, r, local_size))
             for ro, rows, co, cols, r in lay.shards])
+        cache = CacheParams(load_factor=lay.cache_load_factor) if lay.cache_load_factor is not None else None
         out[name] = ParameterSharding(sharding_type=lay.sharding_type, compute_kernel=lay.compute_kernel,
-                                      ranks=list(lay.ranks), sharding_spec=spec)
+                                      ranks=list(lay.ranks), sharding_spec=spec, cache_params=cache)
     return out
 
 
@@ -224,6 +228,7 @@ def to_torchrec(plan: Plan, local_size: int | None = None, device: str | None = 
     layouts = torchrec_layout(plan, local_size)
     dev = _device_name(device or plan.topology.device)
     constraints = {t.name: ParameterConstraints(sharding_types=[layouts[t.name].sharding_type],
+                                                compute_kernels=[layouts[t.name].compute_kernel],
                                                 pooling_factors=[float(t.pooling_factor)]) for t in plan.tables}
     return constraints, EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, local_size_of(plan, local_size)))
 
@@ -245,7 +250,8 @@ def to_torchrec_json(plan: Plan, local_size: int | None = None) -> dict:
     for t in plan.tables:
         lay = layouts[t.name]
         out["parameters"][t.name] = {
-            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel, "ranks": lay.ranks,
+            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel,
+            "cache_load_factor": lay.cache_load_factor, "ranks": lay.ranks,
             "constraints": {"sharding_types": [lay.sharding_type], "pooling_factors": [t.pooling_factor]},
             "shards": None if lay.shards is None else [
                 {"shard_offsets": [ro, co], "shard_sizes": [rows, cols], "rank": r} for ro, rows, co, cols, r in lay.shards],
@@ -258,11 +264,65 @@ def _layouts_from_json(doc: dict, source: str) -> dict[str, Layout]:
         return {name: Layout(p["sharding_type"], p["compute_kernel"], [int(r) for r in p["ranks"]],
                              None if p["shards"] is None else [
                                  (int(s["shard_offsets"][0]), int(s["shard_sizes"][0]), int(s["shard_offsets"][1]),
-                                  int(s["shard_sizes"][1]), int(s["rank"])) for s in p["shards"]])
+                                  int(s["shard_sizes"][1]), int(s["rank"])) for s in p["shards"]],
+                             None if p.get("cache_load_factor") is None else float(p["cache_load_factor"]))
                 for name, p in doc["parameters"].items()}
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
                         field="parameters") from None
+
+
+def validate_in_torchrec(plan: Plan, local_size: int | None = None) -> None:
+    """TorchRec's own checks of the plan's ParameterShardings: ``validate_compute_kernels`` (known
+    kernel, dense only for data-parallel, a cache load factor in (0, 1) for caching kernels,
+    non-negative storage) on the ShardingOptions they describe, and ``validate_rank_assignment`` on
+    the ShardingPlan; a violation is a SpecError carrying TorchRec's message. What cannot run on
+    this CPU (UVM caching) is checked this way here, and on a GPU by experiments/gpu_checks.py."""
+    _require()
+    import torch
+    from torchrec.distributed.planner import Topology as TRTopology
+    from torchrec.distributed.planner.planners import validate_compute_kernels, validate_rank_assignment
+    from torchrec.distributed.planner.types import PlannerError, ShardingOption
+    from torchrec.distributed.planner.types import Shard as TRShard
+    from torchrec.distributed.planner.types import Storage as TRStorage
+    from torchrec.distributed.types import ShardingPlan
+
+    from sharding.kernels import KernelChoice, hbm_bytes
+
+    layouts = torchrec_layout(plan, local_size)
+    L = local_size_of(plan, local_size)
+    dev = _device_name(plan.topology.device)
+    pss = _parameter_shardings(layouts, dev, L)
+    options = []
+    for t in plan.tables:
+        ps, lay = pss[t.name], layouts[t.name]
+        k = (plan.kernels or {}).get(t.name) or KernelChoice(compute_kernel="dense" if lay.compute_kernel == "dense"
+                                                            else "fused")
+        pieces = lay.shards or [(0, t.rows, 0, t.dim, r) for r in lay.ranks]
+        shards = []
+        for ro, rows, co, cols, r in pieces:
+            w, o = rows * cols * 4.0, rows * 4.0
+            hbm = hbm_bytes(w, o, k) if k.compute_kernel in ("fused", "fused_uvm", "fused_uvm_caching") else w + o
+            shards.append(TRShard(size=[rows, cols], offset=[ro, co], rank=r,
+                                  storage=TRStorage(hbm=int(hbm), ddr=int(w + o - hbm))))
+        options.append(ShardingOption(name=t.name, tensor=torch.empty((t.rows, t.dim), device="meta"),
+                                      module=("", torch.nn.Module()), input_lengths=[float(t.pooling_factor)],
+                                      batch_size=plan.batch_size, sharding_type=ps.sharding_type,
+                                      partition_by="uniform", compute_kernel=ps.compute_kernel, shards=shards,
+                                      cache_params=ps.cache_params))
+    try:
+        validate_compute_kernels(options)
+        validate_rank_assignment(ShardingPlan({"": EmbeddingModuleShardingPlan_of(pss)}),
+                                 TRTopology(world_size=plan.group_size, compute_device=dev, local_world_size=L))
+    except PlannerError as e:
+        lines = [x.strip(" -") for x in str(e).splitlines() if x.strip()]
+        raise SpecError("TorchRec's validation: " + "; ".join(lines[1:] or lines), field="kernels") from None
+
+
+def EmbeddingModuleShardingPlan_of(pss: dict):
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    return EmbeddingModuleShardingPlan(pss)
 
 
 def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None,

@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cubic.core.units import GIB
+from sharding.kernels import KernelChoice
 from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, Table, Topology, parse_model,
                              read_structured)
 
@@ -144,6 +145,9 @@ class Plan(Frozen):
     measured: PlanCost | None = None
     planning_time_s: float = 0.0
     notes: str = ""
+    kernels: dict[str, KernelChoice] = Field(default_factory=dict, description=(
+        "per table, its TorchRec compute kernel when not the default (fused; dense for data-parallel): "
+        "fused_uvm_caching with its cache load factor, or fused_uvm (sharding.kernels)"))
     comm: dict | None = Field(default=None, description=(
         "the communication model the planner priced the plan with and where it came from "
         "(cost_models.comm.CommModel.describe(): kind calibrated|bandwidth, file, machine, this_machine, constants)"))
@@ -151,6 +155,14 @@ class Plan(Frozen):
     @model_validator(mode="after")
     def _covers_every_table(self) -> "Plan":
         validate_shards(self.tables, self.shards, self.group_size, self.world_size)
+        names = {t.name for t in self.tables}
+        dp = {s.table for s in self.shards if s.sharding_type == "data_parallel"}
+        for n, k in self.kernels.items():
+            if n not in names:
+                raise ValueError(f"kernel of unknown table {n!r}")
+            if (k.compute_kernel == "dense") != (n in dp):
+                raise ValueError(f"table {n!r}: compute kernel {k.compute_kernel} does not fit its sharding type "
+                                 "(dense is for data-parallel tables only, and they need it)")
         return self
 
     def table(self, name: str) -> Table:
@@ -346,6 +358,10 @@ def cost_labels(plan: Plan, cost: PlanCost | None) -> tuple[str, str]:
 def compute_kernel(plan: Plan, table: str) -> str:
     """TorchRec's compute kernel for a table of the plan: ``dense`` for data-parallel tables, else
     ``fused`` (FBGEMM's table-batched embedding with the fused optimizer, weights in HBM/DRAM)."""
+    if table in plan.kernels:
+        k = plan.kernels[table]
+        return k.compute_kernel + (f" (load factor {k.cache_load_factor:g}, hit {k.hit_rate:.0%})"
+                                   if k.cache_load_factor is not None and k.hit_rate is not None else "")
     kinds = {s.sharding_type for s in plan.shards if s.table == table}
     return "dense" if kinds == {"data_parallel"} else "fused"
 
@@ -408,7 +424,10 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         "input KiB: ids the rank receives per step; output KiB: pooled embeddings it sends per step (forward; the "
         "backward sends as many gradient bytes back)",
         "  compute kernel: TorchRec's (fused: FBGEMM table-batched embedding, fused optimizer, weights in "
-        f"{mem_kind}; dense: a data-parallel table's torch embedding)",
+        f"{mem_kind}; fused_uvm_caching: weights in host memory, the hottest load-factor share of rows cached in "
+        "HBM, hit rate MODELLED from the table's Zipf access; fused_uvm: weights in host memory; dense: a "
+        "data-parallel table's torch embedding); on a modelled GPU the misses' PCIe time is added to lookup ms "
+        "(MODELLED, sharding.kernels)",
         "  imbalance: max / mean over ranks (1.000 = perfectly balanced)",
         "  lower bound: max(all tables' cost / ranks, the largest indivisible piece) + a balanced all-to-all; a "
         "function of the tables and the topology only (the modelled estimator for the device, not this plan's "

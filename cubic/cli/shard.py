@@ -64,6 +64,28 @@ def _comm_flags(args) -> dict:
     return out
 
 
+def _with_tiers(plan, hbm_gb: float):
+    """Memory tiers per table (sharding.kernels.assign_kernels): the plan placed under
+    --memory-gb (HBM + host), tables of an over-full rank moved to UVM caching / UVM so each rank's
+    HBM use fits --hbm-gb."""
+    from sharding.kernels import assign_kernels
+
+    if not 0 < hbm_gb < 1e6:
+        raise SpecError(f"--hbm-gb must be positive (got {hbm_gb:g})", field="--hbm-gb")
+    try:
+        kernels = assign_kernels(plan, hbm_gb * 1e9)
+    except ValueError as e:
+        raise SpecError(str(e), field="--hbm-gb") from None
+    tiered = plan.model_copy(update={"kernels": kernels})
+    if plan.predicted is not None and isinstance(getattr(plan, "comm", None), dict):
+        from cost_models.comm import CommModel
+        from sharding.planners import with_prediction
+
+        tiered = with_prediction(tiered.model_copy(update={"predicted": None}), _estimator(None, plan.topology.device),
+                                 CommModel.from_topology(plan.topology))
+    return tiered
+
+
 def cmd_plan(args) -> int:
     from cubic.core.units import GB, GIB
     from sharding.inputs import load_tables, topology_for
@@ -78,6 +100,8 @@ def cmd_plan(args) -> int:
     est = _estimator(args.model, topo.device)
     planner = make_planner(args.planner, seed=args.seed, estimator=est, target=args.target, **kw)
     plan = planner.plan(tables, topo, batch, args.group_size)
+    if args.hbm_gb is not None:
+        plan = _with_tiers(plan, args.hbm_gb)
     if getattr(est, "warning", None):
         print(f"warning: {est.warning}", file=sys.stderr)
     if args.out:
@@ -312,6 +336,9 @@ def register(subparsers) -> None:
                      help="bandwidth: the flags/topology above; calibrated: a calibration file (default when "
                           "--comm-calibration is given); a bandwidth/latency flag alone means bandwidth")
     net.add_argument("--comm-calibration", default=None, help="a `cubic shard calibrate-comm` file")
+    pl.add_argument("--hbm-gb", type=float, default=None,
+                    help="HBM per rank, decimal GB: tables of a rank past it get TorchRec's UVM caching (cache "
+                         "load factor from their access distribution) or UVM kernels; --memory-gb is then HBM + host")
     pl.add_argument("--planner", default="cubic", choices=PLANNERS)
     pl.add_argument("--target", default="torchrec", choices=("torchrec", "any"),
                     help="torchrec (default): only shard shapes TorchRec executes as planned (`shard export`); "
