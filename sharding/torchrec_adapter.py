@@ -52,8 +52,11 @@ def _device(topology) -> str:
 class TorchRecPlanner(Planner):
     name = "torchrec"
 
-    def __init__(self, estimator: Estimator | None = None):
-        self.estimator = estimator
+    def __init__(self, estimator: Estimator | None = None, hbm_bytes: float | None = None):
+        """``hbm_bytes``: HBM per rank on a GPU topology (the topology's memory per rank is then HBM +
+        host), so TorchRec chooses its own kernels (fused, fused_uvm_caching, fused_uvm); the plan
+        keeps them in ``Plan.kernels``."""
+        self.estimator, self.hbm_bytes = estimator, hbm_bytes
 
     def plan(self, tables, topology, batch_size, group_size=None) -> Plan:
         _require()
@@ -77,7 +80,8 @@ class TorchRecPlanner(Planner):
         cap = int(ctx.memory_bytes)
         # TorchRec is told the same network as cubic's planners (its bandwidths are bytes per ms)
         topo = TRTopology(world_size=ctx.group, compute_device=dev, local_world_size=min(ctx.group, topology.ranks_per_node),
-                          hbm_cap=cap if dev == "cuda" else None, ddr_cap=cap,
+                          hbm_cap=(int(self.hbm_bytes) if self.hbm_bytes else cap) if dev == "cuda" else None,
+                          ddr_cap=cap,
                           intra_host_bw=1e-3 / ctx.comm.beta_intra_s_per_byte,
                           inter_host_bw=1e-3 / ctx.comm.beta_inter_s_per_byte)
         planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch_size, constraints=constraints)
@@ -86,8 +90,17 @@ class TorchRecPlanner(Planner):
         except PlannerError as e:
             raise SpecError(f"TorchRec's planner found no plan: {str(e).splitlines()[0]}", field="torchrec") from None
         shards = []
+        kernels = {}
         for _, module_plan in sp.plan.items():
             for name, ps in module_plan.items():
+                if ps.compute_kernel in ("fused_uvm_caching", "fused_uvm"):
+                    from sharding.kernels import KernelChoice, zipf_hit_rate
+
+                    t = next(t for t in ctx.tables if t.name == name)
+                    lf = (ps.cache_params.load_factor if ps.cache_params and ps.cache_params.load_factor else 0.2
+                          ) if ps.compute_kernel == "fused_uvm_caching" else None
+                    kernels[name] = KernelChoice(compute_kernel=ps.compute_kernel, cache_load_factor=lf,
+                                                 hit_rate=zipf_hit_rate(t, lf) if lf else None)
                 kind = _TYPE_TO_CUBIC.get(ps.sharding_type)
                 if kind is None:
                     raise SpecError(f"unsupported TorchRec sharding type {ps.sharding_type}", field=name)
@@ -105,7 +118,8 @@ class TorchRecPlanner(Planner):
                                         col_offset=md.shard_offsets[1], cols=cols))
         plan = Plan(planner="torchrec", target="torchrec", world_size=ctx.world, group_size=ctx.group, batch_size=batch_size,
                     topology=topology, tables=ctx.tables, shards=shards, planning_time_s=time.perf_counter() - t0,
-                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)", comm=ctx.comm.describe())
+                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)", comm=ctx.comm.describe(),
+                    kernels=kernels)
         return with_prediction(plan, self.estimator, ctx.comm)
 
 
