@@ -45,7 +45,6 @@ simulator reports the MEASURED NE cost of a 2D sync choice from cost_models.two_
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
