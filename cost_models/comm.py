@@ -14,13 +14,14 @@ Data-parallel tables all-reduce their dense gradient over every replica (ring: 2
 of the other W/G - 1 groups every step (sparse all-gather of touched rows; expected touched rows
 under the table's Zipf law).
 
-The constants come from one of two places:
-- ``CommModel.calibrated()``: fitted to real torch.distributed (gloo) all-to-all runs between
-  processes on this machine (loopback), stored with the machine fingerprint in
-  ``sharding/data/comm_calibration.json`` (re-measure with ``calibrate()`` / ``cubic shard
-  calibrate-comm``). Used when the topology's device is "cpu": the plan's ground truth here.
-- ``CommModel.from_topology(topo)``: a modelled cluster (bandwidths from the Topology, latencies
-  from cost_models.hardware's defaults), for devices such as "h100". Figures are modelled.
+The constants come from one of two places (``CommModel.from_topology`` picks by
+``Topology.comm_model``, the same rule on every device; ``describe()`` says which, and where from):
+- ``CommModel.calibrated(path)``: fitted to real torch.distributed (gloo) all-to-all runs between
+  processes on one machine (loopback), stored with that machine's fingerprint (``cubic shard
+  calibrate-comm`` writes the user's, in $CUBIC_HOME; ``cost_models/data/comm_calibration.json``
+  ships one from another machine). A calibration whose machine is not this one says so.
+- the bandwidth model: the Topology's intra/inter-node bandwidths and latencies (latencies default
+  to cost_models.hardware's), e.g. a modelled GPU cluster or the user's own network.
 """
 
 from __future__ import annotations
@@ -46,6 +47,46 @@ ID_BYTES = 8
 FP32 = 4
 
 
+USER_CALIBRATION_NAME = "comm_calibration.json"
+
+
+def user_calibration_path() -> Path:
+    """Where `cubic shard calibrate-comm` writes by default (the user's data directory)."""
+    from cubic.core.fingerprint import user_data_dir
+
+    return Path(user_data_dir()) / USER_CALIBRATION_NAME
+
+
+def default_calibration_path() -> Path | None:
+    """The user's calibration if there is one, else the packaged one (None when neither exists)."""
+    for p in (user_calibration_path(), CALIBRATION_PATH):
+        if p.is_file():
+            return p
+    return None
+
+
+@lru_cache(maxsize=16)
+def _read_calibration(path: str, mtime: float) -> tuple[dict, str | None]:
+    """(the calibration document, why it is another machine's or None); cached per file version."""
+    from cubic.core.fingerprint import machine_differences
+
+    try:
+        d = json.loads(Path(path).read_text())
+        c = d["constants"]
+        float(c["alpha_s"]), float(c["alpha_peer_s"]), float(c["beta_s_per_byte"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        from cubic.core.spec import SpecError
+
+        raise SpecError(f"not a comm calibration ({type(e).__name__}: {e}); write one with "
+                        "`cubic shard calibrate-comm`", source=path, field="constants") from None
+    fp = d.get("fingerprint") or {}
+    diff = machine_differences(fp)
+    foreign = None if not diff else (
+        f"measured on another machine ({fp.get('cpu_model', 'unrecorded')}, {fp.get('cpu_count', '?')} cores; "
+        f"differs in {', '.join(diff)})")
+    return d, foreign
+
+
 @dataclass(frozen=True)
 class CommModel:
     alpha_s: float  # fixed cost of one collective
@@ -53,30 +94,60 @@ class CommModel:
     beta_intra_s_per_byte: float
     beta_inter_s_per_byte: float
     ranks_per_node: int = 1 << 30
-    source: str = "calibrated"
+    source: str = "calibrated"  # calibrated | bandwidth | a caller's name (the step model's cluster)
     alpha_inter_s: float | None = None  # fixed cost of the inter-node leg (default: alpha_s)
+    origin: tuple = ()  # (key, value) pairs: where the constants came from (describe() gives them as a dict)
 
     @classmethod
-    def calibrated(cls, path: str | Path = CALIBRATION_PATH) -> "CommModel":
-        d = json.loads(Path(path).read_text())
+    def calibrated(cls, path: str | Path | None = None) -> "CommModel":
+        """The alpha-beta constants of a `cubic shard calibrate-comm` file (default: the user's, else
+        the packaged one); ``origin`` records the file, its machine and whether that machine is this one."""
+        p = Path(path) if path else default_calibration_path()
+        if p is None:
+            from cubic.core.spec import SpecError
+
+            raise SpecError("no comm calibration (run `cubic shard calibrate-comm`)", field="comm_calibration")
+        d, foreign = _read_calibration(str(p.resolve()), p.stat().st_mtime)
         c = d["constants"]
-        return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated")
+        fp = d.get("fingerprint") or {}
+        origin = (("kind", "calibrated"), ("file", str(p)), ("machine", fp.get("cpu_model", "unrecorded")),
+                  ("cores", fp.get("cpu_count")), ("fingerprint_hash", d.get("fingerprint_hash")),
+                  ("this_machine", foreign is None), ("foreign_reason", foreign), ("fit_mape", d.get("fit_mape")),
+                  ("measured_at", d.get("measured_at")))
+        return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated",
+                   origin=origin)
 
     @classmethod
     def from_topology(cls, topo: Topology) -> "CommModel":
-        if topo.device == "cpu" and CALIBRATION_PATH.is_file():
-            cal = cls.calibrated()
+        """The interconnect a plan is for: ``topo.comm_model`` "calibrated" (a calibration file; on
+        several nodes the inter-node leg is scaled by the topology's intra/inter bandwidth ratio),
+        "bandwidth" (the topology's bandwidths and latencies), or "auto": calibrated on a cpu topology
+        when a calibration exists, else bandwidth. The same rule on every device."""
+        kind = topo.comm_model
+        if kind == "auto":
+            has_cal = topo.comm_calibration is not None or default_calibration_path() is not None
+            kind = "calibrated" if topo.device == "cpu" and has_cal else "bandwidth"
+        if kind == "calibrated":
+            cal = cls.calibrated(topo.comm_calibration)
             if topo.world_size <= topo.ranks_per_node:
                 return cal
             # several nodes: the loopback calibration is the intra-node rate; a byte between nodes
             # costs the topology's intra/inter bandwidth ratio more (modelled, no multi-node calibration)
             ratio = topo.intra_node_bw_gbps / topo.inter_node_bw_gbps
             return cls(cal.alpha_s, cal.alpha_peer_s, cal.beta_intra_s_per_byte, cal.beta_intra_s_per_byte * ratio,
-                       ranks_per_node=topo.ranks_per_node, source="calibrated intra-node, inter-node scaled")
+                       ranks_per_node=topo.ranks_per_node, source="calibrated",
+                       origin=cal.origin + (("inter_node", f"scaled by the topology's bandwidth ratio {ratio:.3g}"),))
         from cost_models.hardware import ClusterSpec
 
-        lat_intra = ClusterSpec.model_fields["nvlink_latency_s"].default
-        lat_inter = ClusterSpec.model_fields["network_latency_s"].default
+        lat_intra = (topo.intra_node_latency_us * 1e-6 if topo.intra_node_latency_us is not None
+                     else ClusterSpec.model_fields["nvlink_latency_s"].default)
+        lat_inter = (topo.inter_node_latency_us * 1e-6 if topo.inter_node_latency_us is not None
+                     else ClusterSpec.model_fields["network_latency_s"].default)
+        origin = (("kind", "bandwidth"), ("intra_node_bw_gbps", topo.intra_node_bw_gbps),
+                  ("inter_node_bw_gbps", topo.inter_node_bw_gbps), ("intra_node_latency_us", lat_intra * 1e6),
+                  ("inter_node_latency_us", lat_inter * 1e6), ("ranks_per_node", topo.ranks_per_node),
+                  ("latencies_from", "topology" if topo.intra_node_latency_us is not None
+                   or topo.inter_node_latency_us is not None else "defaults (cost_models.hardware)"))
         return cls(
             alpha_s=lat_intra,
             alpha_inter_s=lat_inter,
@@ -84,8 +155,20 @@ class CommModel:
             beta_intra_s_per_byte=1.0 / (topo.intra_node_bw_gbps * 1e9),
             beta_inter_s_per_byte=1.0 / (topo.inter_node_bw_gbps * 1e9),
             ranks_per_node=topo.ranks_per_node,
-            source="modelled",
+            source="bandwidth",
+            origin=origin,
         )
+
+    def describe(self) -> dict:
+        """Which communication model this is and where its constants came from (recorded in plans)."""
+        d = dict(self.origin) or {"kind": self.source}
+        d.update({"alpha_s": self.alpha_s, "alpha_peer_s": self.alpha_peer_s,
+                  "beta_intra_s_per_byte": self.beta_intra_s_per_byte,
+                  "beta_inter_s_per_byte": self.beta_inter_s_per_byte,
+                  "alpha_inter_s": self.alpha_s if self.alpha_inter_s is None else self.alpha_inter_s})
+        if self.ranks_per_node < (1 << 30):
+            d["ranks_per_node"] = self.ranks_per_node
+        return d
 
     def beta(self, peers: int) -> float:
         """Seconds per byte when a rank's bytes are spread evenly over ``peers`` other ranks."""
@@ -109,7 +192,7 @@ class CommModel:
     def all_to_all_ms(self, group: int, sent, received):
         """One all-to-all in a group of ``group`` ranks where a rank sends ``sent`` and receives
         ``received`` bytes in total, spread evenly over its peers (scalars or arrays, one per rank).
-        This and :meth:`all_to_all_ranks_s` are the one all-to-all model: the planner, the sharding
+        This and :meth:`all_to_all_ranks_ms` are the one all-to-all model (every collective here is in ms): the planner, the sharding
         evaluator and the simulated cluster's step model all call them."""
         if group <= 1:
             return 0.0 if np.ndim(sent) == 0 and np.ndim(received) == 0 else np.zeros(np.broadcast(sent, received).shape)
@@ -120,8 +203,8 @@ class CommModel:
         t = self._legs_s(sent * f_in, received * f_in, sent * (1 - f_in), received * (1 - f_in), p_in, p_out)
         return float(1e3 * t) if t.ndim == 0 else 1e3 * t
 
-    def all_to_all_ranks_s(self, per_peer: np.ndarray, group: int) -> np.ndarray:
-        """Per-rank seconds of one all-to-all where rank r sends ``per_peer[r]`` bytes to each other
+    def all_to_all_ranks_ms(self, per_peer: np.ndarray, group: int) -> np.ndarray:
+        """Per-rank ms of one all-to-all where rank r sends ``per_peer[r]`` bytes to each other
         rank (uneven across ranks); ranks r // ranks_per_node share a node."""
         if group <= 1:
             return np.zeros(group)
@@ -130,13 +213,28 @@ class CommModel:
         v = np.asarray(per_peer, dtype=float)
         node_sum = np.bincount(node, weights=v)
         local_n = np.bincount(node)[node]
-        return self._legs_s(v * (local_n - 1), node_sum[node] - v, v * (group - local_n), v.sum() - node_sum[node],
-                            local_n - 1, group - local_n)
+        return 1e3 * self._legs_s(v * (local_n - 1), node_sum[node] - v, v * (group - local_n),
+                                  v.sum() - node_sum[node], local_n - 1, group - local_n)
 
-    def all_reduce_ms(self, group: int, nbytes: float) -> float:
+    def all_reduce_ms(self, group: int, nbytes: float, members_per_node: int | None = None) -> float:
+        """Hierarchical all-reduce of ``nbytes`` over ``group`` ranks, ``members_per_node`` of them per
+        node (default: the model's ranks per node): reduce-scatter inside the node (ring of L), an
+        all-reduce of nbytes/L across the nodes (the cheaper of a ring and NCCL's double binary
+        tree), all-gather inside the node. Each ring step costs a latency plus the per-peer overhead."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * 2 * (group - 1) / group * nbytes)
+        L = max(1, min(members_per_node or self.ranks_per_node, group))
+        nodes = -(-group // L)
+        t = 0.0
+        if L > 1:
+            t += 2 * (L - 1) / L * nbytes * self.beta_intra_s_per_byte + 2 * (L - 1) * (self.alpha_s + self.alpha_peer_s)
+        if nodes > 1:
+            a = (self.alpha_s if self.alpha_inter_s is None else self.alpha_inter_s) + self.alpha_peer_s
+            n = nbytes / L
+            ring = 2 * (nodes - 1) / nodes * n * self.beta_inter_s_per_byte + 2 * (nodes - 1) * a
+            tree = 2 * n * self.beta_inter_s_per_byte + 2 * math.ceil(math.log2(nodes)) * a
+            t += min(ring, tree)
+        return 1e3 * t
 
     def all_gather_ms(self, group: int, nbytes_each: float) -> float:
         if group <= 1 or nbytes_each <= 0:
@@ -153,26 +251,26 @@ class ShardTraffic:
     ids_per_example: float  # mean ids of the shard's row range per example
 
 
-def rank_comm_ms(traffic: list[ShardTraffic], group: int, batch: int, model: CommModel) -> list[float]:
-    """Forward (ids + pooled) and backward (grads) all-to-all time of every rank of the group, ms."""
+def rank_volumes(traffic: list[ShardTraffic], group: int, batch: int) -> dict[str, np.ndarray]:
+    """Bytes per rank per step (arrays over the group): ids sent/received in the input all-to-all,
+    pooled embeddings sent/received in the forward output all-to-all (the backward reverses them)."""
     cols = np.zeros(group)
     ids = np.zeros(group)
     for t in traffic:
         cols[t.rank] += t.cols
         ids[t.rank] += t.ids_per_example
     tot_cols, tot_ids = cols.sum(), ids.sum()
-    out = []
-    for r in range(group):
-        ids_sent = batch * (tot_ids - ids[r]) * ID_BYTES
-        ids_recv = (group - 1) * batch * ids[r] * ID_BYTES
-        emb_sent = (group - 1) * batch * cols[r] * FP32
-        emb_recv = batch * (tot_cols - cols[r]) * FP32
-        out.append(
-            model.all_to_all_ms(group, ids_sent, ids_recv)
-            + model.all_to_all_ms(group, emb_sent, emb_recv)  # forward pooled embeddings
-            + model.all_to_all_ms(group, emb_recv, emb_sent)  # backward gradients, reversed
-        )
-    return out
+    return {"ids_sent": batch * (tot_ids - ids) * ID_BYTES, "ids_recv": (group - 1) * batch * ids * ID_BYTES,
+            "emb_sent": (group - 1) * batch * cols * FP32, "emb_recv": batch * (tot_cols - cols) * FP32}
+
+
+def rank_comm_ms(traffic: list[ShardTraffic], group: int, batch: int, model: CommModel) -> list[float]:
+    """Forward (ids + pooled) and backward (grads) all-to-all time of every rank of the group, ms."""
+    v = rank_volumes(traffic, group, batch)
+    t = (model.all_to_all_ms(group, v["ids_sent"], v["ids_recv"])
+         + model.all_to_all_ms(group, v["emb_sent"], v["emb_recv"])  # forward pooled embeddings
+         + model.all_to_all_ms(group, v["emb_recv"], v["emb_sent"]))  # backward gradients, reversed
+    return [float(x) for x in np.broadcast_to(t, (group,))]
 
 
 def dp_sync_ms(nbytes: float, world: int, model: CommModel) -> float:

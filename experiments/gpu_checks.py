@@ -121,6 +121,61 @@ def runner_rows(steps: int) -> list[dict]:
     return out
 
 
+def sharding_rows(steps: int = 20) -> list[dict]:
+    """UVM caching on a real GPU (issue 23): FBGEMM's TBE with EmbeddingLocation.MANAGED_CACHING at
+    cubic's cache load factors, Zipf ids from the table's access law; the measured cache statistics
+    beside sharding.kernels.zipf_hit_rate (MODELLED) and the step time beside an all-HBM table.
+    A failure is a row with its reason (data), never a crash of the other checks."""
+    import numpy as np
+
+    from cubic.core.spec import Table
+    from sharding.kernels import zipf_hit_rate
+    from sharding.measure import ShardWork, shard_inputs
+
+    out = []
+    for rows, dim, alpha, lf in ((2_000_000, 64, 1.1, 0.05), (2_000_000, 64, 1.1, 0.2), (2_000_000, 128, 0.8, 0.2)):
+        row = {"rows": rows, "dim": dim, "zipf_alpha": alpha, "cache_load_factor": lf}
+        try:
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+
+            t = Table(name="t", rows=rows, dim=dim, pooling_factor=20.0, access={"zipf_alpha": alpha})
+            rng = np.random.default_rng(0)
+            batches = []
+            for _ in range(steps):
+                ids, lens = shard_inputs(ShardWork(t, 0, rows, dim), 4096, rng)
+                offs = np.concatenate([[0], np.cumsum(lens)])
+                batches.append((torch.from_numpy(ids).long().cuda(), torch.from_numpy(offs).long().cuda()))
+            times = {}
+            for loc in ("MANAGED_CACHING", "DEVICE"):
+                tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                    [(rows, dim, getattr(EmbeddingLocation, loc), ComputeDevice.CUDA)],
+                    optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01, pooling_mode=PoolingMode.SUM,
+                    device=torch.device("cuda"), cache_load_factor=lf, gather_uvm_cache_stats=loc == "MANAGED_CACHING")
+                it = iter(range(10 ** 9))
+
+                def step():
+                    i, o = batches[next(it) % len(batches)]
+                    tbe(i, o).sum().backward()
+
+                times[loc] = cuda_time_s(step, repeats=steps, warmup=3)
+                if loc == "MANAGED_CACHING":
+                    stats = tbe.get_uvm_cache_stats().tolist()
+                    # [calls, requested indices, unique indices, unique misses, conflict unique misses, conflict misses]
+                    row["uvm_cache_stats"] = stats
+                    row["measured_unique_miss_share"] = stats[3] / max(stats[2], 1)
+                del tbe
+            row.update({"modelled_hit_rate": zipf_hit_rate(t, lf), "caching_step_s": times["MANAGED_CACHING"],
+                        "hbm_step_s": times["DEVICE"], "slowdown": times["MANAGED_CACHING"] / times["DEVICE"],
+                        "label": "measured on the GPU; modelled_hit_rate from sharding.kernels"})
+        except Exception as e:  # noqa: BLE001  (a failed check is data)
+            row["failed"] = f"{type(e).__name__}: {e}"[:500]
+        out.append(row)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller shape grid and fewer runner steps")
@@ -149,6 +204,7 @@ def main() -> int:
         "blocks": block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES),
         "torchao": importlib.util.find_spec("torchao") is not None,
         "runner": runner_rows(5 if args.quick else 20),
+        "sharding_uvm_caching": sharding_rows(5 if args.quick else 20),
     }
     path = write_result("gpu_checks", payload)
     print(f"wrote {path} ({label})")

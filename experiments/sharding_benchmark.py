@@ -1,27 +1,30 @@
-"""Sharding benchmark: cubic's learned-cost search vs five heuristics and TorchRec's planner.
+"""Sharding benchmark: cubic's planner vs five heuristics and TorchRec's planner, under several
+interconnect regimes, each planner TOLD the regime's network, each plan JUDGED by a ground truth
+the planners did not optimise.
 
-Every plan is scored by the same ground truth (sharding.estimate.plan_cost with the measured
-estimator): per rank, forward+backward embedding compute MEASURED on FBGEMM's CPU TBE (single
-thread, thread CPU time, median of repeats, shared cache so identical shard sets get identical
-figures) + all-to-all/sync time MODELLED by the alpha-beta model calibrated on real gloo
-all-to-alls on this machine (sharding/data/comm_calibration.json). Plan cost = max over ranks.
+Ground truth of a plan (per task, per regime):
+- compute: each rank's shard set MEASURED on FBGEMM's CPU TBE (single thread, thread CPU time);
+  every distinct rank set of every method and regime of a task is measured in ``ROUNDS``
+  interleaved rounds and the minimum kept (the 2-core machine is shared: contention only inflates
+  a measurement, and interleaving spreads it over the methods);
+- communication: experiments/sharding_ground_truth.py, written apart from cost_models/comm.py: a
+  plain bandwidth + latency network with a per-message overhead; each all-to-all is synchronous
+  (it ends when its slowest rank does, per-rank max(sent, received)); three all-to-alls a step.
+  The planners optimise cost_models.comm's per-rank additive form (and, in the gloo regime, its
+  calibrated constants); the judge adds per-message overheads they were not told of.
+  Step = max rank compute + the collectives (MODELLED, by the independent model).
 
-Tasks (NeuroShard's format: a set of tables and a number of ranks):
-- ``--tasks`` (default 50) seeded small tasks: 10-60 tables from cubic.core.workloads.generate_tables
-  (seed 1000+i, unseen by the cost model, trained on seeds >= 100000) on 4 ranks, grouped into
-  three families by table count (10-26, 27-43, 44-60);
-- a multi-node family (``--multi-node-tasks``, default 10): 60-200 tables on 4 nodes x 8 ranks; the
-  gloo calibration is the intra-node rate and a byte between nodes costs the topology's intra/inter
-  bandwidth ratio (9x) more (modelled: there is no multi-node calibration);
-- large tasks: 512 tables on 64 ranks and 856 tables on 128 ranks (fewer repeats per rank, per-rank
-  batch 4096 / ranks; TorchRec's planner runs in a child process capped at 180 s wall).
-Every planner plans with ``target="torchrec"``: each plan scored is one TorchRec executes as planned.
-Targets: per family, cubic's mean cost >= 15% below the best heuristic's and below TorchRec's; no
-task > 3% worse than its best heuristic; 856 tables on 128 ranks planned in < 5 s.
-A sharded piece's kernel runs over the group's whole batch (ranks x per-rank batch, 2048 on the
-small tasks), as its owner pools the ids every rank sent it.
-Memory per rank = max(1.5 x total / ranks, 1.05 x largest table, 1 GB) (weights + row-wise
-Adagrad state): the largest table always fits; the limit binds on tasks with multi-GB tables.
+Regimes (``REGIMES``): the calibrated gloo model of this machine (cost_models/data/
+comm_calibration.json, measured here), a plain 10 GB/s network, and a GPU-like topology of 8 ranks
+per node (NVLink-class 200 GB/s inside a node, NIC-class 12.5 GB/s between nodes).
+
+Tasks: small families of 4 ranks (10-26, 27-43, 44-60 tables from cubic.core.workloads.
+generate_tables, seeds 1000+i, unseen by the cost model) and a multi-node family (60-120 tables on
+2 nodes x 8 ranks). Every planner plans with ``target="torchrec"``. Memory per rank =
+max(1.5 x total / ranks, 1.05 x largest table, 1 GB).
+
+Targets per regime: on every family, cubic's mean cost >= 10% below the best memory-feasible
+heuristic's; no task more than 3% worse than its best heuristic; below TorchRec's planner.
 
     .venv/bin/python experiments/sharding_benchmark.py [--quick]
 """
@@ -42,21 +45,50 @@ import numpy as np  # noqa: E402
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.sharding_ground_truth import PlainNetwork, step_ms  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
-from sharding.estimate import LearnedEstimator, MeasuredEstimator, plan_cost, table_lower_bound  # noqa: E402
-from sharding.measure import MeasurementCache  # noqa: E402
-from sharding.registry import make_planner
+from sharding.estimate import LearnedEstimator  # noqa: E402
+from sharding.measure import ShardWork, measure_compute, works_key  # noqa: E402
+from sharding.registry import make_planner  # noqa: E402
 from sharding.torchrec_adapter import torchrec_available  # noqa: E402
 from sharding.types import Storage  # noqa: E402
 
 HEURISTICS = ("random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
 BATCH = 512
 MEMORY_FLOOR = 1e9  # TorchRec reserves fixed per-rank storage (inputs, 15%): below ~1 GB it plans nothing
-LARGE_GLOBAL_BATCH = 4096  # large tasks: per-rank batch 4096 / ranks, so a piece's kernel sees 4096 examples
-TORCHREC_TIMEOUT_S = 180.0  # large tasks: TorchRec's planner runs in a child process with this wall cap
-TARGET_GAP = -0.15  # the issue's target: mean cost >= 15% below the best heuristic
+TORCHREC_TIMEOUT_S = 180.0  # TorchRec's planner runs in a child process with this wall cap
+TARGET_GAP = -0.10  # the issue's target: mean cost >= 10% below the best heuristic, per family and regime
+ROUNDS = 3  # interleaved measurement rounds per task (minimum kept)
 FAMILIES = (("10-26 tables", 10, 26), ("27-43 tables", 27, 43), ("44-60 tables", 44, 60))
-MULTI_NODE = (4, 8)  # nodes x ranks per node of the multi-node family (inter-node bytes cost 9x, modelled)
+MULTI_NODE = (2, 8)  # nodes x ranks per node of the multi-node family
+MULTI_BATCH = 128  # per-rank batch of the multi-node family (a piece's kernel sees 16 x 128 examples)
+
+
+def regimes() -> dict:
+    """name -> (the Topology fields the planners are told, the independent judge's network, how)."""
+    cal = json.loads(CALIBRATION_PATH.read_text())
+    c = cal["constants"]
+    gloo_bw = 1.0 / c["beta_s_per_byte"]
+    return {
+        "gloo-calibrated": (
+            {"comm_model": "calibrated"},
+            lambda rpn: PlainNetwork("gloo-calibrated", gloo_bw, gloo_bw / 9.0, c["alpha_s"], c["alpha_s"],
+                                     c["alpha_peer_s"], rpn),
+            f"planner told the gloo calibration of this machine ({cal['fingerprint'].get('cpu_model')}, fit MAPE "
+            f"{cal['fit_mape']:.0%}); judge: the same bandwidth and per-message overhead in the independent "
+            "synchronous form (between nodes 9x slower, as the topology's ratio)"),
+        "10GB/s": (
+            {"comm_model": "bandwidth", "intra_node_bw_gbps": 10.0, "inter_node_bw_gbps": 10.0,
+             "intra_node_latency_us": 20.0, "inter_node_latency_us": 20.0},
+            lambda rpn: PlainNetwork("10GB/s", 10e9, 10e9, 20e-6, 20e-6, 5e-6, rpn),
+            "planner told 10 GB/s + 20 us; judge adds 5 us per message the planner was not told of"),
+        "gpu-like-8-per-node": (
+            {"comm_model": "bandwidth", "intra_node_bw_gbps": 200.0, "inter_node_bw_gbps": 12.5,
+             "intra_node_latency_us": 3.0, "inter_node_latency_us": 10.0, "ranks_per_node": 8},
+            lambda rpn: PlainNetwork("gpu-like", 200e9, 12.5e9, 3e-6, 10e-6, 2e-6, 8),
+            "planner told NVLink-class 200 GB/s + 3 us inside a node of 8, NIC-class 12.5 GB/s + 10 us between; "
+            "judge adds 2 us per message"),
+    }
 
 
 def topology_for(tables, world: int, ranks_per_node: int | None = None) -> Topology:
@@ -105,342 +137,348 @@ def torchrec_with_timeout(tables, topo, batch, est, timeout_s):
     return with_prediction(plan, est)
 
 
-def run_task(name, tables, world, methods, est, cache, budget, batch=BATCH, lb=True, torchrec_timeout_s=None,
-             ranks_per_node=None):
-    topo = topology_for(tables, world, ranks_per_node)
-    comm = CommModel.from_topology(topo)  # one node: the gloo calibration; several: inter-node scaled
-    out = {"task": name, "tables": len(tables), "ranks": world, "ranks_per_node": topo.ranks_per_node,
-           "memory_per_rank_gb": topo.memory_per_rank_gb, "batch_per_rank": batch, "comm": comm.source,
-           "methods": {}}
-    meas = MeasuredEstimator(cache)
-    for m in methods:
-        kw = {"time_budget_s": budget} if m == "cubic" else {}
-        t0 = time.perf_counter()
-        try:
-            if m == "torchrec" and torchrec_timeout_s:
-                plan = torchrec_with_timeout(tables, topo, batch, est, torchrec_timeout_s)
-            else:
-                # every plan must run in TorchRec as planned (what `shard export` accepts)
-                plan = make_planner(m, seed=0, estimator=est, target="torchrec", **kw).plan(tables, topo, batch)
-        except SpecError as e:  # a planner that finds no plan is data, not a crash
-            out["methods"][m] = {"failed": str(e), "planning_s": time.perf_counter() - t0}
-            continue
-        plan_s = plan.planning_time_s if m == "torchrec" and torchrec_timeout_s else time.perf_counter() - t0
-        cost = plan_cost(plan, meas, comm)
-        out["methods"][m] = {
-            "measured_ms": cost.max_ms, "predicted_ms": plan.predicted.max_ms, "planning_s": plan_s,
-            "measured_compute_ms": [r.compute_ms for r in cost.per_rank],
-            "predicted_compute_ms": [r.compute_ms for r in plan.predicted.per_rank],
-            "rank_features_n_shards": [len(ss) for ss in plan.rank_shards()],
-            "comm_ms_max": max(r.comm_ms for r in cost.per_rank),
-            "sharding_types": sorted({s.sharding_type for s in plan.shards}), "notes": plan.notes,
-        }
-    if lb:
-        out["lower_bound_ms"] = table_lower_bound(tables, world, batch, meas, comm)
+class MinOfRounds:
+    """Measured compute of rank shard sets: ``ROUNDS`` interleaved rounds, minimum kept."""
+
+    def __init__(self, rounds: int = ROUNDS):
+        self.rounds = rounds
+        self.values: dict[str, float] = {}
+        self.measurements = 0
+
+    def measure(self, sets: dict[str, tuple[list, int]]) -> None:
+        todo = {k: v for k, v in sets.items() if k not in self.values}
+        best = {k: float("inf") for k in todo}
+        for _ in range(self.rounds):
+            for k, (works, batch) in todo.items():
+                best[k] = min(best[k], measure_compute(works, batch, repeats=1, warmup=1)["total_ms"])
+                self.measurements += 1
+        self.values.update(best)
+
+
+def _rank_sets(plan) -> list[tuple[str, list, int]]:
+    tables = {t.name: t for t in plan.tables}
+    G, B = plan.group_size, plan.batch_size
+    out = []
+    for ss in plan.rank_shards():
+        works = [ShardWork.of(tables[s.table], s) for s in ss if s.sharding_type != "data_parallel"]
+        dp = [ShardWork.of(tables[s.table], s) for s in ss if s.sharding_type == "data_parallel"]
+        out.append((works_key(works, G * B) if works else "", works, G * B))
+        out.append((works_key(dp, B) if dp else "", dp, B))
     return out
 
 
-def best_heuristic(t) -> str | None:
-    """One task: the heuristic with the lowest measured cost (None when none was measured)."""
-    hs = [m for m in HEURISTICS if "measured_ms" in t["methods"].get(m, {})]
-    return min(hs, key=lambda m: t["methods"][m]["measured_ms"]) if hs else None
-
-
-def cubic_vs_best_heuristic(t) -> float | None:
-    """One task: cubic's measured cost over the best heuristic's, minus 1."""
-    c = t["methods"].get("cubic", {}).get("measured_ms")
-    h = best_heuristic(t)
-    return c / t["methods"][h]["measured_ms"] - 1 if c and h else None
-
-
-def headroom(cubic_ms: float, heuristic_ms: float, heuristic: str, lower_bound_ms: float, what: str = "a cost") -> str:
-    """Why the 15% target was missed, against the lower-bound estimate (sharding.estimate.table_lower_bound:
-    all tables fused in chunks, measured, over the ranks, plus a balanced all-to-all)."""
-    need = (1 + TARGET_GAP) * heuristic_ms / lower_bound_ms - 1
-    return (f"headroom: meeting it needs {what} {need:+.1%} against the lower-bound estimate "
-            f"(sharding.estimate.table_lower_bound); cubic's plans are at "
-            f"{cubic_ms / lower_bound_ms - 1:+.1%}, the best heuristic's ({heuristic}) at "
-            f"{heuristic_ms / lower_bound_ms - 1:+.1%}. The estimate is approximate, not a proof (cache effects make a "
-            "rank's share of the tables cheaper than its share of the whole), but a plan far below it is not expected")
-
-
-def misranked(t) -> str:
-    """Why cubic lost a task to a heuristic: what the cost model predicted for both plans against what
-    was measured (cubic picks by prediction: a loss it predicted as a win is a cost-model error)."""
-    c = t["methods"]["cubic"]
-    h = best_heuristic(t)
-    hm = t["methods"][h]
-    ratios = [a / b for a, b in zip(c.get("measured_compute_ms", []), c.get("predicted_compute_ms", [])) if b > 0]
-    return (f"{t['task']}: cubic's plan was predicted {c['predicted_ms']:.2f} ms against {h}'s "
-            f"{hm['predicted_ms']:.2f} ms, measured {c['measured_ms']:.2f} against {hm['measured_ms']:.2f}; "
-            f"measured/predicted compute of cubic's ranks {', '.join(f'{r:.2f}' for r in ratios)} "
-            "(a cost-model error on this task, or a rank measured while the machine was busy)")
-
-
-def summarise(families, methods):
-    """Per family [(name, tasks)]: mean measured cost per method (over the tasks it planned), failures,
-    and cubic's paired gaps (on the tasks both planned)."""
-    fam = {}
-    for fname, ts in families:
-        if not ts:
-            continue
-        means, failures = {}, {}
+def run_task(name, tables, world, methods, est, meter, regs, budget, batch=BATCH, ranks_per_node=None):
+    """Every method planned under every regime (told the regime's network), measured once for all."""
+    base = topology_for(tables, world, ranks_per_node)
+    out = {"task": name, "tables": len(tables), "ranks": world, "ranks_per_node": base.ranks_per_node,
+           "memory_per_rank_gb": base.memory_per_rank_gb, "batch_per_rank": batch, "regimes": {}}
+    plans: dict[tuple[str, str], object] = {}
+    for rname, (fields, _, _) in regs.items():
+        topo = base.model_copy(update=fields)
+        if topo.world_size % topo.ranks_per_node:
+            topo = topo.model_copy(update={"ranks_per_node": topo.world_size})
+        out["regimes"][rname] = {"comm_told": CommModel.from_topology(topo).describe(), "methods": {}}
         for m in methods:
-            vals = [t["methods"][m]["measured_ms"] for t in ts if "measured_ms" in t["methods"].get(m, {})]
-            means[m] = float(np.mean(vals)) if vals else None
-            failures[m] = len(ts) - len(vals)
+            kw = {"time_budget_s": budget} if m == "cubic" else {}
+            t0 = time.perf_counter()
+            try:
+                if m in HEURISTICS and any(k[1] == m for k in plans):  # heuristics ignore the network
+                    prev = next(p for k, p in plans.items() if k[1] == m)
+                    plan = prev.model_copy(update={"topology": topo})
+                elif m == "torchrec":
+                    plan = torchrec_with_timeout(tables, topo, batch, est, TORCHREC_TIMEOUT_S)
+                else:
+                    plan = make_planner(m, seed=0, estimator=est, target="torchrec", **kw).plan(tables, topo, batch)
+            except SpecError as e:  # a planner that finds no plan is data, not a crash
+                out["regimes"][rname]["methods"][m] = {"failed": str(e), "planning_s": time.perf_counter() - t0}
+                continue
+            plan_s = plan.planning_time_s if m == "torchrec" else time.perf_counter() - t0
+            if plan.predicted is None or m in HEURISTICS:
+                from sharding.planners import with_prediction
 
-        def paired(other):
-            both = [t for t in ts if "measured_ms" in t["methods"].get(other, {})
-                    and "measured_ms" in t["methods"].get("cubic", {})]
-            if not both:
-                return None
-            c = np.mean([t["methods"]["cubic"]["measured_ms"] for t in both])
-            o = np.mean([t["methods"][other]["measured_ms"] for t in both])
-            return float(c / o - 1.0)
-
-        heur = {m: v for m, v in means.items() if m in HEURISTICS and v is not None and failures[m] == 0}
-        best_h = min(heur, key=heur.get) if heur else None
-        fam[fname] = {"tasks": len(ts), "mean_measured_ms": means, "failures": failures, "best_heuristic": best_h,
-                      "cubic_vs_best_heuristic": paired(best_h) if best_h else None,
-                      "cubic_vs_torchrec": paired("torchrec") if "torchrec" in methods else None,
-                      "torchrec_planned_tasks": len(ts) - failures.get("torchrec", len(ts))}
-        # headroom: how far above the measured lower bound a plan may be and still meet the 15% target
-        lb = float(np.mean([t["lower_bound_ms"] for t in ts]))
-        fam[fname]["mean_lower_bound_ms"] = lb
-        if best_h and means.get("cubic") is not None:
-            fam[fname]["over_lower_bound"] = {"cubic": means["cubic"] / lb - 1, best_h: means[best_h] / lb - 1,
-                                              "the 15% target": (1 + TARGET_GAP) * means[best_h] / lb - 1}
-    return fam
+                plan = with_prediction(plan.model_copy(update={"predicted": None}), est)
+            plans[(rname, m)] = plan
+            out["regimes"][rname]["methods"][m] = {"planning_s": plan_s, "predicted_ms": plan.predicted.max_ms,
+                                                  "sharding_types": sorted({s.sharding_type for s in plan.shards}),
+                                                  "notes": plan.notes}
+    sets = {k: (w, b) for p in plans.values() for k, w, b in _rank_sets(p) if k}
+    meter.measure(sets)
+    for (rname, m), plan in plans.items():
+        rs = _rank_sets(plan)
+        comp = [(meter.values[rs[2 * r][0]] if rs[2 * r][0] else 0.0)
+                + (meter.values[rs[2 * r + 1][0]] if rs[2 * r + 1][0] else 0.0) for r in range(plan.group_size)]
+        judge = regs[rname][1](plan.topology.ranks_per_node)
+        g = step_ms(plan, comp, judge)
+        out["regimes"][rname]["methods"][m].update({
+            "measured_ms": g["total_ms"], "judge_compute_ms": g["compute_ms"], "judge_comm_ms": g["comm_ms"],
+            "measured_compute_ms": comp, "predicted_compute_ms": [r.compute_ms for r in plan.predicted.per_rank]})
+    return out
 
 
-def model_accuracy(tasks):
-    from scipy.stats import spearmanr
+def _ms(t, r, m):
+    return t["regimes"][r]["methods"].get(m, {}).get("measured_ms")
 
+
+def best_heuristic(t, r) -> str | None:
+    """The memory-feasible heuristic with the lowest judged cost on one task and regime."""
+    hs = [m for m in HEURISTICS if _ms(t, r, m) is not None]
+    return min(hs, key=lambda m: _ms(t, r, m)) if hs else None
+
+
+def gap(t, r, other=None) -> float | None:
+    """cubic's judged cost over the best heuristic's (or ``other``'s), minus 1."""
+    other = other or best_heuristic(t, r)
+    c, o = _ms(t, r, "cubic"), _ms(t, r, other) if other else None
+    return c / o - 1 if c and o else None
+
+
+def model_accuracy(tasks, regime):
     p, y = [], []
     for t in tasks:
-        for m, r in t["methods"].items():
-            if "measured_compute_ms" not in r:
-                continue
-            for a, b in zip(r["predicted_compute_ms"], r["measured_compute_ms"]):
+        for m, v in t["regimes"][regime]["methods"].items():
+            for a, b in zip(v.get("predicted_compute_ms", []), v.get("measured_compute_ms", [])):
                 if b > 0:
                     p.append(a)
                     y.append(b)
+    if not y:
+        return {"ranks": 0}
+    from scipy.stats import spearmanr
+
     p, y = np.array(p), np.array(y)
-    # identical shard sets appear under several methods: score each distinct rank once
-    _, idx = np.unique(np.round(np.stack([p, y], 1), 9), axis=0, return_index=True)
-    p, y = p[idx], y[idx]
     return {"ranks": len(y), "spearman": float(spearmanr(p, y)[0]), "mape": float(np.mean(np.abs(p - y) / y)),
-            "median_ape": float(np.median(np.abs(p - y) / y)),
-            "bias_mean_pred_over_measured": float(np.mean(p / y))}, p, y
+            "median_measured_over_predicted": float(np.median(y / p))}
 
 
-def plot(fam, acc_p, acc_y, large, methods, path):
+def analyse(families: list, regs: list[str], methods: list[str]):
+    """Per regime and family: mean judged cost per method, cubic's paired gaps; the targets."""
+    out, targets = {}, {}
+    for r in regs:
+        out[r] = {}
+        per_task = []
+        tr_gaps = []
+        for fname, ts in families:
+            ts = [t for t in ts if r in t["regimes"]]
+            if not ts:
+                continue
+            means = {m: (float(np.mean(v)) if (v := [_ms(t, r, m) for t in ts if _ms(t, r, m) is not None]) else None)
+                     for m in methods}
+            failures = {m: sum(1 for t in ts if _ms(t, r, m) is None) for m in methods}
+            feasible = {m: v for m, v in means.items() if m in HEURISTICS and v is not None and failures[m] == 0}
+            best_h = min(feasible, key=feasible.get) if feasible else None
+            both = [t for t in ts if _ms(t, r, "cubic") and best_h and _ms(t, r, best_h)]
+            g = (float(np.mean([_ms(t, r, "cubic") for t in both]) / np.mean([_ms(t, r, best_h) for t in both]) - 1)
+                 if both else None)
+            both_tr = [t for t in ts if _ms(t, r, "cubic") and _ms(t, r, "torchrec")]
+            g_tr = (float(np.mean([_ms(t, r, "cubic") for t in both_tr])
+                          / np.mean([_ms(t, r, "torchrec") for t in both_tr]) - 1) if both_tr else None)
+            pred = [t["regimes"][r]["methods"]["cubic"]["predicted_ms"] / t["regimes"][r]["methods"][best_h]["predicted_ms"]
+                    - 1 for t in both]
+            out[r][fname] = {"tasks": len(ts), "mean_measured_ms": means, "failures": failures,
+                             "best_heuristic": best_h, "cubic_vs_best_heuristic": g, "cubic_vs_torchrec": g_tr,
+                             "cubic_vs_best_heuristic_predicted_by_its_model": float(np.mean(pred)) if pred else None}
+            why = {}
+            if g is not None and g > TARGET_GAP:
+                why = {"reason": (
+                    f"under its own model cubic's plans were {out[r][fname]['cubic_vs_best_heuristic_predicted_by_its_model']:+.1%} "
+                    f"against {best_h}'s (the portfolio guarantees <= 0); judged (measured compute + independent comm) "
+                    f"{g:+.1%}: the gain the model sees is smaller than its error on these ranks, or the judge's "
+                    "per-message overhead and synchronous collectives price the plans differently")}
+            targets[f"{r}: mean cost >= 10% below the best heuristic ({fname})"] = {
+                "measured": g, "target": TARGET_GAP, "met": g is not None and g <= TARGET_GAP, **why}
+            if g_tr is not None:
+                targets[f"{r}: below TorchRec's planner ({fname})"] = {"measured": g_tr, "target": 0.0, "met": g_tr < 0}
+                tr_gaps.append(g_tr)
+            per_task += [(t["task"], gap(t, r)) for t in ts if gap(t, r) is not None]
+        worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
+        targets[f"{r}: no task > 3% worse than its best heuristic"] = {
+            "measured": worst[1], "worst_task": worst[0], "target": 0.03,
+            "met": worst[1] is not None and worst[1] <= 0.03,
+            "tasks_over_3pct": sorted(n for n, x in per_task if x > 0.03),
+            **({"reason": "measured compute of cubic's ranks above the model's prediction of them on "
+                                    "these tasks (see per-task measured/predicted compute)"}
+               if worst[1] is not None and worst[1] > 0.03 else {})}
+    for k, v in targets.items():  # the convention: a missed target says why
+        if not v["met"] and not v.get("reason"):
+            v["reason"] = ("TorchRec's planner, told the same network, found a cheaper plan under the judge on this "
+                           "family" if "TorchRec" in k else "no measurement (a planner failed on every task)")
+    return out, targets
+
+
+def plot(fam, regs, methods, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(17, 5))
-    names = list(fam)
-    width = 0.8 / len(methods)
-    for j, m in enumerate(methods):
-        vals = [fam[f]["mean_measured_ms"].get(m) or 0 for f in names]
-        ax[0].bar(np.arange(len(names)) + j * width, vals, width, label=m)
-    ax[0].set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
-    ax[0].set_ylabel("mean plan cost, ms (measured compute + modelled comm)")
-    ax[0].set_title("4 ranks: mean cost per task family")
-    ax[0].legend(fontsize=7)
-    for t in large:
-        ms = [m for m in methods if "measured_ms" in t["methods"].get(m, {})]
-        ax[1].bar([f"{m}\n{t['tables']}/{t['ranks']}" for m in ms], [t["methods"][m]["measured_ms"] for m in ms])
-    ax[1].tick_params(axis="x", labelsize=6, rotation=60)
-    ax[1].set_title("large tasks: plan cost, ms (measured + modelled)")
-    ax[2].scatter(acc_y, acc_p, s=6, alpha=0.5)
-    lim = [0, max(acc_y.max(), acc_p.max()) * 1.05]
-    ax[2].plot(lim, lim, "k--", lw=1)
-    ax[2].set_xlabel("measured rank compute, ms")
-    ax[2].set_ylabel("predicted (learned model), ms")
-    ax[2].set_title("cost model on unseen tables (modelled vs measured)")
+    fig, ax = plt.subplots(1, len(regs), figsize=(6 * len(regs), 5), squeeze=False)
+    for i, r in enumerate(regs):
+        names = list(fam[r])
+        width = 0.8 / len(methods)
+        for j, m in enumerate(methods):
+            vals = [fam[r][f]["mean_measured_ms"].get(m) or 0 for f in names]
+            ax[0, i].bar(np.arange(len(names)) + j * width, vals, width, label=m)
+        ax[0, i].set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=7)
+        ax[0, i].set_ylabel("mean step, ms (measured compute + independent modelled comm)")
+        ax[0, i].set_title(f"regime {r} (planners told it)")
+        ax[0, i].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
-def analyse(tasks, multi, large, methods):
-    """Families, cost-model accuracy, the gap to the lower bound and the targets: a function of the
-    recorded tasks only (``--retarget`` recomputes them from the JSON)."""
-    families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
-    families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
-    fam = summarise(families, methods)
-    acc, p, y = model_accuracy(tasks)
-    gap_lb = [t["methods"]["cubic"]["measured_ms"] / t["lower_bound_ms"] - 1 for t in tasks + multi + large
-              if "measured_ms" in t["methods"].get("cubic", {})]
-    big = next((t for t in large if t["tables"] == 856), None)
-    targets = {}
-    for f, v in fam.items():
-        g = v["cubic_vs_best_heuristic"]
-        met = g is not None and g <= TARGET_GAP
-        h = v["best_heuristic"]
-        why = ({"reason_if_missed": headroom(v["mean_measured_ms"]["cubic"], v["mean_measured_ms"][h], h,
-                                             v["mean_lower_bound_ms"], what="a mean cost")}
-               if "over_lower_bound" in v and not met else {})
-        targets[f"mean cost >= 15% below the best heuristic ({f})"] = {
-            "measured": g, "target": TARGET_GAP, "met": met, "by": None if g is None else g - TARGET_GAP, **why}
-        if v["cubic_vs_torchrec"] is not None:
-            targets[f"cubic below TorchRec ({f})"] = {"measured": v["cubic_vs_torchrec"], "target": 0.0,
-                                                       "met": v["cubic_vs_torchrec"] < 0, "by": v["cubic_vs_torchrec"]}
-    for t in large:
-        g = cubic_vs_best_heuristic(t)
-        tr = t["methods"].get("torchrec", {}).get("measured_ms")
-        c = t["methods"]["cubic"].get("measured_ms")
-        if g is not None:
-            h = best_heuristic(t)
-            targets[f"cost >= 15% below the best heuristic ({t['task']})"] = {
-                "measured": g, "target": TARGET_GAP, "met": g <= TARGET_GAP, "by": g - TARGET_GAP,
-                **({} if g <= TARGET_GAP else
-                   {"reason_if_missed": headroom(c, t["methods"][h]["measured_ms"], h, t["lower_bound_ms"])})}
-        if c and tr:
-            targets[f"cubic below TorchRec ({t['task']})"] = {"measured": c / tr - 1, "target": 0.0, "met": c < tr,
-                                                              "by": c / tr - 1}
-    per_task = [(t["task"], cubic_vs_best_heuristic(t)) for t in tasks + multi + large]
-    per_task = [(n, g) for n, g in per_task if g is not None]
-    worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
-    targets["no task > 3% worse than its best heuristic"] = {
-        "measured": worst[1], "worst_task": worst[0], "target": 0.03,
-        "met": worst[1] is not None and worst[1] <= 0.03, "by": None if worst[1] is None else worst[1] - 0.03,
-        "tasks_over_3pct": sorted(n for n, g in per_task if g > 0.03)}
-    if worst[1] is not None and worst[1] > 0.03:
-        targets["no task > 3% worse than its best heuristic"]["reason_if_missed"] = misranked(
-            next(t for t in tasks + multi + large if t["task"] == worst[0]))
-    targets["within 10% of the lower bound on average"] = {
-        "measured": float(np.mean(gap_lb)), "target": 0.10, "met": float(np.mean(gap_lb)) <= 0.10,
-        "by": float(np.mean(gap_lb)) - 0.10}
-    if big:
-        ps = big["methods"]["cubic"].get("planning_s")
-        targets["planning 856 tables on 128 ranks < 5 s"] = {"measured": ps, "target": 5.0,
-                                                             "met": ps is not None and ps < 5.0,
-                                                             "by": None if ps is None else ps - 5.0}
-    targets["cost model Spearman >= 0.95 on unseen tables"] = {"measured": acc["spearman"], "target": 0.95,
-                                                               "met": acc["spearman"] >= 0.95,
-                                                               "by": acc["spearman"] - 0.95}
-    targets["cost model MAPE <= 15% on unseen tables"] = {"measured": acc["mape"], "target": 0.15,
-                                                          "met": acc["mape"] <= 0.15, "by": acc["mape"] - 0.15}
-    return fam, acc, p, y, gap_lb, targets
+HBM_SHARE = 0.5  # the HBM family: the ranks' HBM together holds half of the tables (weights + optimizer)
 
 
-def retarget(name: str) -> int:
-    """The analysis and targets of a recorded run, recomputed by this code; the measurements and the
-    run's context stay as they were."""
-    from experiments.common import RESULTS
+def hbm_family(n_tasks: int, budget: float) -> dict:
+    """Tables past total HBM (MODELLED on an H100 topology of 4 ranks, NVLink-class network): cubic
+    places under HBM + host memory and moves the coldest tables of an over-full rank to UVM caching
+    (sharding.kernels.assign_kernels); TorchRec's planner gets the same HBM and host caps and chooses
+    its own kernels (fused, fused_uvm_caching, fused_uvm). Both plans priced by the same model: the
+    H100 lookup model + the misses' PCIe time + the comm model (sharding.estimate.plan_cost)."""
+    from sharding.estimate import GpuEstimator, plan_cost
+    from sharding.kernels import assign_kernels
+    from sharding.torchrec_adapter import TorchRecPlanner, validate_in_torchrec
 
-    doc = json.loads((RESULTS / f"{name}.json").read_text())
-    fam, acc, p, y, gap_lb, targets = analyse(doc["tasks"], doc["multi_node_tasks"], doc["large_tasks"],
-                                              doc["methods"])
-    doc.update({"families": fam, "cost_model_accuracy": acc, "lower_bound_gap_cubic_mean": float(np.mean(gap_lb)),
-                "targets": targets})
-    write_result(name, doc)  # the recorded finished_at and load stay
-    plot(fam, p, y, doc["large_tasks"], doc["methods"], png_path(name))
-    for k, v in targets.items():
-        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}")
-    return 0
+    est = GpuEstimator("h100")
+    tasks = []
+    for i in range(n_tasks):
+        n = int(np.random.default_rng(7024 + i).integers(20, 61))
+        tables = generate_tables(n, seed=7000 + i)
+        total = sum(Storage.of(t.rows, t.dim).total for t in tables)
+        hbm = HBM_SHARE * total / 4
+        topo = Topology(world_size=4, ranks_per_node=4, device="h100", comm_model="bandwidth",
+                        intra_node_bw_gbps=200.0, intra_node_latency_us=3.0,
+                        memory_per_rank_gb=max(1.5 * total / 4, 1.05 * max(Storage.of(t.rows, t.dim).total
+                                                                               for t in tables)) / 1e9)
+        comm = CommModel.from_topology(topo)
+        row = {"task": f"hbm-{i}", "tables": n, "total_gb": total / 1e9, "hbm_per_rank_gb": hbm / 1e9, "methods": {}}
+        for m in ("cubic", "torchrec"):
+            try:
+                if m == "cubic":
+                    plan = make_planner("cubic", estimator=est, target="torchrec", time_budget_s=budget).plan(
+                        tables, topo, BATCH)
+                    plan = plan.model_copy(update={"kernels": assign_kernels(plan, hbm)})
+                else:
+                    plan = TorchRecPlanner(estimator=est, hbm_bytes=hbm).plan(tables, topo, BATCH)
+                validate_in_torchrec(plan)
+                cost = plan_cost(plan, est, comm)
+                kinds = {}
+                for k in plan.kernels.values():
+                    kinds[k.compute_kernel] = kinds.get(k.compute_kernel, 0) + 1
+                row["methods"][m] = {"modelled_ms": cost.max_ms, "kernels": kinds,
+                                     "load_factors": sorted({k.cache_load_factor for k in plan.kernels.values()
+                                                             if k.cache_load_factor})}
+            except (SpecError, ValueError) as e:
+                row["methods"][m] = {"failed": str(e)[:300]}
+        tasks.append(row)
+        print(f"  hbm task {i} ({n} tables, {total / 1e9:.2f} GB on 4 x {hbm / 1e9:.2f} GB HBM): "
+              + ", ".join(f"{m} {v.get('modelled_ms', float('nan')):.2f} ms {v.get('kernels', v.get('failed'))}"
+                          for m, v in row["methods"].items()), flush=True)
+    both = [t for t in tasks if all("modelled_ms" in t["methods"].get(m, {}) for m in ("cubic", "torchrec"))]
+    g = (float(np.mean([t["methods"]["cubic"]["modelled_ms"] for t in both])
+               / np.mean([t["methods"]["torchrec"]["modelled_ms"] for t in both]) - 1) if both else None)
+    target = {"measured": g, "target": 0.0, "met": g is not None and g < 0, "label": "MODELLED (no GPU here)",
+              "tasks_compared": len(both)}
+    if not target["met"]:
+        target["reason"] = ("TorchRec's planner, with the same HBM/host caps and kernels allowed, priced cheaper by the "
+                            "shared model" if g is not None else "no task planned by both")
+    return {"what": hbm_family.__doc__.split("\n\n")[0].replace("\n", " "), "label": "modelled", "tasks": tasks,
+            "cubic_vs_torchrec": g, "target": target}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="smoke run: 4 small tasks, one 200-table/16-rank task")
-    ap.add_argument("--tasks", type=int, default=50)
-    ap.add_argument("--multi-node-tasks", type=int, default=10, help="tasks on 4 nodes x 8 ranks")
-    ap.add_argument("--retarget", action="store_true",
-                    help="recompute the analysis and targets from the recorded tasks in the JSON (measure nothing)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 3 small tasks, one multi-node task")
+    ap.add_argument("--tasks", type=int, default=9, help="small 4-rank tasks (spread over the three families)")
+    ap.add_argument("--multi-node-tasks", type=int, default=3, help=f"tasks on {MULTI_NODE[0]} nodes x {MULTI_NODE[1]} ranks")
+    ap.add_argument("--budget", type=float, default=2.0, help="cubic's time budget per plan, s")
+    ap.add_argument("--hbm-only", action="store_true",
+                    help="run only the (modelled) family past total HBM and add it to the recorded JSON")
+    ap.add_argument("--hbm-tasks", type=int, default=6)
     args = ap.parse_args(argv)
-    if args.retarget:
-        return retarget("sharding_benchmark" + ("_quick" if args.quick else ""))
-    n_tasks = 4 if args.quick else args.tasks
+    name = "sharding_benchmark" + ("_quick" if args.quick else "")
+    if args.hbm_only:
+        from experiments.common import RESULTS
+
+        doc = json.loads((RESULTS / f"{name}.json").read_text())
+        fam = hbm_family(2 if args.quick else args.hbm_tasks, args.budget)
+        doc["hbm_family"] = fam
+        doc["targets"]["tables past total HBM: cubic (UVM caching) below TorchRec's planner (same kernels allowed)"] = \
+            fam["target"]
+        write_result(name, doc)
+        print(f"hbm family: cubic vs torchrec {fam['cubic_vs_torchrec']}")
+        return 0
+    n_tasks = 3 if args.quick else args.tasks
     n_multi = 1 if args.quick else args.multi_node_tasks
-    large_specs = [(200, 16)] if args.quick else [(512, 64), (856, 128)]
     ctx = run_context("mixed")
+    load_start = os.getloadavg()[0]
     est = LearnedEstimator()
-    comm = CommModel.calibrated()  # recorded in the protocol; each task uses CommModel.from_topology
+    regs = regimes()
     methods = ["cubic"] + (["torchrec"] if torchrec_available() else []) + list(HEURISTICS)
     t_start = time.perf_counter()
-    cache = MeasurementCache(repeats=3, warmup=1)  # median of 3: the 2-core machine is shared; 50 tasks must fit
-    tasks = []
-    rng = np.random.default_rng(2024)
+    meter = MinOfRounds()
+    tasks, multi, loads = [], [], []
     for i in range(n_tasks):
-        n = int(rng.integers(10, 61))
-        tables = generate_tables(n, seed=1000 + i)
-        t = run_task(f"small-{i}", tables, 4, methods, est, cache, budget=2.0)
-        t["loadavg_1m"] = os.getloadavg()[0]
+        lo, hi = FAMILIES[i % len(FAMILIES)][1:]
+        n = int(np.random.default_rng(2024 + i).integers(lo, hi + 1))
+        t = run_task(f"small-{i}", generate_tables(n, seed=1000 + i), 4, methods, est, meter, regs, args.budget)
+        loads.append(os.getloadavg()[0])
+        t["loadavg_1m"] = loads[-1]
         tasks.append(t)
-        ms = {m: round(r["measured_ms"], 2) for m, r in t["methods"].items() if "measured_ms" in r}
-        print(f"[{time.perf_counter() - t_start:6.0f}s] task {i:2d} ({n} tables): {ms} lb {t['lower_bound_ms']:.2f}",
-              flush=True)
-    multi = []
+        print(f"[{time.perf_counter() - t_start:5.0f}s] task {i} ({n} tables, load {loads[-1]:.1f}): "
+              + "; ".join(f"{r} cubic/best {gap(t, r):+.1%}" for r in regs if gap(t, r) is not None), flush=True)
     for i in range(n_multi):
-        n = 40 if args.quick else int(rng.integers(60, 201))
-        tables = generate_tables(n, seed=3000 + i)
-        t = run_task(f"multi-node-{i}", tables, MULTI_NODE[0] * MULTI_NODE[1], methods, est, cache, budget=2.0,
-                     batch=LARGE_GLOBAL_BATCH // (MULTI_NODE[0] * MULTI_NODE[1]), ranks_per_node=MULTI_NODE[1],
-                     torchrec_timeout_s=TORCHREC_TIMEOUT_S)
-        t["loadavg_1m"] = os.getloadavg()[0]
+        n = int(np.random.default_rng(3024 + i).integers(60, 121))
+        W = MULTI_NODE[0] * MULTI_NODE[1]
+        t = run_task(f"multi-node-{i}", generate_tables(n, seed=3000 + i), W, methods, est, meter, regs, args.budget,
+                     batch=MULTI_BATCH, ranks_per_node=MULTI_NODE[1])
+        loads.append(os.getloadavg()[0])
+        t["loadavg_1m"] = loads[-1]
         multi.append(t)
-        ms = {m: round(r["measured_ms"], 2) for m, r in t["methods"].items() if "measured_ms" in r}
-        print(f"[{time.perf_counter() - t_start:6.0f}s] multi-node task {i} ({n} tables, {MULTI_NODE[0]}x{MULTI_NODE[1]} "
-              f"ranks): {ms} lb {t['lower_bound_ms']:.2f}", flush=True)
-    large_cache = MeasurementCache(repeats=2, warmup=1)  # fewer repeats: 64-128 ranks x 7 methods
-    large = []
-    for n, w in large_specs:
-        tables = generate_tables(n, seed=5000 + n)
-        t = run_task(f"large-{n}x{w}", tables, w, methods, est, large_cache, budget=3.0,
-                     batch=LARGE_GLOBAL_BATCH // w, torchrec_timeout_s=TORCHREC_TIMEOUT_S)
-        t["loadavg_1m"] = os.getloadavg()[0]
-        large.append(t)
-        ms = {m: (round(r["measured_ms"], 1), round(r["planning_s"], 2)) for m, r in t["methods"].items()
-              if "measured_ms" in r}
-        print(f"[{time.perf_counter() - t_start:6.0f}s] large {n} tables / {w} ranks: (ms, planning s) {ms} "
-              f"lb {t['lower_bound_ms']:.1f}", flush=True)
-    fam, acc, p, y, gap_lb, targets = analyse(tasks, multi, large, methods)
+        print(f"[{time.perf_counter() - t_start:5.0f}s] multi-node task {i} ({n} tables, load {loads[-1]:.1f}): "
+              + "; ".join(f"{r} cubic/best {gap(t, r):+.1%}" for r in regs if gap(t, r) is not None), flush=True)
+    families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
+    families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
+    fam, targets = analyse(families, list(regs), methods)
     payload = {
         **ctx,
-        "what": ("plan cost per method: measured FBGEMM CPU TBE compute (single thread, thread CPU time, median "
-                 "of repeats) + modelled all-to-all (alpha-beta, calibrated on gloo loopback) per rank, max over "
-                 "ranks; lower bound per sharding.estimate.table_lower_bound (measured); cost model accuracy "
-                 "= predicted vs measured compute of every distinct rank of every small-task plan"),
-        "labels": {"plan cost": "mixed: measured compute + modelled comm", "planning time": "measured",
-                   "cost model accuracy": "modelled vs measured", "lower bound": "measured compute + modelled comm"},
-        "protocol": {"batch_per_rank": BATCH, "small_repeats": cache.repeats, "small_warmup": cache.warmup,
-                     "large_repeats": large_cache.repeats, "large_warmup": large_cache.warmup,
-                     "large_note": ("large tasks: every rank measured, with 2 repeats (median) after 1 warmup; per-rank "
-                                    "batch 4096 / ranks (global batch 4096) to keep 128-rank kernels measurable"),
-                     "clock": "thread CPU time (the machine is shared; wall time is preempted)",
-                     "comm_calibration": str(CALIBRATION_PATH.name), "comm_constants": comm.__dict__,
-                     "cost_model": est.model.meta_ if hasattr(est.model, "meta_") else {},
-                     "cubic_time_budget_s": {"small": 2.0, "large": 3.0}, "quick": args.quick,
-                     "torchrec_timeout_s_large": TORCHREC_TIMEOUT_S,
-                     "memory_rule": "max(1.5 x total / ranks, 1.05 x largest table, 1 GB)"},
+        "what": ("per task and interconnect regime, every planner told the regime's network (Topology comm fields); "
+                 "each plan judged by: max over ranks of MEASURED compute (FBGEMM CPU TBE, thread CPU time, min of "
+                 f"{ROUNDS} interleaved rounds) + MODELLED communication by an independent synchronous plain-network "
+                 "model (experiments/sharding_ground_truth.py), not the cost_models.comm model the planners optimise"),
+        "ground_truth": {"compute": "measured", "communication": "modelled: independent plain bandwidth + latency + "
+                         "per-message overhead, synchronous all-to-all (per-rank max(sent, received), max over ranks)",
+                         "regimes": {r: {"told": v[0], "judge": v[1](8).describe(), "how": v[2]} for r, v in regs.items()}},
+        "labels": {"measured_ms": "mixed: measured compute + independently modelled comm",
+                   "predicted_ms": "modelled: the planner's own model (learned compute + cost_models.comm)",
+                   "planning_s": "measured"},
+        "load": {"loadavg_1m_start": load_start, "loadavg_1m_per_task": loads,
+                 "note": "2-core machine shared with other jobs; compute is thread CPU time, min of interleaved rounds"},
+        "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS,
+                     "cubic_time_budget_s": args.budget, "quick": args.quick, "target": "torchrec",
+                     "comm_calibration": json.loads(CALIBRATION_PATH.read_text()).get("fingerprint"),
+                     "cost_model": getattr(est.model, "meta_", {}),
+                     "not_run_here": "the 512x64 and 856x128 large tasks of the previous version (planning time "
+                                     "target) were left out of this regime study for time"},
         "methods": methods,
-        "families": fam,
-        "multi_node_tasks": multi,
-        "large_tasks": large,
-        "cost_model_accuracy": acc,
-        "lower_bound_gap_cubic_mean": float(np.mean(gap_lb)),
+        "regimes": fam,
+        "cost_model_accuracy": {r: model_accuracy(tasks + multi, r) for r in regs},
         "targets": targets,
-        "cache": {"small_hits": cache.hits, "small_measurements": cache.misses,
-                  "large_hits": large_cache.hits, "large_measurements": large_cache.misses},
+        "measurements": meter.measurements,
         "tasks": tasks,
+        "multi_node_tasks": multi,
         "runtime_s": time.perf_counter() - t_start,
     }
-    name = "sharding_benchmark" + ("_quick" if args.quick else "")
+    payload["hbm_family"] = fam_hbm = hbm_family(2 if args.quick else args.hbm_tasks, args.budget)
+    payload["targets"]["tables past total HBM: cubic (UVM caching) below TorchRec's planner (same kernels allowed)"] = \
+        fam_hbm["target"]
     path = write_result(name, payload)
-    plot(fam, p, y, large, methods, png_path(name))
-    print("\nfamilies (mean plan cost, ms; measured compute + modelled comm):")
-    for f, v in fam.items():
-        cells = ", ".join(f"{m} {x:.2f}" for m, x in v["mean_measured_ms"].items() if x is not None)
-        tr = f", vs torchrec {v['cubic_vs_torchrec']:+.1%}" if v["cubic_vs_torchrec"] is not None else ""
-        print(f"  {f}: {cells}; cubic vs best heuristic ({v['best_heuristic']}) {v['cubic_vs_best_heuristic']:+.1%}{tr}")
-    print(f"cost model on unseen tables (modelled vs measured): Spearman {acc['spearman']:.3f}, MAPE {acc['mape']:.1%} "
-          f"over {acc['ranks']} ranks")
-    print(f"cubic vs lower bound (measured): {np.mean(gap_lb):+.1%} on average")
+    plot(fam, list(regs), methods, png_path(name))
+    for r, fs in fam.items():
+        for f, v in fs.items():
+            g, gt = v["cubic_vs_best_heuristic"], v["cubic_vs_torchrec"]
+            print(f"  {r} / {f}: cubic vs best heuristic ({v['best_heuristic']}) "
+                  + (f"{g:+.1%}" if g is not None else "-") + (f", vs torchrec {gt:+.1%}" if gt is not None else "")
+                  + f" (its model said {v['cubic_vs_best_heuristic_predicted_by_its_model'] or 0:+.1%})")
     for k, v in targets.items():
         print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}")
     print(f"wrote {path} and {png_path(name)} in {payload['runtime_s']:.0f} s")

@@ -9,7 +9,7 @@ import math
 
 from cubic.core.spec import SpecError, Table
 from cubic.core.units import fmt_gib
-from sharding.types import COLUMN_MULTIPLE, Storage
+from sharding.types import COLUMN_MULTIPLE, PlanDoesNotFit, Storage
 
 
 
@@ -80,15 +80,15 @@ def check_inputs(tables: list[Table], group: int, memory_bytes: float, allow_spl
         if need <= memory_bytes:
             continue
         if not allow_split:
-            raise SpecError(f"needs {fmt_gib(need)} but a rank has {fmt_gib(memory_bytes)} "
+            raise PlanDoesNotFit(f"needs {fmt_gib(need)} but a rank has {fmt_gib(memory_bytes)} "
                             f"(short by {fmt_gib((need - memory_bytes))}) and splitting is not allowed",
                             field=f"tables.{t.name}")
         k = min_row_pieces(t, memory_bytes)
         if k > group:
-            raise SpecError(f"needs {fmt_gib(need)}; even split row-wise over all {group} ranks a piece needs "
+            raise PlanDoesNotFit(f"needs {fmt_gib(need)}; even split row-wise over all {group} ranks a piece needs "
                             f"{fmt_gib(need / group)} > {fmt_gib(memory_bytes)} per rank "
                             f"(short by {fmt_gib((need / group - memory_bytes))})", field=f"tables.{t.name}")
     if total > group * memory_bytes:
-        raise SpecError(f"tables need {fmt_gib(total)} in all but {group} ranks hold "
+        raise PlanDoesNotFit(f"tables need {fmt_gib(total)} in all but {group} ranks hold "
                         f"{fmt_gib(group * memory_bytes)} (short by {fmt_gib((total - group * memory_bytes))})",
                         field="tables")

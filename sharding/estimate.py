@@ -24,6 +24,7 @@ from cost_models.comm import (
     dp_sync_ms,
     expected_unique_rows,
     rank_comm_ms,
+    rank_volumes,
 )
 from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
 from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost
@@ -33,14 +34,10 @@ USER_MODEL_NAME = "sharding_cost_model.json"
 
 
 def user_data_dir() -> Path:
-    """Where `cubic shard train` writes (never the installed package): $CUBIC_HOME, else
-    $XDG_DATA_HOME/cubic, else ~/.local/share/cubic."""
-    import os
+    """Where `cubic shard train` writes (cubic.core.fingerprint.user_data_dir)."""
+    from cubic.core.fingerprint import user_data_dir as _dir
 
-    if os.environ.get("CUBIC_HOME"):
-        return Path(os.environ["CUBIC_HOME"])
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "cubic"
+    return Path(_dir())
 
 
 def cost_model_path() -> Path:
@@ -51,14 +48,12 @@ def cost_model_path() -> Path:
 
 def machine_mismatch(meta: dict) -> str | None:
     """Why a learned CPU model's figures may not hold on this machine (None when it was trained here)."""
-    from cubic.core.fingerprint import fingerprint
+    from cubic.core.fingerprint import fingerprint, machine_differences
 
     fp, here = meta.get("fingerprint") or {}, fingerprint("cpu")
-    keys = ("machine", "cpu_model", "cpu_count")
     if not fp:
         return "the cost model does not record the machine it was trained on"
-    diff = [k for k in keys if fp.get(k) != here.get(k)]
-    if not diff:
+    if not machine_differences(fp):
         return None
     return (f"the cost model was trained on {fp.get('cpu_model')} ({fp.get('cpu_count')} cores), this machine is "
             f"{here.get('cpu_model')} ({here.get('cpu_count')} cores): its CPU figures may not hold here; "
@@ -101,12 +96,27 @@ def rank_features(works: list[ShardWork], batch: int) -> np.ndarray:
 
 
 class Estimator(ABC):
-    """Compute cost of each rank's shard set (ms per step)."""
+    """Compute cost of each rank's shard set (ms per step).
+
+    The contract the planners use: :meth:`compute_ms` (shard sets -> ms), and :meth:`predict`
+    (rank feature rows, ``RANK_FEATURES`` -> ms) for the search's batched scoring; an estimator that
+    cannot score features (a measured one) says so with :meth:`can_predict`."""
 
     source: str
 
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """ms per row of rank features (``rank_features_from_sums``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score rank features")
+
+    def can_predict(self) -> bool:
+        return type(self).predict is not Estimator.predict
+
     @abstractmethod
     def compute_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[float]: ...
+
+    def compute_split_ms(self, ranks: list[list[ShardWork]], batch: int) -> list[tuple[float, float]] | None:
+        """(forward, backward + optimizer) ms per rank, where the estimator knows the split (None otherwise)."""
+        return None
 
 
 class LearnedEstimator(Estimator):
@@ -124,8 +134,8 @@ class LearnedEstimator(Estimator):
         X = np.stack([rank_features(ws, batch) for ws in ranks])
         return [float(x) for x in self.model.predict(X)]
 
-    def predict_features(self, X: np.ndarray) -> np.ndarray:
-        return self.model.predict(X)
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.predict(np.atleast_2d(X)), dtype=float)
 
     def describe(self) -> str:
         meta = getattr(self.model, "meta_", None) or {}
@@ -174,6 +184,9 @@ class MeasuredEstimator(Estimator):
     def compute_ms(self, ranks, batch):
         return [self.cache.compute(ws, batch)["total_ms"] for ws in ranks]
 
+    def compute_split_ms(self, ranks, batch):
+        return [(m["fwd_ms"], m["bwd_ms"]) for m in (self.cache.compute(ws, batch) for ws in ranks)]
+
     def describe(self) -> str:
         return "measured on this CPU: FBGEMM CPU TBE, single thread"
 
@@ -211,13 +224,24 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
     for r in range(G):
         sync[r] += dp_sync_ms(dp_bytes[r], W, comm)
     compute = estimator.compute_ms(works, G * B)
+    split = estimator.compute_split_ms(works, G * B)
     if any(dp_works):
         compute = [a + b for a, b in zip(compute, estimator.compute_ms(dp_works, B))]
+        dp_split = estimator.compute_split_ms(dp_works, B)
+        split = split and dp_split and [(a + c, b + d) for (a, b), (c, d) in zip(split, dp_split)]
+    if plan.kernels:  # memory tiers: misses of UVM-cached / UVM tables cross PCIe (sharding.kernels, modelled)
+        from sharding.kernels import tier_penalty_ms
+
+        compute = [c + p for c, p in zip(compute, tier_penalty_ms(plan, G * B))]
+        split = None
     comms = rank_comm_ms(traffic, G, B, comm)
+    vol = rank_volumes(traffic, G, B)
     mem = plan.memory_per_rank()
     per_rank = [
         RankCost(rank=r, compute_ms=compute[r], comm_ms=comms[r], sync_ms=sync[r],
-                 total_ms=compute[r] + comms[r] + sync[r], memory_bytes=mem[r])
+                 total_ms=compute[r] + comms[r] + sync[r], memory_bytes=mem[r],
+                 fwd_compute_ms=split[r][0] if split else None, bwd_compute_ms=split[r][1] if split else None,
+                 input_bytes=float(vol["ids_recv"][r]), output_bytes=float(vol["emb_sent"][r]))
         for r in range(G)
     ]
     lb = None
@@ -225,7 +249,7 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
         lb = table_lower_bound(plan.tables, G, B, estimator, comm)
     describe = getattr(estimator, "describe", None)
     return PlanCost.from_ranks(estimator.source, per_rank, lower_bound_ms=lb,
-                               details={"per_rank_batch": B, "kernel_batch": G * B, "comm": comm.source,
+                               details={"per_rank_batch": B, "kernel_batch": G * B, "comm": comm.describe(),
                                         "compute": describe() if describe else estimator.source,
                                         "device": plan.topology.device})
 

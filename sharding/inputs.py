@@ -72,9 +72,12 @@ def load_tables(spec: str) -> tuple[list[Table], Workload | None]:
 
 
 def topology_for(args_world: int | None, memory_gb: float | None, workload: Workload | None,
-                 ranks_per_node: int | None = None, device: str | None = None) -> Topology:
+                 ranks_per_node: int | None = None, device: str | None = None, comm: dict | None = None) -> Topology:
+    """The workload's topology (or a one-node cpu one) with the user's flags over it; ``comm``: the
+    interconnect fields given (Topology's *_bw_gbps, *_latency_us, comm_model, comm_calibration)."""
     base = workload.topology if workload else Topology(device="cpu")
     data = base.model_dump()
+    data.update({k: v for k, v in (comm or {}).items() if v is not None})
     if args_world is not None:
         data["world_size"] = args_world
     if memory_gb is not None:

@@ -37,7 +37,7 @@ from cubic.core.units import fmt_gib
 from cost_models.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces, torchrec_row_blocks
 from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
-from sharding.types import PLANNERS, Plan, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
+from sharding.types import PLANNERS, Plan, PlanDoesNotFit, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
 
 
 @dataclass
@@ -165,7 +165,8 @@ def to_plan(ctx: Context, planner: str, units: list[Unit], ranks: list[int], dp:
                    for r in range(ctx.group)]
     elapsed = time.perf_counter() - t0
     plan = Plan(planner=planner, target=ctx.target, world_size=ctx.world, group_size=ctx.group, batch_size=ctx.batch,
-                topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes)
+                topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes,
+                comm=ctx.comm.describe())
     return with_prediction(plan, ctx.estimator, ctx.comm)
 
 
@@ -193,7 +194,7 @@ HEURISTIC_KEYS = {
 }
 
 
-PORTFOLIO = ("dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+PORTFOLIO = ("random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")  # every heuristic
 
 
 class HeuristicPlanner(Planner):
@@ -235,7 +236,7 @@ class HeuristicPlanner(Planner):
                     ok[r] = False
                 cand = np.flatnonzero(ok)
             if not len(cand):
-                raise SpecError(f"{self.name}: no rank has {fmt_gib(u.mem)} left for table {u.table.name!r}",
+                raise PlanDoesNotFit(f"{self.name}: no rank has {fmt_gib(u.mem)} left for table {u.table.name!r}",
                                 field=f"tables.{u.table.name}")
             if self.name == "random":
                 r = int(rng.choice(cand))
@@ -480,7 +481,7 @@ class CubicPlanner(Planner):
 
     name = "cubic"
 
-    def __init__(self, estimator: LearnedEstimator | None = None, beam_width: int = 3, branch: int = 2,
+    def __init__(self, estimator: Estimator | None = None, beam_width: int = 3, branch: int = 2,
                  time_budget_s: float = 3.0, max_rounds: int = 8, kicks: int = 20, refine_candidates: bool = True, allow: tuple[str, ...] = (
                      "column_wise", "row_wise", "table_row_wise", "data_parallel"), target: str = "any"):
         self.estimator = estimator
@@ -525,7 +526,10 @@ class CubicPlanner(Planner):
         est = self.estimator or LearnedEstimator()
         ctx = _context(tables, topology, batch_size, group_size, est, self.target)
         deadline = t0 + self.time_budget_s
-        model = est.model
+        if not est.can_predict():
+            raise SpecError(f"the cubic planner scores plans with Estimator.predict, which {type(est).__name__} "
+                            "does not provide (pass a modelled estimator)", field="estimator")
+        model = est
         by_name = {t.name: t for t in ctx.tables}
 
         def evaluate(splits):
@@ -549,7 +553,7 @@ class CubicPlanner(Planner):
         for kind in PORTFOLIO:
             try:
                 r_h = HeuristicPlanner(kind).assign(ctx, pl0.units)
-            except SpecError:  # a heuristic that cannot place the pieces is no candidate
+            except PlanDoesNotFit:  # a heuristic that cannot place the pieces is no candidate
                 continue
             heur_ranks.append((kind, r_h))
             c_h = pl0.rank_costs(r_h)
@@ -602,7 +606,7 @@ class CubicPlanner(Planner):
             best = min(best, pool[0], key=lambda c: c[0])
         score, splits, pl, ranks, _ = best
         if not math.isfinite(score):
-            raise SpecError("no placement fits the memory limit", field="memory_per_rank_gb")
+            raise PlanDoesNotFit("no placement fits the memory limit", field="memory_per_rank_gb")
         # local search from the best plan, the rest of the beam and the heuristics' placements of the
         # same pieces (different basins), then iterated local search (random kicks) from the best
         end = deadline + 0.25 * self.time_budget_s
@@ -631,4 +635,18 @@ class CubicPlanner(Planner):
                    for k in ("column_wise", "row_wise", "table_row_wise", "data_parallel")}
         notes = f"target {ctx.target}; search rounds {rounds}; splits {n_split}; predicted max {score:.3f} ms"
         notes += f"; local search from {origin}, {kicks} kicks ({kept} kept)"
-        return to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
+        plan = to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
+        return self._portfolio_guard(ctx, plan, pl0, heur_ranks, t0)
+
+    def _portfolio_guard(self, ctx: Context, plan: Plan, pl0: "_Placement", heur_ranks: list, t0: float) -> Plan:
+        """The guarantee, checked on whole plans with the plan cost itself (not the search's running
+        sums): under the estimator and comm model the planner was given, the plan returned is never
+        worse than the best memory-feasible heuristic's; if one is better, its plan is returned."""
+        best = plan
+        for kind, r_h in heur_ranks:
+            alt = to_plan(ctx, self.name, pl0.units, r_h, pl0.dp, t0,
+                          f"target {ctx.target}; portfolio: {kind}'s placement (the search found nothing better "
+                          "under its model)")
+            if alt.predicted.max_ms < best.predicted.max_ms - 1e-9:
+                best = alt
+        return best

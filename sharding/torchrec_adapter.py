@@ -52,8 +52,11 @@ def _device(topology) -> str:
 class TorchRecPlanner(Planner):
     name = "torchrec"
 
-    def __init__(self, estimator: Estimator | None = None):
-        self.estimator = estimator
+    def __init__(self, estimator: Estimator | None = None, hbm_bytes: float | None = None):
+        """``hbm_bytes``: HBM per rank on a GPU topology (the topology's memory per rank is then HBM +
+        host), so TorchRec chooses its own kernels (fused, fused_uvm_caching, fused_uvm); the plan
+        keeps them in ``Plan.kernels``."""
+        self.estimator, self.hbm_bytes = estimator, hbm_bytes
 
     def plan(self, tables, topology, batch_size, group_size=None) -> Plan:
         _require()
@@ -75,16 +78,29 @@ class TorchRecPlanner(Planner):
         constraints = {t.name: ParameterConstraints(pooling_factors=[float(t.pooling_factor)]) for t in ctx.tables}
         dev = _device(topology)
         cap = int(ctx.memory_bytes)
+        # TorchRec is told the same network as cubic's planners (its bandwidths are bytes per ms)
         topo = TRTopology(world_size=ctx.group, compute_device=dev, local_world_size=min(ctx.group, topology.ranks_per_node),
-                          hbm_cap=cap if dev == "cuda" else None, ddr_cap=cap)
+                          hbm_cap=(int(self.hbm_bytes) if self.hbm_bytes else cap) if dev == "cuda" else None,
+                          ddr_cap=cap,
+                          intra_host_bw=1e-3 / ctx.comm.beta_intra_s_per_byte,
+                          inter_host_bw=1e-3 / ctx.comm.beta_inter_s_per_byte)
         planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch_size, constraints=constraints)
         try:
             sp = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
         except PlannerError as e:
             raise SpecError(f"TorchRec's planner found no plan: {str(e).splitlines()[0]}", field="torchrec") from None
         shards = []
+        kernels = {}
         for _, module_plan in sp.plan.items():
             for name, ps in module_plan.items():
+                if ps.compute_kernel in ("fused_uvm_caching", "fused_uvm"):
+                    from sharding.kernels import KernelChoice, zipf_hit_rate
+
+                    t = next(t for t in ctx.tables if t.name == name)
+                    lf = (ps.cache_params.load_factor if ps.cache_params and ps.cache_params.load_factor else 0.2
+                          ) if ps.compute_kernel == "fused_uvm_caching" else None
+                    kernels[name] = KernelChoice(compute_kernel=ps.compute_kernel, cache_load_factor=lf,
+                                                 hit_rate=zipf_hit_rate(t, lf) if lf else None)
                 kind = _TYPE_TO_CUBIC.get(ps.sharding_type)
                 if kind is None:
                     raise SpecError(f"unsupported TorchRec sharding type {ps.sharding_type}", field=name)
@@ -102,7 +118,8 @@ class TorchRecPlanner(Planner):
                                         col_offset=md.shard_offsets[1], cols=cols))
         plan = Plan(planner="torchrec", target="torchrec", world_size=ctx.world, group_size=ctx.group, batch_size=batch_size,
                     topology=topology, tables=ctx.tables, shards=shards, planning_time_s=time.perf_counter() - t0,
-                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)")
+                    notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)", comm=ctx.comm.describe(),
+                    kernels=kernels)
         return with_prediction(plan, self.estimator, ctx.comm)
 
 
@@ -114,6 +131,7 @@ class Layout(NamedTuple):
     compute_kernel: str
     ranks: list[int]
     shards: list[tuple[int, int, int, int, int]] | None
+    cache_load_factor: float | None = None  # fused_uvm_caching: TorchRec's CacheParams.load_factor
 
 
 REPLAN = "re-plan with --target torchrec"
@@ -189,6 +207,8 @@ def torchrec_layout(plan: Plan, local_size: int | None = None) -> dict[str, Layo
                             field=t.name)
         else:
             raise SpecError(f"{where}: sharding type {kind} has no TorchRec equivalent", field=t.name)
+    for name, k in (plan.kernels or {}).items():  # the plan's kernel and memory tier per table
+        out[name] = out[name]._replace(compute_kernel=k.compute_kernel, cache_load_factor=k.cache_load_factor)
     return out
 
 
@@ -199,15 +219,16 @@ def _device_name(device: str) -> str:
 def _parameter_shardings(layouts: dict[str, Layout], device: str, local_size: int) -> dict:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.types import CacheParams, ParameterSharding
 
     out = {}
     for name, lay in layouts.items():
         spec = None if lay.shards is None else EnumerableShardingSpec([
             ShardMetadata(shard_offsets=[ro, co], shard_sizes=[rows, cols], placement=placement(device, r, local_size))
             for ro, rows, co, cols, r in lay.shards])
+        cache = CacheParams(load_factor=lay.cache_load_factor) if lay.cache_load_factor is not None else None
         out[name] = ParameterSharding(sharding_type=lay.sharding_type, compute_kernel=lay.compute_kernel,
-                                      ranks=list(lay.ranks), sharding_spec=spec)
+                                      ranks=list(lay.ranks), sharding_spec=spec, cache_params=cache)
     return out
 
 
@@ -221,6 +242,7 @@ def to_torchrec(plan: Plan, local_size: int | None = None, device: str | None = 
     layouts = torchrec_layout(plan, local_size)
     dev = _device_name(device or plan.topology.device)
     constraints = {t.name: ParameterConstraints(sharding_types=[layouts[t.name].sharding_type],
+                                                compute_kernels=[layouts[t.name].compute_kernel],
                                                 pooling_factors=[float(t.pooling_factor)]) for t in plan.tables}
     return constraints, EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, local_size_of(plan, local_size)))
 
@@ -242,7 +264,8 @@ def to_torchrec_json(plan: Plan, local_size: int | None = None) -> dict:
     for t in plan.tables:
         lay = layouts[t.name]
         out["parameters"][t.name] = {
-            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel, "ranks": lay.ranks,
+            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel,
+            "cache_load_factor": lay.cache_load_factor, "ranks": lay.ranks,
             "constraints": {"sharding_types": [lay.sharding_type], "pooling_factors": [t.pooling_factor]},
             "shards": None if lay.shards is None else [
                 {"shard_offsets": [ro, co], "shard_sizes": [rows, cols], "rank": r} for ro, rows, co, cols, r in lay.shards],
@@ -255,14 +278,69 @@ def _layouts_from_json(doc: dict, source: str) -> dict[str, Layout]:
         return {name: Layout(p["sharding_type"], p["compute_kernel"], [int(r) for r in p["ranks"]],
                              None if p["shards"] is None else [
                                  (int(s["shard_offsets"][0]), int(s["shard_sizes"][0]), int(s["shard_offsets"][1]),
-                                  int(s["shard_sizes"][1]), int(s["rank"])) for s in p["shards"]])
+                                  int(s["shard_sizes"][1]), int(s["rank"])) for s in p["shards"]],
+                             None if p.get("cache_load_factor") is None else float(p["cache_load_factor"]))
                 for name, p in doc["parameters"].items()}
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
                         field="parameters") from None
 
 
-def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None):
+def validate_in_torchrec(plan: Plan, local_size: int | None = None) -> None:
+    """TorchRec's own checks of the plan's ParameterShardings: ``validate_compute_kernels`` (known
+    kernel, dense only for data-parallel, a cache load factor in (0, 1) for caching kernels,
+    non-negative storage) on the ShardingOptions they describe, and ``validate_rank_assignment`` on
+    the ShardingPlan; a violation is a SpecError carrying TorchRec's message. What cannot run on
+    this CPU (UVM caching) is checked this way here, and on a GPU by experiments/gpu_checks.py."""
+    _require()
+    import torch
+    from torchrec.distributed.planner import Topology as TRTopology
+    from torchrec.distributed.planner.planners import validate_compute_kernels, validate_rank_assignment
+    from torchrec.distributed.planner.types import PlannerError, ShardingOption
+    from torchrec.distributed.planner.types import Shard as TRShard
+    from torchrec.distributed.planner.types import Storage as TRStorage
+    from torchrec.distributed.types import ShardingPlan
+
+    from sharding.kernels import KernelChoice, hbm_bytes
+
+    layouts = torchrec_layout(plan, local_size)
+    L = local_size_of(plan, local_size)
+    dev = _device_name(plan.topology.device)
+    pss = _parameter_shardings(layouts, dev, L)
+    options = []
+    for t in plan.tables:
+        ps, lay = pss[t.name], layouts[t.name]
+        k = (plan.kernels or {}).get(t.name) or KernelChoice(compute_kernel="dense" if lay.compute_kernel == "dense"
+                                                            else "fused")
+        pieces = lay.shards or [(0, t.rows, 0, t.dim, r) for r in lay.ranks]
+        shards = []
+        for ro, rows, co, cols, r in pieces:
+            w, o = rows * cols * 4.0, rows * 4.0
+            hbm = hbm_bytes(w, o, k) if k.compute_kernel in ("fused", "fused_uvm", "fused_uvm_caching") else w + o
+            shards.append(TRShard(size=[rows, cols], offset=[ro, co], rank=r,
+                                  storage=TRStorage(hbm=int(hbm), ddr=int(w + o - hbm))))
+        options.append(ShardingOption(name=t.name, tensor=torch.empty((t.rows, t.dim), device="meta"),
+                                      module=("", torch.nn.Module()), input_lengths=[float(t.pooling_factor)],
+                                      batch_size=plan.batch_size, sharding_type=ps.sharding_type,
+                                      partition_by="uniform", compute_kernel=ps.compute_kernel, shards=shards,
+                                      cache_params=ps.cache_params))
+    try:
+        validate_compute_kernels(options)
+        validate_rank_assignment(ShardingPlan({"": EmbeddingModuleShardingPlan_of(pss)}),
+                                 TRTopology(world_size=plan.group_size, compute_device=dev, local_world_size=L))
+    except PlannerError as e:
+        lines = [x.strip(" -") for x in str(e).splitlines() if x.strip()]
+        raise SpecError("TorchRec's validation: " + "; ".join(lines[1:] or lines), field="kernels") from None
+
+
+def EmbeddingModuleShardingPlan_of(pss: dict):
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    return EmbeddingModuleShardingPlan(pss)
+
+
+def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None,
+              world_size: int | None = None, local_world_size: int | None = None):
     """A ``torchrec.distributed.types.ShardingPlan`` for ``DistributedModelParallel(plan=...)``.
 
     ``path``: a cubic plan (``cubic shard plan --out``) or its export (``cubic shard export``).
@@ -270,15 +348,54 @@ def load_plan(path, module_path: str = "", device: str | None = None, local_size
     the collection itself, e.g. "sparse_arch.embedding_bag_collection" in TorchRec's DLRM).
     ``device``: "cuda" or "cpu" (default: the plan's). ``local_size``: ranks per node (default: the
     plan's); it must equal the job's LOCAL_WORLD_SIZE when a table is table-row-wise.
+    ``world_size``/``local_world_size``: the job's (default: torch.distributed's when initialised,
+    else $WORLD_SIZE/$LOCAL_WORLD_SIZE): checked against the plan before TorchRec sees it.
     Raises SpecError (one line) when the plan cannot run under TorchRec as planned.
     """
     from cubic.core.spec import read_structured
 
-    return load_plan_dict(read_structured(path), module_path, device, local_size, source=str(path))
+    return load_plan_dict(read_structured(path), module_path, device, local_size, source=str(path),
+                          world_size=world_size, local_world_size=local_world_size)
+
+
+def job_sizes(world_size: int | None = None, local_world_size: int | None = None) -> tuple[int | None, int | None]:
+    """The running job's (world size, local world size): the arguments, else torch.distributed's
+    world when initialised and $WORLD_SIZE / $LOCAL_WORLD_SIZE (None where nothing says)."""
+    import os
+
+    if world_size is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                world_size = dist.get_world_size()
+        except Exception:  # torch without distributed: fall back to the launcher's variables
+            pass
+    env = {k: os.environ.get(k, "") for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    if world_size is None and env["WORLD_SIZE"].isdigit():
+        world_size = int(env["WORLD_SIZE"])
+    if local_world_size is None and env["LOCAL_WORLD_SIZE"].isdigit():
+        local_world_size = int(env["LOCAL_WORLD_SIZE"])
+    return world_size, local_world_size
+
+
+def check_job(plan_world: int, plan_local: int, layouts: dict[str, Layout], source: str,
+              world_size: int | None = None, local_world_size: int | None = None) -> None:
+    """One line (SpecError) when the job cannot run the plan: another world size, or another local
+    world size while a table is table-row-wise (its rows are split over one node's ranks)."""
+    world, local = job_sizes(world_size, local_world_size)
+    if world is not None and world != plan_world:
+        raise SpecError(f"the plan is for {plan_world} ranks but this job has {world} (WORLD_SIZE); re-plan with "
+                        f"--world-size {world}", source=source, field="world_size")
+    twrw = sorted(n for n, lay in layouts.items() if lay.sharding_type == "table_row_wise")
+    if local is not None and twrw and local != plan_local:
+        raise SpecError(f"table {twrw[0]!r} is table-row-wise over {plan_local} ranks per node but this job has "
+                        f"{local} (LOCAL_WORLD_SIZE); re-plan with --ranks-per-node {local}", source=source,
+                        field="local_world_size")
 
 
 def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, local_size: int | None = None,
-                   source: str = "plan"):
+                   source: str = "plan", world_size: int | None = None, local_world_size: int | None = None):
     """:func:`load_plan` of an already parsed document (a cubic plan or its export)."""
     _require()
     from sharding.types import plan_from_dict
@@ -288,9 +405,16 @@ def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, 
         layouts = _layouts_from_json(doc, source)
         L = local_size or int(doc.get("local_world_size") or doc.get("world_size") or 1)
         dev = _device_name(device or doc.get("device", "cpu"))
+        try:
+            plan_world = int(doc["world_size"]) * int(doc.get("replicas") or 1)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
+                            field="world_size") from None
     else:
         plan = plan_from_dict(doc, source=source)
         layouts = torchrec_layout(plan, local_size)
         L = local_size_of(plan, local_size)
         dev = _device_name(device or plan.topology.device)
+        plan_world = plan.world_size
+    check_job(plan_world, L, layouts, source, world_size, local_world_size)
     return ShardingPlan({module_path: EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, L))})

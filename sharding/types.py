@@ -32,12 +32,18 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cubic.core.units import GIB
+from sharding.kernels import KernelChoice
 from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, Table, Topology, parse_model,
                              read_structured)
 
 # planner names (sharding.planners.make_planner builds them); here so that the CLI can list them
 # without importing torch
-PLANNERS = ("cubic", "torchrec", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+PLANNERS = ("cubic", "torchrec", "greedy", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+
+class PlanDoesNotFit(SpecError):
+    """A planner found no placement of the tables in the memory per rank (a SpecError: one line, exit 2
+    at the CLI); callers recognise out-of-memory by this type, never by the message's text."""
+
 
 PLAN_VERSION = 1
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
@@ -102,6 +108,10 @@ class RankCost(Frozen):
     sync_ms: float = Field(default=0.0, description="data-parallel all-reduce and 2D cross-group sync")
     total_ms: float
     memory_bytes: int = Field(ge=0)
+    fwd_compute_ms: float | None = Field(default=None, description="forward share of compute_ms (when the estimator splits it)")
+    bwd_compute_ms: float | None = Field(default=None, description="backward + optimizer share of compute_ms")
+    input_bytes: float | None = Field(default=None, description="ids the rank receives per step (input all-to-all)")
+    output_bytes: float | None = Field(default=None, description="pooled embeddings the rank sends per step (forward)")
 
 
 class PlanCost(Frozen):
@@ -135,10 +145,24 @@ class Plan(Frozen):
     measured: PlanCost | None = None
     planning_time_s: float = 0.0
     notes: str = ""
+    kernels: dict[str, KernelChoice] = Field(default_factory=dict, description=(
+        "per table, its TorchRec compute kernel when not the default (fused; dense for data-parallel): "
+        "fused_uvm_caching with its cache load factor, or fused_uvm (sharding.kernels)"))
+    comm: dict | None = Field(default=None, description=(
+        "the communication model the planner priced the plan with and where it came from "
+        "(cost_models.comm.CommModel.describe(): kind calibrated|bandwidth, file, machine, this_machine, constants)"))
 
     @model_validator(mode="after")
     def _covers_every_table(self) -> "Plan":
         validate_shards(self.tables, self.shards, self.group_size, self.world_size)
+        names = {t.name for t in self.tables}
+        dp = {s.table for s in self.shards if s.sharding_type == "data_parallel"}
+        for n, k in self.kernels.items():
+            if n not in names:
+                raise ValueError(f"kernel of unknown table {n!r}")
+            if (k.compute_kernel == "dense") != (n in dp):
+                raise ValueError(f"table {n!r}: compute kernel {k.compute_kernel} does not fit its sharding type "
+                                 "(dense is for data-parallel tables only, and they need it)")
         return self
 
     def table(self, name: str) -> Table:
@@ -272,36 +296,101 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     lines = [
         f"plan by {plan.planner} (target {plan.target}): {len(plan.tables)} tables on {plan.group_size} ranks"
         + (f" (x{replicas} replicas, 2D: cluster rank r holds group rank r % {plan.group_size})" if replicas > 1 else "")
-        + f", batch {plan.batch_size}/rank, device {device}" + (f"; costs {cost.source}" if cost else "; no cost"),
+        + f", batch {plan.batch_size}/rank, device {device}"
+        + ("; lookup {0}, communication {1}".format(*cost_labels(plan, cost)) if cost else "; no cost"),
         "",
         "per rank (one training step):",
     ]
     rc = {r.rank: r for r in cost.per_rank} if cost else {}
-    header = ["rank", "shards", "tables", "weights GiB", "optimizer GiB", f"{mem_kind} GiB", f"of {cap * 1e9 / GIB:.3g} GiB",
-              "lookup ms", "all-to-all ms", "sync ms", "total ms"]
+    comp_l, comm_l = cost_labels(plan, cost)
+    split = bool(cost and any(r.fwd_compute_ms is not None for r in cost.per_rank))
+    vols = bool(cost and any(r.input_bytes is not None for r in cost.per_rank))
+    header = (["rank", "shards", "tables", "weights GiB", "optimizer GiB", f"{mem_kind} GiB", f"of {cap * 1e9 / GIB:.3g} GiB",
+               f"lookup ms ({comp_l})"] + (["fwd/bwd ms"] if split else []) + (["input KiB", "output KiB"] if vols else [])
+              + [f"all-to-all ms ({comm_l})", f"sync ms ({comm_l})", "total ms"])
     rows = []
     for r, ss in enumerate(by_rank):
         st = [s.storage() for s in ss]
         wb, ob = sum(x.weights_bytes for x in st), sum(x.optimizer_bytes for x in st)
         c = rc.get(r)
-        times = [f"{c.compute_ms:.3f}", f"{c.comm_ms:.3f}", f"{c.sync_ms:.3f}", f"{c.total_ms:.3f}"] if c else ["-"] * 4
+        times = [f"{c.compute_ms:.3f}"] if c else ["-"]
+        if split:
+            times.append(f"{c.fwd_compute_ms:.3f}/{c.bwd_compute_ms:.3f}" if c and c.fwd_compute_ms is not None else "-")
+        if vols:
+            times += [f"{c.input_bytes / 1024:.1f}", f"{c.output_bytes / 1024:.1f}"] if c else ["-", "-"]
+        times += [f"{c.comm_ms:.3f}", f"{c.sync_ms:.3f}", f"{c.total_ms:.3f}"] if c else ["-"] * 3
         rows.append([str(r), str(len(ss)), str(len({s.table for s in ss})), f"{wb / GIB:.4f}", f"{ob / GIB:.4f}",
                      f"{(wb + ob) / GIB:.4f}", f"{(wb + ob) / 1e9 / cap:.1%}", *times])
     lines += _aligned(header, rows, right=set(range(len(header))))
     if cost:
         slow = max(cost.per_rank, key=lambda x: x.total_ms).rank if cost.per_rank else 0
-        lb = f"; lower bound {cost.lower_bound_ms:.3f} ms" if cost.lower_bound_ms else ""
+        lb = (f"; lower bound {cost.lower_bound_ms:.3f} ms ({cost.details.get('lower_bound', 'same models')})"
+              if cost.lower_bound_ms else "")
         lines.append(f"plan cost (the slowest rank, {slow}): {cost.max_ms:.3f} ms per step; mean {cost.mean_ms:.3f} ms{lb}")
+        lines.append("imbalance (max / mean over ranks, as TorchRec's planner stats): " + ", ".join(
+            f"{k} {_imbalance(v):.3f}" for k, v in (("total", [r.total_ms for r in cost.per_rank]),
+                                                    ("lookup", [r.compute_ms for r in cost.per_rank]),
+                                                    ("memory", plan.memory_per_rank()))))
     lines += ["", "per table:"]
     shards: dict[str, list[Shard]] = {}
     for s in plan.shards:
         shards.setdefault(s.table, []).append(s)
-    header = ["table", "rows", "dim", "pooling", "sharding type", "ranks", "pieces (rank: rows/cols it holds)"]
+    header = ["table", "rows", "dim", "pooling", "sharding type", "compute kernel", "ranks",
+              "pieces (rank: rows/cols it holds)"]
     rows = [[t.name, str(t.rows), str(t.dim), f"{t.pooling_factor:g}", SHARDING_TYPE_NAMES[shards[t.name][0].sharding_type],
-             _rank_ranges([s.rank for s in shards[t.name]]), _pieces(t, shards[t.name])] for t in plan.tables]
+             compute_kernel(plan, t.name), _rank_ranges([s.rank for s in shards[t.name]]), _pieces(t, shards[t.name])]
+            for t in plan.tables]
     lines += _aligned(header, rows, right={1, 2, 3})
     lines += ["", "legend:"] + _legend(plan, cost, mem_kind, gpu)
     return "\n".join(lines)
+
+
+def cost_labels(plan: Plan, cost: PlanCost | None) -> tuple[str, str]:
+    """(lookup, communication) provenance for column headers: measured or modelled, and for which
+    device. Communication is modelled for every plan (never measured per plan)."""
+    if cost is None:
+        return "no cost", "no cost"
+    dev = cost.details.get("device") or plan.topology.device
+    where = "this cpu" if cost.source == "measured" and dev == "cpu" else dev
+    return f"{cost.source}, {where}", f"modelled, {dev}"
+
+
+def compute_kernel(plan: Plan, table: str) -> str:
+    """TorchRec's compute kernel for a table of the plan: ``dense`` for data-parallel tables, else
+    ``fused`` (FBGEMM's table-batched embedding with the fused optimizer, weights in HBM/DRAM)."""
+    if table in plan.kernels:
+        k = plan.kernels[table]
+        return k.compute_kernel + (f" (load factor {k.cache_load_factor:g}, hit {k.hit_rate:.0%})"
+                                   if k.cache_load_factor is not None and k.hit_rate is not None else "")
+    kinds = {s.sharding_type for s in plan.shards if s.table == table}
+    return "dense" if kinds == {"data_parallel"} else "fused"
+
+
+def _imbalance(values) -> float:
+    v = [float(x) for x in values]
+    mean = sum(v) / len(v) if v else 0.0
+    return max(v) / mean if mean > 0 else 1.0
+
+
+def comm_line(comm: dict | str | None) -> str:
+    """One line naming a recorded communication model (Plan.comm / PlanCost.details["comm"]); a
+    calibration from another machine is named so."""
+    if not isinstance(comm, dict):
+        return f"alpha-beta model ({comm or 'unrecorded'})"
+    if comm.get("kind") == "calibrated":
+        mape = comm.get("fit_mape")
+        line = (f"alpha-beta model fitted to gloo all-to-alls measured on {comm.get('machine')} ({comm.get('cores')} "
+                f"cores, {comm.get('measured_at')}" + (f", fit error {mape:.0%}" if isinstance(mape, (int, float)) else "")
+                + f"; {comm.get('file')})")
+        if not comm.get("this_machine"):
+            line = (f"FROM ANOTHER MACHINE: {line}: {comm.get('foreign_reason')}; `cubic shard calibrate-comm` "
+                    "measures this one")
+        return line + (f"; inter-node {comm['inter_node']}" if comm.get("inter_node") else "")
+    if comm.get("kind") == "bandwidth":
+        return (f"bandwidth model: {comm['intra_node_bw_gbps']:g} GB/s + {comm['intra_node_latency_us']:g} us per "
+                f"all-to-all inside a node, {comm['inter_node_bw_gbps']:g} GB/s + {comm['inter_node_latency_us']:g} us "
+                f"between nodes ({comm.get('ranks_per_node')} ranks per node; latencies from {comm.get('latencies_from')})")
+    return f"alpha-beta model ({comm.get('kind', 'unrecorded')})"
 
 
 def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list[str]:
@@ -313,10 +402,7 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         compute_src = d.get("compute") or (f"{cost.source} for {device}")
         if cost.source == "measured" and "measured" not in compute_src:
             compute_src = f"measured: {compute_src}"
-        comm = str(d.get("comm", "modelled"))
-        comm_src = ("MODELLED for every plan: alpha-beta model " + (
-            "fitted to measured gloo all-to-alls on this CPU" if comm.startswith("calibrated")
-            else "from the topology's bandwidths") + f" ({comm}); never measured per plan")
+        comm_src = f"MODELLED for every plan, never measured per plan: {comm_line(d.get('comm') or plan.comm)}"
     kernel_batch = plan.group_size * plan.batch_size
     out = [
         f"  rank: a rank of one model-parallel group of {plan.group_size}"
@@ -331,10 +417,21 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         f"kernel at the group's batch ({kernel_batch} examples: the ids arrive by all-to-all), plus data-parallel "
         f"tables at the rank's own batch; {compute_src}",
         f"  all-to-all ms (communication): forward (ids out, pooled embeddings back) and backward (gradients) all-to-all; {comm_src}",
-        f"  sync ms (communication): data-parallel gradient all-reduce and 2D cross-group sync; {comm_src.split(';')[0]}",
+        "  sync ms (communication): data-parallel gradient all-reduce and 2D cross-group sync; the same model as "
+        "the all-to-all",
         "  total ms = lookup + all-to-all + sync; the plan's cost is the slowest rank's total",
-        "  lower bound: max(all tables' cost / ranks, the largest indivisible piece) + a balanced all-to-all "
-        "(the same models; approximate)",
+        "  fwd/bwd ms: the lookup's forward and backward (+ fused optimizer) parts (measured estimators only); "
+        "input KiB: ids the rank receives per step; output KiB: pooled embeddings it sends per step (forward; the "
+        "backward sends as many gradient bytes back)",
+        "  compute kernel: TorchRec's (fused: FBGEMM table-batched embedding, fused optimizer, weights in "
+        f"{mem_kind}; fused_uvm_caching: weights in host memory, the hottest load-factor share of rows cached in "
+        "HBM, hit rate MODELLED from the table's Zipf access; fused_uvm: weights in host memory; dense: a "
+        "data-parallel table's torch embedding); on a modelled GPU the misses' PCIe time is added to lookup ms "
+        "(MODELLED, sharding.kernels)",
+        "  imbalance: max / mean over ranks (1.000 = perfectly balanced)",
+        "  lower bound: max(all tables' cost / ranks, the largest indivisible piece) + a balanced all-to-all; a "
+        "function of the tables and the topology only (the modelled estimator for the device, not this plan's "
+        "measurements); approximate, not a proof",
         "  pooling: mean ids per example (pooling factor); pieces: rows/cols ranges, inclusive, each piece's rank",
         "  sharding types:",
         *(f"    {k}: {v}" for k, v in SHARDING_TYPE_HELP.items()),
@@ -344,6 +441,6 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
 
 __all__ = [
     "PLAN_VERSION", "SHARDING_TYPES", "COLUMN_MULTIPLE", "Storage", "Shard", "ShardSpec", "ShardingOption",
-    "RankCost", "PlanCost", "Plan", "validate_shards", "load_plan", "plan_from_dict", "format_plan", "SpecError",
+    "RankCost", "PlanCost", "Plan", "PlanDoesNotFit", "validate_shards", "load_plan", "plan_from_dict", "format_plan", "SpecError",
     "SHARDING_TYPE_NAMES",
 ]

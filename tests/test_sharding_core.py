@@ -85,7 +85,7 @@ def test_comm_model_volumes_and_unique_rows():
     assert expected_unique_rows(100, 0.0, 10_000) == pytest.approx(100, rel=1e-3)
     topo = Topology(world_size=16, ranks_per_node=8, device="h100")
     mm = CommModel.from_topology(topo)
-    assert mm.source == "modelled" and mm.beta(15) > mm.beta(7)  # off-node peers are slower
+    assert mm.source == "bandwidth" and mm.beta(15) > mm.beta(7)  # off-node peers are slower
 
 
 def test_rank_features_are_not_a_plain_sum_of_singles():

@@ -41,3 +41,38 @@ def test_no_idle_ranks_when_a_split_helps(est):
     assert len(busy) > 2, plan.notes
     tw = make_planner("size_greedy", estimator=est, target="torchrec").plan(tables, topo, 256)
     assert plan.predicted.max_ms < tw.predicted.max_ms
+
+
+REGIMES = {
+    "gloo-calibrated": {"comm_model": "calibrated"},
+    "10GB/s": {"comm_model": "bandwidth", "intra_node_bw_gbps": 10.0, "inter_node_bw_gbps": 10.0,
+               "intra_node_latency_us": 20.0, "inter_node_latency_us": 20.0},
+    "gpu-like": {"comm_model": "bandwidth", "intra_node_bw_gbps": 200.0, "inter_node_bw_gbps": 12.5,
+                 "intra_node_latency_us": 3.0, "inter_node_latency_us": 10.0},
+}
+
+
+class LookupBytesEstimator(LearnedEstimator):
+    """Another estimator (the guarantee must hold for whatever model the planner is given)."""
+
+    def __init__(self):
+        super().__init__(model=self)
+
+    def predict(self, X):
+        import numpy as np
+
+        X = np.atleast_2d(X)
+        return 0.05 * (X[:, 0] > 0) + 2e-8 * X[:, 2] + 1e-9 * X[:, 4]
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+@pytest.mark.parametrize("seed,n,world,per_node", [(21, 25, 4, 4), (22, 40, 16, 8)])
+def test_portfolio_guarantee_in_every_regime_and_for_any_estimator(est, regime, seed, n, world, per_node):
+    tables = generate_tables(n, seed=seed)
+    topo = topo_for(tables, world, per_node).model_copy(update=REGIMES[regime])
+    for e in (est, LookupBytesEstimator()):
+        cubic = make_planner("cubic", estimator=e, target="torchrec", time_budget_s=0.2).plan(tables, topo, 128)
+        best_h = min(make_planner(k, estimator=e, target="torchrec").plan(tables, topo, 128).predicted.max_ms
+                     for k in PORTFOLIO)
+        assert "random" in PORTFOLIO and cubic.predicted.max_ms <= best_h * (1 + 1e-9), (regime, cubic.notes)
+        assert cubic.comm["kind"] == REGIMES[regime]["comm_model"]

@@ -190,3 +190,25 @@ def test_cli_evaluate_with_torchrec_backend(tmp_path, capsys):
     assert main(["shard", "evaluate", str(out), "--backend", "torchrec", "--steps", "3", "--warmup", "1"]) == 0
     text = capsys.readouterr().out
     assert "measured on this CPU, 2 gloo processes" in text and "embedding_fwd" in text and "modelled" in text
+
+
+@needs_torchrec
+def test_load_plan_checks_the_jobs_world_and_local_size(tmp_path, monkeypatch):
+    """A 4-rank plan in a 2-process job: one line naming WORLD_SIZE before TorchRec sees it (it used
+    to crash inside tw_sharding.py); a table-row-wise plan in a job with another LOCAL_WORLD_SIZE too."""
+    from sharding.torchrec_adapter import load_plan
+
+    path = every_type_plan().save(tmp_path / "plan.json")
+    assert main(["shard", "export", str(path), "--out", str(tmp_path / "tr.json")]) == 0
+    for src in (path, tmp_path / "tr.json"):
+        with pytest.raises(SpecError, match=r"for 4 ranks but this job has 2 \(WORLD_SIZE\)") as e:
+            load_plan(src, world_size=2)
+        assert len(str(e.value).splitlines()) == 1 and str(src) in str(e.value)
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # the plan's table-row-wise table spans nodes of 2
+        with pytest.raises(SpecError, match="'twrw' is table-row-wise over 2 ranks per node but this job has 4"):
+            load_plan(src)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert load_plan(src).plan[""]["twrw"].ranks == [2, 3]
+        monkeypatch.delenv("WORLD_SIZE")
+        monkeypatch.delenv("LOCAL_WORLD_SIZE")

@@ -39,6 +39,53 @@ def _estimator(path: str | None, device: str | None = None):
     return est
 
 
+COMM_FLAGS = {"intra_node_bw_gbps": "--intra-node-bw-gbps", "inter_node_bw_gbps": "--inter-node-bw-gbps",
+              "intra_node_latency_us": "--intra-node-latency-us", "inter_node_latency_us": "--inter-node-latency-us"}
+
+
+def _comm_flags(args) -> dict:
+    """The interconnect the user typed: bandwidth/latency flags select the bandwidth model (on every
+    device, cpu included) unless --comm-model says otherwise; --comm-calibration a calibration file."""
+    out = {k: getattr(args, k, None) for k in COMM_FLAGS}
+    for k, flag in COMM_FLAGS.items():
+        if out[k] is not None and not (0 < out[k] < 1e6 or (out[k] == 0 and "latency" in k)):
+            raise SpecError(f"{flag} must be positive (got {out[k]:g})", field=flag)
+    model = getattr(args, "comm_model", None)
+    cal = getattr(args, "comm_calibration", None)
+    if cal is not None:
+        if not Path(cal).is_file():
+            raise SpecError("no such calibration file (write one with `cubic shard calibrate-comm`)",
+                            field="--comm-calibration", source=cal)
+        model = model or "calibrated"
+        out["comm_calibration"] = str(Path(cal).resolve())
+    if model is None and any(out[k] is not None for k in COMM_FLAGS):
+        model = "bandwidth"
+    out["comm_model"] = model
+    return out
+
+
+def _with_tiers(plan, hbm_gb: float):
+    """Memory tiers per table (sharding.kernels.assign_kernels): the plan placed under
+    --memory-gb (HBM + host), tables of an over-full rank moved to UVM caching / UVM so each rank's
+    HBM use fits --hbm-gb."""
+    from sharding.kernels import assign_kernels
+
+    if not 0 < hbm_gb < 1e6:
+        raise SpecError(f"--hbm-gb must be positive (got {hbm_gb:g})", field="--hbm-gb")
+    try:
+        kernels = assign_kernels(plan, hbm_gb * 1e9)
+    except ValueError as e:
+        raise SpecError(str(e), field="--hbm-gb") from None
+    tiered = plan.model_copy(update={"kernels": kernels})
+    if plan.predicted is not None and isinstance(getattr(plan, "comm", None), dict):
+        from cost_models.comm import CommModel
+        from sharding.planners import with_prediction
+
+        tiered = with_prediction(tiered.model_copy(update={"predicted": None}), _estimator(None, plan.topology.device),
+                                 CommModel.from_topology(plan.topology))
+    return tiered
+
+
 def cmd_plan(args) -> int:
     from cubic.core.units import GB, GIB
     from sharding.inputs import load_tables, topology_for
@@ -47,12 +94,14 @@ def cmd_plan(args) -> int:
 
     tables, wl = load_tables(args.tables)
     memory_gb = args.memory_gib * GIB / GB if args.memory_gib is not None else args.memory_gb
-    topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device)
+    topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
     batch = args.batch_size or (wl.batch_size if wl else 512)
     kw = {"time_budget_s": args.time_budget} if args.planner == "cubic" else {}
     est = _estimator(args.model, topo.device)
     planner = make_planner(args.planner, seed=args.seed, estimator=est, target=args.target, **kw)
     plan = planner.plan(tables, topo, batch, args.group_size)
+    if args.hbm_gb is not None:
+        plan = _with_tiers(plan, args.hbm_gb)
     if getattr(est, "warning", None):
         print(f"warning: {est.warning}", file=sys.stderr)
     if args.out:
@@ -80,6 +129,8 @@ def _evaluate_torchrec(args) -> int:
     cfg = Config(sharding=ShardingChoice(plan=plan.model_dump(mode="json")), seed=args.seed)
     res = TorchRecRunner(world_size=W, local_size=args.local_size).run(wl, cfg, steps=args.steps,
                                                                         warmup=min(args.warmup, args.steps - 1))
+    over = oversubscription(W)
+    res = res.model_copy(update={"extra": {**res.extra, "oversubscription": over}})
     if args.json:
         print(res.model_dump_json(indent=1))
     elif res.ok:
@@ -90,28 +141,54 @@ def _evaluate_torchrec(args) -> int:
               + ", ".join(f"{x:.1f}" for x in res.extra["per_rank_step_ms"]) + ")")
         print("  phases: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ph.items()))
         print(f"  loss {m['loss_start']:.4f} -> {m['loss_end']:.4f}")
+        print(f"  {over['line']}")
         if plan.predicted:
             dev = plan.topology.device
-            print(f"cubic's estimate ({plan.predicted.source}, {dev}, embedding kernels + all-to-all only): "
-                  f"max {plan.predicted.max_ms:.2f} ms per step")
+            print(f"cubic's estimate ({plan.predicted.source}, {dev}, embedding kernels + all-to-all only, one "
+                  f"uncontended core per rank): max {plan.predicted.max_ms:.2f} ms per step"
+                  + (f"; the measured step is on {over['processes']} processes sharing {over['cores']} cores, "
+                     "so it is not comparable" if over["factor"] > 1 else ""))
     if not res.ok:
         print(f"torchrec run failed ({res.failure_kind}): {res.reason}", file=sys.stderr)
         return 1
     return 0
 
 
+def oversubscription(processes: int) -> dict:
+    """Processes vs the cores this process may run on, with the line printed beside measured figures."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    factor = processes / cores
+    line = (f"{processes} processes on {cores} cores" + (f" (load {load:.1f})" if load is not None else "")
+            + (f": OVERSUBSCRIBED {factor:.1f}x, each rank gets ~1/{factor:.1f} of a core, so the step time is "
+               "inflated by CPU contention" if factor > 1 else ": one core per process at least"))
+    return {"processes": processes, "cores": cores, "factor": factor, "loadavg_1m": load, "line": line}
+
+
 def cmd_evaluate(args) -> int:
     if args.backend == "torchrec":
         return _evaluate_torchrec(args)
     from cost_models.comm import CommModel
-    from sharding.estimate import MeasuredEstimator, plan_cost
+    from sharding.estimate import MeasuredEstimator, plan_cost, table_lower_bound
     from sharding.measure import MeasurementCache
     from sharding.types import format_plan, load_plan
 
     plan = load_plan(args.plan)
     _check_measurable(plan, args.plan)
     cache = MeasurementCache(repeats=args.repeats)
-    cost = plan_cost(plan, MeasuredEstimator(cache), CommModel.from_topology(plan.topology), lower_bound=True)
+    comm = CommModel.from_topology(plan.topology)
+    cost = plan_cost(plan, MeasuredEstimator(cache), comm)
+    # the lower bound is a function of the tables and the topology only: the device's modelled
+    # estimator (never this plan's noisy measurements, which made it move with the plan)
+    lb_est = _estimator(None, plan.topology.device)
+    lb = table_lower_bound(plan.tables, plan.group_size, plan.batch_size, lb_est, comm)
+    cost = cost.model_copy(update={"lower_bound_ms": lb, "details": {
+        **cost.details, "lower_bound": f"modelled: {lb_est.describe()}; comm as the columns"}})
     plan = plan.model_copy(update={"measured": cost})
     if args.out:
         plan.save(args.out)
@@ -119,9 +196,13 @@ def cmd_evaluate(args) -> int:
         print(cost.model_dump_json(indent=1))
     else:
         print(sanitize(format_plan(plan, cost)))
+        slow = max(cost.per_rank, key=lambda r: r.total_ms)
+        print(f"of the slowest rank's {slow.total_ms:.2f} ms, {slow.compute_ms:.2f} ms lookup is MEASURED on this cpu "
+              f"and {slow.comm_ms + slow.sync_ms:.2f} ms communication is MODELLED ({comm.source})")
         if plan.predicted:
             err = (plan.predicted.max_ms - cost.max_ms) / cost.max_ms
-            print(f"predicted max {plan.predicted.max_ms:.2f} ms vs measured {cost.max_ms:.2f} ms ({err:+.1%})")
+            print(f"predicted max {plan.predicted.max_ms:.2f} ms (modelled) vs {cost.max_ms:.2f} ms (measured lookup + "
+                  f"modelled communication) ({err:+.1%})")
     return 0
 
 
@@ -210,11 +291,15 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from cost_models.comm import CALIBRATION_PATH, calibrate
+    from cost_models.comm import calibrate, user_calibration_path
 
-    out = args.out or CALIBRATION_PATH
+    out = args.out or user_calibration_path()
     doc = calibrate(repeats=args.repeats, path=out)
-    print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"]}, indent=1))
+    print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"],
+                      "machine": doc["fingerprint"].get("cpu_model"), "fingerprint_hash": doc["fingerprint_hash"],
+                      "loadavg_1m": doc["loadavg_1m"]}, indent=1))
+    print("`cubic shard plan` on cpu now prices all-to-alls with it (a plan records the file and its machine)",
+          file=sys.stderr)
     return 0
 
 
@@ -241,6 +326,19 @@ def register(subparsers) -> None:
     pl.add_argument("--ranks-per-node", type=_positive_int, default=None)
     pl.add_argument("--device", default=None, help="cpu (learned CPU kernel model, calibrated comm) or a modelled GPU "
                     "(h100, h200, a100: HBM lookup model, comm from the topology bandwidths)")
+    net = pl.add_argument_group("interconnect (default: the workload's topology; on cpu the calibration of "
+                                "`cubic shard calibrate-comm` when there is one)")
+    net.add_argument("--intra-node-bw-gbps", type=float, default=None, help="per-rank bandwidth inside a node, GB/s")
+    net.add_argument("--inter-node-bw-gbps", type=float, default=None, help="per-rank bandwidth between nodes, GB/s")
+    net.add_argument("--intra-node-latency-us", type=float, default=None, help="per all-to-all inside a node, us")
+    net.add_argument("--inter-node-latency-us", type=float, default=None, help="per all-to-all between nodes, us")
+    net.add_argument("--comm-model", default=None, choices=("auto", "bandwidth", "calibrated"),
+                     help="bandwidth: the flags/topology above; calibrated: a calibration file (default when "
+                          "--comm-calibration is given); a bandwidth/latency flag alone means bandwidth")
+    net.add_argument("--comm-calibration", default=None, help="a `cubic shard calibrate-comm` file")
+    pl.add_argument("--hbm-gb", type=float, default=None,
+                    help="HBM per rank, decimal GB: tables of a rank past it get TorchRec's UVM caching (cache "
+                         "load factor from their access distribution) or UVM kernels; --memory-gb is then HBM + host")
     pl.add_argument("--planner", default="cubic", choices=PLANNERS)
     pl.add_argument("--target", default="torchrec", choices=("torchrec", "any"),
                     help="torchrec (default): only shard shapes TorchRec executes as planned (`shard export`); "
@@ -294,5 +392,6 @@ def register(subparsers) -> None:
 
     ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
     ca.add_argument("--repeats", type=int, default=10)
-    ca.add_argument("--out", default=None)
+    ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
+                    "which `shard plan` then prefers to the packaged one")
     ca.set_defaults(func=cmd_calibrate)

@@ -85,3 +85,26 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
 
 def fingerprint_hash(fp: dict[str, Any]) -> str:
     return stable_hash(fp)
+
+
+MACHINE_KEYS = ("machine", "cpu_model", "cpu_count")  # what makes a CPU measurement another machine's
+
+
+def machine_differences(recorded: dict[str, Any] | None) -> list[str]:
+    """The fingerprint keys (``MACHINE_KEYS``) on which ``recorded`` differs from this machine's CPU
+    ([] when it was recorded here; every key when nothing was recorded)."""
+    if not recorded:
+        return list(MACHINE_KEYS)
+    here = fingerprint("cpu")
+    return [k for k in MACHINE_KEYS if recorded.get(k) != here.get(k)]
+
+
+def user_data_dir() -> "os.PathLike[str]":
+    """Where cubic writes what it fits on the user's machine (never the installed package):
+    $CUBIC_HOME, else $XDG_DATA_HOME/cubic, else ~/.local/share/cubic."""
+    from pathlib import Path
+
+    if os.environ.get("CUBIC_HOME"):
+        return Path(os.environ["CUBIC_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "cubic"

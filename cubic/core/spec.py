@@ -166,6 +166,16 @@ class Topology(Frozen):
     intra_node_bw_gbps: float = Field(default=450.0, gt=0.0, description="per-rank, e.g. NVLink")
     inter_node_bw_gbps: float = Field(default=50.0, gt=0.0, description="per-rank, e.g. RDMA NIC")
     device: str = Field(default="cpu", description="cpu, cuda, or a modelled device such as h100")
+    # the interconnect the plan is for (cost_models.comm.CommModel.from_topology reads these)
+    intra_node_latency_us: float | None = Field(default=None, ge=0.0, le=1e6,
+                                                description="per all-to-all inside a node (default: the device's)")
+    inter_node_latency_us: float | None = Field(default=None, ge=0.0, le=1e6,
+                                                description="per all-to-all between nodes (default: the device's)")
+    comm_model: Literal["auto", "bandwidth", "calibrated"] = Field(
+        default="auto", description="bandwidth: the bandwidths and latencies above; calibrated: a `cubic shard "
+        "calibrate-comm` file; auto: calibrated on cpu when a calibration exists, else bandwidth")
+    comm_calibration: str | None = Field(default=None, max_length=4096,
+                                         description="calibration file (default: the user's, else the packaged one)")
 
     @property
     def memory_per_rank_bytes(self) -> int:

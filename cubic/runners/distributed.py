@@ -299,17 +299,11 @@ def check_plan(workload: Workload, plan: Plan, world: int) -> str | None:
 
 
 def make_plan(workload: Workload, config: Config, world: int) -> Plan:
-    """``config.sharding.plan``, or the plan ``config.sharding.planner`` (default
-    :data:`DEFAULT_PLANNER`) makes for ``world`` ranks on one node."""
-    from sharding.inputs import topology_for
-    from sharding.registry import make_planner
+    """The plan the config runs with on ``world`` ranks of one node (the one plan path:
+    ``sharding.from_config.plan_for``; ``planner: none`` is its default planner)."""
+    from sharding.from_config import plan_for
 
-    if config.sharding.plan:
-        return plan_from_dict(config.sharding.plan, source="config.sharding.plan")
-    name = config.sharding.planner if config.sharding.planner not in ("none", "") else DEFAULT_PLANNER
-    w = config.apply(workload)
-    topo = topology_for(world, None, w, ranks_per_node=world)
-    return make_planner(name).plan(w.tables, topo, w.batch_size)
+    return plan_for(workload, config, world)
 
 
 # -- the worker every rank runs -------------------------------------------------------------------

@@ -29,7 +29,7 @@ from cubic.core.units import GB, gib
 
 from cubic.runners.local import Runner
 
-STEP_MODEL_VERSION = 1  # bump when the step model's physics change: simulated trials are keyed by it
+STEP_MODEL_VERSION = 2  # 2: plans from sharding.from_config (greedy planner, one comm model); bump when the step model's physics change: simulated trials are keyed by it
 SIM_NOTE = ("SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated (the NE cost of 2D "
             "vs full sharding is taken from measured runs: extra.assumed_quality)")
 _SPEC = re.compile(r"^(?P<cluster>.+?)x(?P<gpus>\d+)$")
@@ -70,7 +70,7 @@ def _quality_table_hash() -> str:
 
 def default_config() -> Config:
     """The config of a simulated run when none is given: bf16 dense GEMMs (what H100/H200 users train
-    with), the simulator's own planner, the workload's batch. The one definition: ``cubic run
+    with), the default planner of the one plan path (``greedy``), the workload's batch. The one definition: ``cubic run
     --simulate``, ``cubic sim predict|scale`` and a simulated campaign's base config all use it, so
     the same workload and cluster predict the same figures everywhere."""
     return Config(kernels={"dense_dtype": "bf16"})

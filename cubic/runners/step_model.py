@@ -32,10 +32,9 @@ imbalance of the sharding plan shows up directly.
 
 Sharding: an explicit plan document in ``Config.sharding.plan`` (a full ``sharding.types.Plan``,
 read by ``sharding.types.plan_from_dict`` as ``cubic shard export/evaluate`` read it) is used as
-given; a ``Config.sharding.planner`` named in ``sharding.planners`` (e.g. ``cubic``,
-``lookup_greedy``) plans for the cluster; ``none``/``sim`` use the model's own simple greedy planner (:func:`greedy_plan`: table-wise, split column-wise or
-row-wise when a table's cost -- lookups, all-to-all traffic, amortized replica sync -- exceeds the
-per-rank target or its bytes exceed the memory budget, then longest-processing-time placement). ``Config.sharding.group_size`` = G < world_size is 2D sparse
+given; otherwise the one plan path (``sharding.from_config.plan_for``) plans for the cluster with
+the planner the config names (``none`` = the registered ``greedy`` planner of ``sharding.greedy``),
+priced with the device's HBM lookup model and the cluster's bandwidths. ``Config.sharding.group_size`` = G < world_size is 2D sparse
 parallelism (model-parallel groups of G ranks, embeddings replicated world_size/G times).
 
 Not modelled: network congestion/incast and non-full-bisection fabrics, stragglers and jitter,
@@ -46,7 +45,6 @@ simulator reports the MEASURED NE cost of a 2D sync choice from cost_models.two_
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,12 +59,11 @@ from cost_models.hardware import ClusterSpec, DeviceSpec
 from cubic.core.config import Config
 from cubic.core.units import GIB
 from cubic.core.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, stable_hash
-from sharding.types import Plan, Shard, plan_from_dict
+from sharding.types import Plan, plan_from_dict
 
 ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
 LENGTH_BYTES = 4  # int32 lengths per (example, table)
 EMB_BYTES = 4  # fp32 embedding weights and pooled outputs/gradients (FBGEMM TBE default)
-MIN_CW_COLS = 16  # smallest column-wise shard modelled (64-byte rows; narrower wastes sectors)
 
 # public sources (or stated assumptions) of the model's own constants; the hardware figures are in
 # cost_models/hardware.py and the GEMM model's in cost_models/gpu_gemm.py
@@ -339,129 +336,6 @@ def _shard_time_s(t: Table, rows: float, cols: float, n_ids: float, out_rows: fl
                          l2_bw_ratio=params.l2_bw_ratio, sort_passes=params.sort_passes, sgd=sgd)
 
 
-def _shard_cost_s(t: Table, rows: float, cols: float, share: float, kind: str, G: int, batch: int,
-                  device: DeviceSpec, link_bw: float, params: StepModelParams, sync_s_per_byte: float = 0.0) -> float:
-    """Planner's per-step cost of one shard on its rank: lookups (no cache), its all-to-all traffic and
-    (2D with weight averaging) its amortized replica sync.
-
-    Column-wise pieces send their columns and receive every id; row-wise pieces receive their share
-    of ids but send partial sums of the full width for every example of the group.
-    """
-    n = batch * G * t.pooling_factor * share
-    compute = sum(_shard_time_s(t, rows, cols, n, batch * G, 0.0, min(n, rows), device, params, False))
-    out_cols = t.dim if kind in ("row_wise", "table_row_wise") else cols
-    peers = G - 1
-    comm = (2 * batch * peers * out_cols * EMB_BYTES + batch * peers * t.pooling_factor * share * ID_BYTES) / link_bw
-    return compute + comm + sync_s_per_byte * rows * (cols + 1) * EMB_BYTES
-
-
-def greedy_plan(workload: Workload, group_size: int, batch: int, cluster: ClusterSpec, mem_budget: float,
-                params: StepModelParams = DEFAULT_PARAMS, replicas: int = 1) -> list[ShardLoad]:
-    """The simulator's own simple planner; raises MemoryError when the tables cannot fit the group.
-
-    Each table is one table-wise shard unless its cost (lookups + its all-to-all traffic + amortized
-    replica sync) exceeds the per-rank target ``total / G`` -- then it is split column-wise (down to
-    16-column pieces) or row-wise, whichever gives the cheaper pieces -- or its bytes exceed the
-    memory budget. Shards are placed
-    longest-first on the least-loaded rank with room (LPT); a table that finds no room is split
-    twice as finely and the placement retried.
-    """
-    G = group_size
-    link = (cluster.network_bw * params.net_eff if G > cluster.ranks_per_node
-            else cluster.nvlink_bw * params.nvlink_eff)
-    sync = (2.0 / (cluster.network_bw * params.net_eff) / params.emb_sync_interval
-            if replicas > 1 and params.emb_sync == "weights" else 0.0)
-    min_k: dict[int, int] = {}
-    for _ in range(64):
-        try:
-            return _place(workload, G, batch, cluster.device, link, sync, mem_budget, params, min_k)
-        except _NoRoom as e:
-            if e.k >= G:
-                raise MemoryError(str(e)) from None
-            min_k[e.table] = min(G, 2 * e.k)
-    raise MemoryError("no feasible placement found")  # pragma: no cover
-
-
-class _NoRoom(Exception):
-    def __init__(self, msg: str, table: int, k: int):
-        super().__init__(msg)
-        self.table, self.k = table, k
-
-
-def _place(workload: Workload, G: int, batch: int, device: DeviceSpec, link_bw: float, sync: float,
-           mem_budget: float, params: StepModelParams, min_k: dict[int, int]) -> list[ShardLoad]:
-    def cost_of(t: Table, rows: float, cols: float, share: float, kind: str) -> float:
-        return _shard_cost_s(t, rows, cols, share, kind, G, batch, device, link_bw, params, sync)
-
-    # equal pieces cost about the same: price one representative piece per (kind, k), build the rest later
-    def cw_cost(ti: int, k: int) -> float:
-        t = tables[ti]
-        return cost_of(t, t.rows, -(-t.dim // k), 1.0, "column_wise")
-
-    def rw_cost(ti: int, k: int) -> float:
-        t = tables[ti]
-        rows = -(-t.rows // k)
-        return cost_of(t, rows, t.dim, rows / t.rows, "row_wise")
-
-    def build(ti: int, kind: str, k: int) -> list[ShardLoad]:
-        t = tables[ti]
-        if kind == "column_wise":
-            base, extra = divmod(t.dim, k)
-            return [ShardLoad(ti, kind, -1, t.rows, base + (1 if j < extra else 0), 1.0, k) for j in range(k)]
-        base, extra = divmod(t.rows, k)
-        return [ShardLoad(ti, kind, -1, base + (1 if j < extra else 0), t.dim, (base + (1 if j < extra else 0)) / t.rows, k)
-                for j in range(k)]
-
-    tables = workload.tables
-    full = np.array([cost_of(t, t.rows, t.dim, 1.0, "table_wise") for t in tables])
-    target = full.sum() / G
-    shards: list[ShardLoad] = []
-    costs: list[float] = []
-    for ti, t in enumerate(tables):
-        nbytes = t.rows * t.dim * EMB_BYTES + t.rows * EMB_BYTES
-        k_mem = min(G, max(math.ceil(nbytes / max(mem_budget, 1.0)), min_k.get(ti, 1)))
-        k_need = min(G, max(k_mem, math.ceil(full[ti] / target) if target > 0 else 1))
-        if k_need <= 1:
-            shards.append(ShardLoad(ti, "table_wise", -1, t.rows, t.dim, 1.0))
-            costs.append(full[ti])
-            continue
-        options = []  # (piece cost, total cost, kind, k)
-        k_cw = min(k_need, t.dim // MIN_CW_COLS)
-        if k_cw >= max(2, k_mem):
-            c = cw_cost(ti, k_cw)
-            options.append((c, c * k_cw, "column_wise", k_cw))
-        # row-wise: the fewest pieces whose cost is within 5% of the best a row-wise split can reach
-        ks = sorted({k_mem, *[2 ** e for e in range(1, 20) if k_mem < 2 ** e < G], G} - {0, 1})
-        rw_opts = [(rw_cost(ti, k), k) for k in ks]
-        floor = min(c for c, _ in rw_opts)
-        c, k = next(o for o in rw_opts if o[0] <= max(1.05 * floor, target))
-        options.append((c, c * k, "row_wise", k))
-        c, _, kind, k = min(options)
-        pieces = build(ti, kind, k)
-        shards += pieces
-        costs += [c] * len(pieces)
-    # longest-processing-time placement under the memory budget
-    mem = np.zeros(G)
-    load = np.zeros(G)
-    taken: dict[int, list[int]] = {}
-    for idx in np.argsort(costs, kind="stable")[::-1]:
-        s = shards[idx]
-        need = s.rows * s.cols * EMB_BYTES + s.rows * EMB_BYTES
-        fits = mem + need <= mem_budget
-        if s.k > 1 and s.table in taken:  # pieces of one table go to distinct ranks
-            fits[taken[s.table]] = False
-        if not fits.any():
-            raise _NoRoom(f"table {tables[s.table].name}: a {need / GIB:.1f} GiB shard fits no rank's embedding "
-                          f"budget ({mem_budget / GIB:.1f} GiB) in the group of {G}", s.table, s.k)
-        cand = np.where(fits)[0]
-        r = int(cand[np.argmin(load[cand])])
-        s.rank = r
-        taken.setdefault(s.table, []).append(r)
-        mem[r] += need
-        load[r] += costs[idx]
-    return shards
-
-
 def shard_loads(plan: Plan, workload: Workload) -> list[ShardLoad]:
     """The step model's view of a sharding plan (``sharding.types.Plan``, read by
     ``plan_from_dict``): one load per shard. The plan must place the workload's tables as the
@@ -497,23 +371,16 @@ def _topology(cluster: ClusterSpec, world_size: int, mem_per_rank: float) -> Top
                     inter_node_bw_gbps=cluster.network_bw / 1e9, device=cluster.device.name)
 
 
-SIM_PLANNER_NAMES = frozenset({"none", "sim", "sim-greedy", ""})  # -> the simulator's own greedy_plan
+def cluster_plan(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
+                 mem_budget: float) -> Plan:
+    """The plan a config runs with on the cluster, through the one plan path
+    (``sharding.from_config.plan_for``: the config's plan, else its planner; ``none`` = the greedy
+    planner), priced with the device's HBM lookup model. Raises PlanDoesNotFit when nothing fits."""
+    from sharding.estimate import GpuEstimator  # on use: the sharding package loads torch
+    from sharding.from_config import plan_for
 
-
-def sharding_planner_plan(workload: Workload, planner: str, cluster: ClusterSpec, world_size: int,
-                          group_size: int, mem_budget: float) -> Plan:
-    """A plan from the sharding package's planner ``planner`` (``sharding.planners.make_planner``) for
-    this cluster. Raises MemoryError when the planner finds no room, SpecError for an unknown or
-    unavailable planner. Its cost model is the sharding package's (CPU-fitted)."""
-    from sharding.registry import make_planner  # on use: the planners' cost models load torch
-
-    topo = _topology(cluster, world_size, mem_budget)
-    try:
-        return make_planner(planner).plan(workload.tables, topo, workload.batch_size, group_size)
-    except SpecError as e:
-        if "GiB" in str(e) or "GB" in str(e) or "memory" in str(e).lower() or "fit" in str(e).lower():
-            raise MemoryError(f"planner {planner}: {e}") from None
-        raise
+    return plan_for(workload, config, world_size, topology=_topology(cluster, world_size, mem_budget),
+                    estimator=GpuEstimator(cluster.device))
 
 
 def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
@@ -527,56 +394,19 @@ def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, worl
     if config.sharding.plan is not None:
         return config.sharding.plan
     pred = predict_step(workload, config, cluster, world_size, params)
-    if pred.oom and not pred.shards:
+    if pred.sharding_plan is None:
         return None
-    wl = config.apply(workload)
-    plan = Plan(planner=str(pred.plan.get("planner", "sim-greedy")), world_size=world_size,
-                group_size=pred.group_size, batch_size=wl.batch_size,
-                topology=_topology(cluster, world_size, cluster.device.hbm_bytes), tables=wl.tables,
-                shards=_with_offsets(wl, pred.shards))
-    return plan.model_dump(mode="json")
-
-
-def _with_offsets(wl: Workload, shards: list[ShardLoad]) -> list[Shard]:
-    """The loads as plan shards: row/column offsets follow the pieces' order."""
-    next_row: dict[int, int] = {}
-    next_col: dict[int, int] = {}
-    out = []
-    for s in shards:
-        if s.rows == 0:  # a row-wise piece of a table with fewer rows than pieces: nothing to place
-            continue
-        ro = next_row.get(s.table, 0) if s.kind == "row_wise" else 0
-        co = next_col.get(s.table, 0) if s.kind == "column_wise" else 0
-        next_row[s.table] = ro + s.rows
-        next_col[s.table] = co + s.cols
-        out.append(Shard(table=wl.tables[s.table].name, sharding_type=s.kind, rank=s.rank,
-                         row_offset=ro, rows=s.rows, col_offset=co, cols=s.cols))
-    return out
+    return pred.sharding_plan.model_dump(mode="json")
 
 
 # --------------------------------------------------------------------------------------------
 # Collectives (alpha-beta)
 
 
-def _inter_allreduce_s(nbytes: float, nodes: int, bw: float, alpha: float) -> float:
-    if nodes <= 1 or nbytes <= 0:
-        return 0.0
-    ring = 2 * (nodes - 1) / nodes * nbytes / bw + 2 * (nodes - 1) * alpha
-    tree = 2 * nbytes / bw + 2 * math.ceil(math.log2(nodes)) * alpha  # NCCL double binary tree
-    return min(ring, tree)
-
-
-def allreduce_s(nbytes: float, members_per_node: int, nodes: int, cluster: ClusterSpec,
-                params: StepModelParams) -> float:
-    """Hierarchical all-reduce: reduce-scatter on NVLink, all-reduce of 1/L across nodes, all-gather."""
-    if nbytes <= 0 or members_per_node * nodes <= 1:
-        return 0.0
-    L = members_per_node
-    t = 0.0
-    if L > 1:
-        t += 2 * (L - 1) / L * nbytes / (cluster.nvlink_bw * params.nvlink_eff) + 2 * (L - 1) * cluster.nvlink_latency_s
-    t += _inter_allreduce_s(nbytes / L, nodes, cluster.network_bw * params.net_eff, cluster.network_latency_s)
-    return t
+def allreduce_ms(nbytes: float, members_per_node: int, nodes: int, cluster: ClusterSpec,
+                 params: StepModelParams) -> float:
+    """The cluster's hierarchical all-reduce (cost_models.comm.CommModel.all_reduce_ms, the one model)."""
+    return cluster_comm(cluster, params).all_reduce_ms(members_per_node * nodes, nbytes, members_per_node)
 
 
 def cluster_comm(cluster: ClusterSpec, params: StepModelParams) -> CommModel:
@@ -595,7 +425,7 @@ def all_to_all_s(per_peer: np.ndarray, scale_out: np.ndarray, G: int, cluster: C
     ``scale_out[r]`` multiplies it (1 = uniform). The collective ends when its slowest rank is done."""
     if G <= 1:
         return 0.0
-    return float(np.max(cluster_comm(cluster, params).all_to_all_ranks_s(per_peer * scale_out, G)))
+    return float(np.max(cluster_comm(cluster, params).all_to_all_ranks_ms(per_peer * scale_out, G))) / 1e3
 
 
 # --------------------------------------------------------------------------------------------
@@ -619,6 +449,7 @@ class StepPrediction:
     plan: dict[str, Any] = field(default_factory=dict)
     dense: dict[str, Any] = field(default_factory=dict)
     shards: list[ShardLoad] = field(default_factory=list, repr=False)
+    sharding_plan: Plan | None = field(default=None, repr=False)  # the plan the step ran (one record of it)
 
     @property
     def dominant_phase(self) -> str:
@@ -671,15 +502,12 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
                              + (2 if config.kernels.dense_dtype == "bf16" else 0))
     emb_act = B * sum(t.dim for t in wl.tables) * EMB_BYTES * 2  # pooled inputs and their gradients
 
-    # the sharding plan of one model-parallel group
+    # the sharding plan of one model-parallel group (sharding.from_config: the one plan path)
     plan = None if config.sharding.plan is None else plan_from_dict(config.sharding.plan, source="config.sharding.plan")
-    if plan is not None:
-        G, shards = plan.group_size, shard_loads(plan, wl)
-        planner = plan.planner
-    else:
-        G = config.sharding.group_size or W
-        shards = []
-        planner = "sim-greedy"
+    G = plan.group_size if plan is not None else (config.sharding.group_size or W)
+    from sharding.from_config import planner_name
+
+    planner = plan.planner if plan is not None else planner_name(config)
     if G > W or W % G:
         raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
     base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
@@ -693,18 +521,14 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
                     f"{dense_mem / GIB:.1f} GiB)", planner, dc)
     # leave room for the all-to-all buffers: a planner fills at most 90% of what remains
     budget = 0.9 * (dev.hbm_bytes - base_mem)
-    if plan is None and config.sharding.planner not in SIM_PLANNER_NAMES:
-        planner = config.sharding.planner
-        try:
-            plan = sharding_planner_plan(wl, planner, cluster, W, G, budget)
-        except MemoryError as e:
-            return _oom(wl, W, G, B, base_mem + emb_bytes / G, str(e), planner, dc)
-        G, shards = plan.group_size, shard_loads(plan, wl)
     if plan is None:
+        from sharding.types import PlanDoesNotFit
+
         try:
-            shards = greedy_plan(wl, G, B, cluster, budget, params, W // G)
-        except MemoryError as e:
-            return _oom(wl, W, G, B, base_mem + emb_bytes / G, str(e), planner, dc)
+            plan = cluster_plan(wl, config, cluster, W, budget)
+        except PlanDoesNotFit as e:
+            return _oom(wl, W, G, B, base_mem + emb_bytes / G, f"planner {planner}: {e}", planner, dc)
+    G, shards = plan.group_size, shard_loads(plan, wl)
 
     R = W // G
     n_sh = len(shards)
@@ -752,7 +576,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
     rpn = min(cluster.ranks_per_node, W)
     nodes = -(-W // rpn)
     dp_bytes = dc.params * grad_bytes + float((rows * cols * EMB_BYTES)[dp].sum()) / max(G, 1)
-    t_ar = allreduce_s(dp_bytes, rpn, nodes, cluster, params)
+    t_ar = allreduce_ms(dp_bytes, rpn, nodes, cluster, params) / 1e3
 
     # 2D: touched rows of each shard, union over replicas and sync interval, all-reduced across replicas
     t_sync = 0.0
@@ -769,7 +593,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
         # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
         members = max(1, cluster.ranks_per_node // G) if G < cluster.ranks_per_node else 1
         members = min(members, R)
-        t_sync = allreduce_s(sync_bytes, members, -(-R // members), cluster, params) / interval
+        t_sync = allreduce_ms(sync_bytes, members, -(-R // members), cluster, params) / 1e3 / interval
 
     # dense optimizer: Adam reads param, grad, m, v and writes param, m, v (fp32); SGD reads 2 writes 1
     opt_bytes = dc.params * (28 if wl.optimizers.dense == "adam" else 12)
@@ -837,6 +661,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
                              f"{memory['activations'] / GIB:.1f} GiB, dense+optimizer "
                              f"{memory['dense_params_grads_optimizer'] / GIB:.1f} GiB)") if oom else None,
         world_size=W, group_size=G, batch_per_rank=B, plan=plan_info, dense=dense_info, shards=shards,
+        sharding_plan=plan,
     )
 
 

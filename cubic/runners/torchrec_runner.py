@@ -266,16 +266,13 @@ class TorchRecRunner(Runner):
         return {**fingerprint("cpu"), "runner": "torchrec", "world_size": self.world_size, "backend": "gloo"}
 
     def _plan(self, workload: Workload, config: Config, batch: int):
+        """The one plan path (``sharding.from_config.plan_for``), TorchRec's shapes only."""
+        from sharding.from_config import plan_for
         from sharding.inputs import topology_for
-        from sharding.registry import make_planner
-        from sharding.types import plan_from_dict
 
-        if config.sharding.plan:
-            return plan_from_dict(config.sharding.plan, source="config.sharding.plan")
-        if config.sharding.planner in ("none", ""):
-            raise SpecError("give a plan or a planner name for a TorchRec run", field="config.sharding")
         topo = topology_for(self.world_size, None, workload, ranks_per_node=self.local_size or self.world_size)
-        return make_planner(config.sharding.planner, target="torchrec").plan(workload.tables, topo, batch)
+        return plan_for(workload, config.model_copy(update={"batch_size": batch}), self.world_size, topology=topo,
+                        target="torchrec")
 
     def run(self, workload: Workload, config: Config, *, steps: int = 20, warmup: int = 5, progress=None) -> Result:
         from cubic.core.fingerprint import fingerprint_hash, versions
