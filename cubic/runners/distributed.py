@@ -70,7 +70,7 @@ from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import Workload
-from cubic.runners.local import Runner
+from cubic.runners.base import Runner
 from sharding.types import Plan, plan_from_dict
 
 EARLY_STEPS = 10
@@ -363,10 +363,10 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
 
     from cubic.core.fingerprint import fingerprint, fingerprint_hash, versions
     from cubic.core.train import NonFiniteLoss, PhaseClock, TrainSession, window_stats
-    from cubic.runners.local import (PHASES, CpuMeter, _proc_status_bytes, _result_header, fp8_transform,
-                                     peak_memory, reset_peak_rss, resolve_device)
+    from cubic.runners.base import peak_memory, proc_status_bytes, reset_peak_rss, resolve_device, result_header
+    from cubic.runners.local import PHASES, CpuMeter, fp8_transform
 
-    head = _result_header(workload, config)
+    head = result_header(workload, config)
     dev = torch.device(resolve_device(device))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -381,7 +381,7 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     every = eval_every or max(1, total // 5)
     eval_at = sorted({0, total, *range(every, total, every)})
     trajectory = [{"step": 0.0, **session.evaluate()}]
-    setup_peak = _proc_status_bytes("VmHWM")
+    setup_peak = proc_status_bytes("VmHWM")
     peak_reset = dev.type == "cpu" and reset_peak_rss()
     meter = CpuMeter()
     clock = PhaseClock(dev, session.comm_seconds)
@@ -500,7 +500,7 @@ class DistributedRunner(Runner):
         return fingerprint_hash(self.fingerprint())
 
     def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5, progress=None) -> Result:
-        from cost_models.comm import _free_port
+        from cubic.runners.base import free_port
         from cubic.core.fingerprint import fingerprint_hash, versions
 
         t_start = time.monotonic()
@@ -527,7 +527,7 @@ class DistributedRunner(Runner):
                 "steps": steps, "warmup": warmup, "device": self.device, "check_single": self.verify,
                 "versions": versions(), "threads": self.threads,
             }))
-            port = _free_port()
+            port = free_port()
             procs = []
             logs = []
             try:

@@ -73,9 +73,9 @@ def _inputs(args):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if os.environ.get("CUBIC_PARENT_PID"):  # started by DistributedRunner: never outlive it
-        from cubic.runners._child import _die_with_parent
+        from cubic.runners._child import die_with_parent
 
-        _die_with_parent(int(os.environ["CUBIC_PARENT_PID"]))
+        die_with_parent(int(os.environ["CUBIC_PARENT_PID"]))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     from cubic.core.spec import SpecError
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from cubic.core.result import Result
     from cubic.runners.distributed import check_plan, make_plan, run_worker
-    from cubic.runners.local import _result_header, classify_exception, resolve_device, resolve_fp8
+    from cubic.runners.base import classify_exception, resolve_device, result_header
+    from cubic.runners.local import resolve_fp8
 
     if threads:
         torch.set_num_threads(int(threads))
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             if box[0].startswith("invalid: "):
                 dist.destroy_process_group()
                 if rank == 0:
-                    result = Result.failed("invalid", box[0][len("invalid: "):], **_result_header(workload, config))
+                    result = Result.failed("invalid", box[0][len("invalid: "):], **result_header(workload, config))
                     return _write(result, args.json_out)
                 return 1
             from cubic.core.config import FP8Choice
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank != 0:
             raise
         kind, reason = classify_exception(e)
-        result = Result.failed(kind, reason, **_result_header(workload, config))
+        result = Result.failed(kind, reason, **result_header(workload, config))
     if rank != 0:
         return 0
     return _write(result, args.json_out)
