@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:  # one plan and one FP8 placement for every rank, whatever made them
                 try:
                     plan = make_plan(workload, config, world)
-                    why = check_plan(config.apply(workload), plan, world)
+                    why = check_plan(config.apply(workload), plan, world, config)
                     if why is None and config.batch_size and config.batch_size != plan.batch_size:
                         why = f"config.batch_size {config.batch_size} differs from the plan's batch {plan.batch_size}"
                     box = [plan.model_dump_json() if why is None else "invalid: " + why,
