@@ -25,6 +25,16 @@ split by columns, each row's mean square is summed over its pieces by an all-red
 owners, so every piece takes the step the whole row would (TorchRec keeps per-piece state there
 instead, which is a different optimizer).
 
+2D sparse parallelism (a plan whose ``group_size`` G < W; :class:`TwoD`): cluster rank r is rank
+``r % G`` of group ``r // G``; each group's G ranks hold the plan's shards and run the steps above
+on the group's process group; the W/G replicas of each shard are kept in step by
+``config.sharding.sync``: ``gradients`` sums the touched rows' gradients over the replicas every
+step (each replica's backward carries 1/W of the global mean loss, so the sum is the 1D gradient:
+the same training up to float summation order, checked in tests/test_runners_two_d.py), ``weights``
+scales each replica's gradient by W/G (the gradient of its own group's mean loss) and averages the
+shards' weights and row-wise AdaGrad state every ``sync_interval`` steps (default weights/100, the
+step model's). The dense part and data-parallel tables stay data-parallel over all W ranks.
+
 Rank W trains on examples ``[r*B, (r+1)*B)`` of the global batch of W*B examples; the single-process
 reference (:func:`reference_run`: a plain ``TrainSession`` on the global batch, same seed, same data)
 therefore computes the same function. What differs is float summation order: the pooled sums, the

@@ -13,6 +13,10 @@ for runs of up to 300 steps on more than one rank, without FP8) also trains the 
 0 and records whether the two agree within the stated tolerance. :class:`DistributedRunner` starts
 this same module W times (``--request``: its request file) with the environment torchrun would set.
 
+A plan made with ``--group-size G`` (G < WORLD_SIZE) trains 2D sparse parallelism: WORLD_SIZE/G
+replicas of a G-rank group, kept in step by the config's ``sharding.sync`` / ``sync_interval``
+(see :mod:`cubic.runners.distributed`).
+
 Exit codes: 0 ok, 1 a failed run (rank 0 still writes its Result) or a failed rank, 2 bad input
 (one line on stderr naming the file and field or the flag).
 """
