@@ -223,7 +223,7 @@ def quality_doc(summary, payload) -> dict:
     }
 
 
-def plot(summary, speed, path) -> None:
+def plot(summary, speed, path, quick: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,7 +244,7 @@ def plot(summary, speed, path) -> None:
     a.axhline(0, color="k", lw=0.8)
     a.set_xticks(range(len(labels)), labels, fontsize=8)
     a.set_ylabel("NE cost vs 1D, % (measured, 95% CI)")
-    a.set_title("2D quality (2 gloo processes, 2 groups x 1)")
+    a.set_title("2D quality (2 gloo processes, 2 groups x 1)" + (" -- QUICK run" if quick else ""))
     a.legend(fontsize=8)
     rows = speed["rows"]
     x = range(len(rows))
@@ -255,7 +255,7 @@ def plot(summary, speed, path) -> None:
     b.bar([i + 0.2 for i in x], [r["predicted_step_ms"] for r in rows], 0.4, label="modelled (step model)")
     b.set_xticks(list(x), [r["case"].replace(", ", "\n") for r in rows], fontsize=8)
     b.set_ylabel("step time, ms")
-    b.set_title("step time: full sharding vs 2D")
+    b.set_title("step time: full sharding vs 2D" + (" -- QUICK run" if quick else ""))
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
             "measured": a100["mean"], "target": AVG100_BOUND, "met": a100["mean"] <= AVG100_BOUND},
     }
     path = write_result(name, payload)
-    plot(summary, speed, png_path(name))
+    plot(summary, speed, png_path(name), args.quick)
     for opt, vs in summary.items():
         for var, s in vs.items():
             print(f"{opt:>18} {var:>7}: NE {s['ne_mean']:.4f}, cost {100 * s['ne_cost_rel']['mean']:+.3f}% "
