@@ -1,7 +1,8 @@
 """The quality (NE) cost of 2D sparse parallelism, from what ``experiments/two_d.py`` MEASURED.
 
 ``cost_models/data/two_d_quality.json`` (written by that experiment, with its provenance: run, date,
-code version, "measured on CPU gloo, 4 processes, <workload>") lists, per embedding optimizer and
+code version, "measured on CPU gloo, <processes and groups>, cubic's DistributedRunner, <workload>,
+<steps>, <seeds>, 1D end NE", and whether it was a --quick run) lists, per embedding optimizer and
 replica sync (``gradients`` every step, or ``weights`` averaged every ``interval`` steps), the
 relative NE cost of 2D vs full (1D) sharding with its 95% interval across paired seeds.
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_serializer
 
 from cubic.core.spec import (
+    EmbeddingOptimizer,
     Frozen,
     SpecError,
     Workload,
@@ -89,6 +90,17 @@ class FP8Choice(Storable):
     placement: dict[str, Any] | None = Field(default=None, description="a placement document (fp8 placement schema)")
 
 
+class OptimizerChoice(Storable):
+    """Overrides of the workload's ``optimizers`` (unset fields keep the workload's); left out of the
+    dump when unset, so the content hashes of configs written before it existed do not change."""
+
+    embedding: EmbeddingOptimizer | None = None
+    embedding_lr: float | None = Field(default=None, gt=0.0, le=10.0)
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k, v in (("embedding", self.embedding), ("embedding_lr", self.embedding_lr)) if v is not None}
+
+
 class Kernels(Storable):
     embedding: Literal["auto", "fbgemm", "torch"] = "auto"
     dense_dtype: Literal["fp32", "bf16"] = "fp32"
@@ -102,6 +114,14 @@ class Config(Storable):
     kernels: Kernels = Kernels()
     model: dict[str, ModelKnob] = Field(default_factory=dict, description="overrides of dense_arch knobs")
     seed: int = Field(default=0, ge=0, le=INT64_MAX)
+    optimizers: OptimizerChoice = Field(default_factory=OptimizerChoice, description="overrides of the workload's optimizers")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_optimizers(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and not self.optimizers.overrides():
+            out.pop("optimizers", None)
+        return out
 
     def content_hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))
@@ -111,6 +131,8 @@ class Config(Storable):
         data = workload.model_dump(mode="json")
         if self.batch_size is not None:
             data["batch_size"] = self.batch_size
+        if self.optimizers.overrides():
+            data["optimizers"] = {**data["optimizers"], **self.optimizers.overrides()}
         if self.model:
             arch = dict(data["dense_arch"])
             for key, value in self.model.items():

@@ -51,12 +51,21 @@ def fbgemm_available() -> bool:
 class RowWiseAdagrad(torch.optim.Optimizer):
     """Row-wise AdaGrad for sparse embedding gradients (the update FBGEMM's EXACT_ROWWISE_ADAGRAD does).
 
-    Per touched row r: ``m_r += mean(g_r^2)``; ``w_r -= lr * g_r / (sqrt(m_r) + eps)``. One scalar
-    of state per row instead of one per element.
+    Per touched row r: ``m_r += mean(g_r^2)``; ``w_r -= lr * g_r / (sqrt(m_r / c) + eps)`` with
+    ``c = replicas``. One scalar of state per row instead of one per element.
+
+    ``replicas`` = 1 is plain row-wise AdaGrad. ``replicas`` = c > 1 is ``ms_rowwise_adagrad``, the
+    momentum-scaled row-wise AdaGrad of arXiv 2508.03854 (2D sparse parallelism), RECONSTRUCTED FROM
+    A THIRD-PARTY SUMMARY of the paper ("scales per-row momentum"; the paper's own text was not
+    reachable): with c replica groups, a replica that averages weights with the others every N steps
+    sees the gradient of 1/c of the global batch, whose squares are larger (noisier) than those of
+    the global mean the 1D accumulator sums, so the accumulator is scaled down by c. In a 1D run
+    (c = 1) it is exactly row-wise AdaGrad.
     """
 
-    def __init__(self, params, lr: float = 0.05, eps: float = 1e-8):
+    def __init__(self, params, lr: float = 0.05, eps: float = 1e-8, replicas: int = 1):
         super().__init__(params, dict(lr=lr, eps=eps, row_dim=None, reduce=None))
+        self.replicas = max(1, int(replicas))
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102
@@ -87,7 +96,8 @@ class RowWiseAdagrad(torch.optim.Optimizer):
             state["momentum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
         m = state["momentum"]
         m.index_add_(0, rows, mean_sq)
-        scale = lr / (m[rows].sqrt() + eps)
+        acc = m[rows] if self.replicas == 1 else m[rows] / self.replicas
+        scale = lr / (acc.sqrt() + eps)
         p.index_add_(0, rows, (-scale[:, None] * vals).to(p.dtype))
 
     def _step_split_rows(self, group, lr: float, eps: float) -> None:
@@ -134,7 +144,8 @@ class EmbeddingStage(nn.Module):
             on_cuda = device.type == "cuda"
             loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
             comp = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
-            opt = EmbOptimType.EXACT_ROWWISE_ADAGRAD if optimizer == "rowwise_adagrad" else EmbOptimType.EXACT_SGD
+            # ms_rowwise_adagrad in one process (no replicas) is exactly row-wise AdaGrad
+            opt = EmbOptimType.EXACT_SGD if optimizer == "sgd" else EmbOptimType.EXACT_ROWWISE_ADAGRAD
             self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
                 [(t.rows, t.dim, loc, comp) for t in tables],
                 optimizer=opt, learning_rate=lr, eps=1e-8, pooling_mode=PoolingMode.SUM,
@@ -163,7 +174,7 @@ class EmbeddingStage(nn.Module):
         if self.fused_optimizer:
             return None
         params = list(self.bags.parameters())
-        if self.optimizer_name == "rowwise_adagrad":
+        if self.optimizer_name in ("rowwise_adagrad", "ms_rowwise_adagrad"):  # one replica: the same rule
             return RowWiseAdagrad(params, lr=self.lr)
         return torch.optim.SGD(params, lr=self.lr)
 

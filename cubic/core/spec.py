@@ -149,8 +149,17 @@ class DMTArch(Frozen):
 DenseArch = Annotated[Union[DLRMArch, WukongArch, DMTArch], Field(discriminator="kind")]
 
 
+EmbeddingOptimizer = Literal["rowwise_adagrad", "sgd", "ms_rowwise_adagrad"]
+
+
 class Optimizers(Frozen):
-    embedding: Literal["rowwise_adagrad", "sgd"] = "rowwise_adagrad"
+    """The optimizers a workload trains with. ``embedding``: ``rowwise_adagrad`` (FBGEMM's
+    EXACT_ROWWISE_ADAGRAD), ``sgd``, or ``ms_rowwise_adagrad``, the momentum-scaled row-wise AdaGrad
+    of arXiv 2508.03854 as RECONSTRUCTED FROM A THIRD-PARTY SUMMARY (the paper's text was not
+    reachable): the row accumulator divided by the number of 2D replicas, identical to
+    ``rowwise_adagrad`` in a 1D run (:class:`cubic.core.models.RowWiseAdagrad`)."""
+
+    embedding: EmbeddingOptimizer = "rowwise_adagrad"
     embedding_lr: float = Field(default=0.05, gt=0.0, le=10.0)
     dense: Literal["adam", "sgd"] = "adam"
     dense_lr: float = Field(default=1e-3, gt=0.0, le=10.0)

@@ -31,6 +31,15 @@ mean loss, i.e. the average of the per-rank gradients; a sharded embedding stage
 scale through its reverse all-to-all. The returned loss is the global batch's mean loss, so a run on
 W ranks and a one-process run of the same global batch give the same numbers up to float summation
 order. ``evaluate`` runs the whole eval batch on every rank (identical results on every rank).
+
+Embedding optimizer (``workload.optimizers.embedding``, or a config's ``optimizers.embedding``
+override): ``rowwise_adagrad``, ``sgd``, or ``ms_rowwise_adagrad`` -- momentum-scaled row-wise
+AdaGrad of arXiv 2508.03854, reconstructed from a third-party summary of the paper (its text was
+not reachable; see :class:`cubic.core.models.RowWiseAdagrad`): in one process, and in 2D runs that
+sync gradients every step, it is row-wise AdaGrad; in 2D runs that average weights, its row
+accumulator is divided by the number of replicas. 2D embedding stages (``cubic.runners.distributed``)
+expose ``before_optimizer()`` / ``after_optimizer()``, which the step calls around the optimizer
+step (replica gradient sync, periodic weight and optimizer-state averaging).
 """
 
 from __future__ import annotations
@@ -129,6 +138,10 @@ class TrainSession:
         self._tbe = getattr(model.embedding, "kernel", None) == "fbgemm"
         extra = getattr(model.embedding, "replicated_parameters", None)
         self.replicated = list(model.dense.parameters()) + (list(extra()) if extra else [])
+        # a 2D embedding stage keeps its replicas in step around the optimizer step (gradient sync
+        # before it, weight averaging after it); other stages have neither hook
+        self._before_opt = getattr(model.embedding, "before_optimizer", None)
+        self._after_opt = getattr(model.embedding, "after_optimizer", None)
         self.comm_s = 0.0  # seconds in this session's own collectives (gradient and loss all-reduce)
         self.loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # tests: fault injection
         self.losses: list[float] = []
@@ -191,7 +204,11 @@ class TrainSession:
         value = loss.detach()
         if self.world_size > 1:
             value = self._sync(value)
+        if self._before_opt is not None:
+            self._before_opt()
         self.optimizer.step()
+        if self._after_opt is not None:
+            self._after_opt()
         self.optimizer.zero_grad()
         clk.mark("optimizer")
         self._unchecked.append((step, value))

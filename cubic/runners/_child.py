@@ -13,7 +13,7 @@ import sys
 import time
 
 
-def _die_with_parent(parent_pid: int | None = None) -> None:
+def die_with_parent(parent_pid: int | None = None) -> None:
     """Linux: the kernel sends SIGKILL to this child when its parent dies, so no orphan trains on."""
     try:
         import ctypes
@@ -47,7 +47,7 @@ def _interrupt_on_term() -> None:
 
 def main() -> None:
     _interrupt_on_term()
-    _die_with_parent()
+    die_with_parent()
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
 
     def send(msg: dict) -> None:
@@ -65,12 +65,13 @@ def main() -> None:
 
         from cubic.core.config import Config
         from cubic.core.models import fbgemm_available
-        from cubic.runners.local import Fault, _proc_status_bytes, _result_header, faults_allowed, train_and_measure
+        from cubic.runners.base import proc_status_bytes, result_header
+        from cubic.runners.local import Fault, faults_allowed, train_and_measure
         from cubic.core.spec import Workload
 
         workload = Workload.model_validate(request["workload"])
         config = Config.model_validate(request["config"])
-        header = _result_header(workload, config)
+        header = result_header(workload, config)
         if config.kernels.embedding != "torch":
             fbgemm_available()  # imports fbgemm_gpu now, outside the memory limit
         if request.get("threads"):
@@ -79,7 +80,7 @@ def main() -> None:
         if limit:
             import resource
 
-            cap = (_proc_status_bytes("VmSize") or 0) + int(limit)
+            cap = (proc_status_bytes("VmSize") or 0) + int(limit)
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         fault = Fault.model_validate(request["fault"]) if request.get("fault") else None
         lingers = fault is not None and fault.kind == "linger" and faults_allowed()
@@ -89,7 +90,7 @@ def main() -> None:
             progress=lambda done, total: send({"type": "progress", "done": done, "total": total}),
         )
     except BaseException as e:  # noqa: BLE001 -- every failure is reported as data
-        from cubic.runners.local import classify_exception
+        from cubic.runners.base import classify_exception
 
         kind, reason = classify_exception(e)
         # which signal: SIGINT (Ctrl-C reaches the whole process group: the caller stops too) or SIGTERM

@@ -25,6 +25,16 @@ split by columns, each row's mean square is summed over its pieces by an all-red
 owners, so every piece takes the step the whole row would (TorchRec keeps per-piece state there
 instead, which is a different optimizer).
 
+2D sparse parallelism (a plan whose ``group_size`` G < W; :class:`TwoD`): cluster rank r is rank
+``r % G`` of group ``r // G``; each group's G ranks hold the plan's shards and run the steps above
+on the group's process group; the W/G replicas of each shard are kept in step by
+``config.sharding.sync``: ``gradients`` sums the touched rows' gradients over the replicas every
+step (each replica's backward carries 1/W of the global mean loss, so the sum is the 1D gradient:
+the same training up to float summation order, checked in tests/test_runners_two_d.py), ``weights``
+scales each replica's gradient by W/G (the gradient of its own group's mean loss) and averages the
+shards' weights and row-wise AdaGrad state every ``sync_interval`` steps (default weights/100, the
+step model's). The dense part and data-parallel tables stay data-parallel over all W ranks.
+
 Rank W trains on examples ``[r*B, (r+1)*B)`` of the global batch of W*B examples; the single-process
 reference (:func:`reference_run`: a plain ``TrainSession`` on the global batch, same seed, same data)
 therefore computes the same function. What differs is float summation order: the pooled sums, the
@@ -59,6 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +81,7 @@ from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import Workload
-from cubic.runners.local import Runner
+from cubic.runners.base import Runner
 from sharding.types import Plan, plan_from_dict
 
 EARLY_STEPS = 10
@@ -82,6 +93,45 @@ FP8_NOTE = ("FP8 scales come from each rank's local tensors (as in any data-para
             "required to match (measured early-step loss gap with rowwise FP8: ~5e-4)")
 CHECK_SINGLE_MAX_STEPS = 300  # runs up to this long check against the single-process run by default
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+# -- 2D layout -------------------------------------------------------------------------------------
+
+DEFAULT_SYNC = "weights"  # the step model's default (emb_sync), so a 2D config means the same thing measured
+DEFAULT_SYNC_INTERVAL = 100  # and simulated (emb_sync_interval)
+
+
+@dataclass(frozen=True)
+class TwoD:
+    """2D sparse parallelism on this rank: cluster rank r is rank ``r % G`` of model-parallel group
+    ``r // G`` (``shard_group``: the ranks ``[g*G, (g+1)*G)``), whose G ranks hold the plan's shards;
+    the c = W/G replicas of a shard (``replica_group``: ranks ``r % G + k*G``) are kept in step by
+    ``sync``: ``gradients`` (per-step all-reduce of touched-row gradients) or ``weights`` (weights
+    and row-wise optimizer state averaged every ``interval`` steps)."""
+
+    group_size: int
+    replicas: int
+    replica: int  # which group (replica) this rank is in
+    shard_group: Any
+    replica_group: Any
+    sync: str
+    interval: int
+
+    @classmethod
+    def create(cls, rank: int, world: int, group_size: int, sync: str | None, interval: int | None) -> "TwoD":
+        """The process groups (every rank creates every group, in the same order: torch.distributed's rule)."""
+        import torch.distributed as dist
+
+        G, c = group_size, world // group_size
+        shard = [dist.new_group(list(range(g * G, (g + 1) * G))) for g in range(c)]
+        rep = [dist.new_group(list(range(i, world, G))) for i in range(G)]
+        sync = sync or DEFAULT_SYNC
+        return cls(G, c, rank // G, shard[rank // G], rep[rank % G], sync,
+                   1 if sync == "gradients" else (interval or DEFAULT_SYNC_INTERVAL))
+
+    def describe(self) -> dict[str, Any]:
+        return {"group_size": self.group_size, "replicas": self.replicas, "sync": self.sync,
+                "sync_interval": self.interval}
 
 
 # -- the sharded embedding stage ------------------------------------------------------------------
@@ -97,7 +147,7 @@ class _AllToAll(torch.autograd.Function):
         ctx.splits, ctx.owner = (out_split, in_split), owner
         out = x.new_empty(sum(out_split))
         t0 = time.perf_counter()
-        dist.all_to_all_single(out, x.contiguous(), out_split, in_split)
+        dist.all_to_all_single(out, x.contiguous(), out_split, in_split, group=owner.group)
         owner.comm_s += time.perf_counter() - t0
         return out
 
@@ -108,7 +158,7 @@ class _AllToAll(torch.autograd.Function):
         out_split, in_split = ctx.splits
         gin = grad.new_empty(sum(in_split))
         t0 = time.perf_counter()
-        dist.all_to_all_single(gin, grad.contiguous(), in_split, out_split)
+        dist.all_to_all_single(gin, grad.contiguous(), in_split, out_split, group=ctx.owner.group)
         ctx.owner.comm_s += time.perf_counter() - t0
         return gin, None, None, None
 
@@ -120,7 +170,10 @@ class ShardedEmbedding(nn.Module):
     kernel = "sharded"
     fused_optimizer = False
 
-    def __init__(self, workload: Workload, plan: Plan, rank: int, world: int, *, seed: int, device: torch.device):
+    def __init__(self, workload: Workload, plan: Plan, rank: int, world: int, *, seed: int, device: torch.device,
+                 two_d: "TwoD | None" = None):
+        """``rank``/``world``: this rank in its model-parallel group and the group's size (the whole
+        world in 1D); ``two_d``: the 2D layout (process groups, replica sync), None in 1D."""
         import torch.distributed as dist
 
         from cubic.core.models import table_inits
@@ -132,9 +185,14 @@ class ShardedEmbedding(nn.Module):
         self.rows = {t.name: t.rows for t in tables}
         self.tindex = {t.name: i for i, t in enumerate(tables)}
         self.rank, self.world, self.device = rank, world, device
+        self.two_d = two_d
+        self.group = two_d.shard_group if two_d else None  # None: the default (world) group
         self.optimizer_name = workload.optimizers.embedding
         self.lr = workload.optimizers.embedding_lr
         self.comm_s = 0.0
+        self.sync_s = 0.0  # seconds in 2D replica sync (also counted in comm_s)
+        self.steps_taken = 0
+        self._optimizer: torch.optim.Optimizer | None = None
         sharded = [s for s in plan.shards if s.sharding_type != "data_parallel"]
         self.any_sharded = bool(sharded)
         self.owned_by = [[s for s in sharded if s.rank == p] for p in range(world)]  # plan order: both ends agree
@@ -163,13 +221,16 @@ class ShardedEmbedding(nn.Module):
         self.col_groups: list[tuple[int, list[int], Any]] = []  # (dim, my piece indices, group or None)
         keys = sorted({(self.tindex[s.table], s.row_offset) for s in sharded
                        if s.cols < self.dims[self.tindex[s.table]]})
+        replicas = two_d.replicas if two_d else 1
+        mine_rep = two_d.replica if two_d else 0
         for ti, row_offset in keys:
             members = [s for s in sharded if self.tindex[s.table] == ti and s.row_offset == row_offset]
             ranks = sorted({s.rank for s in members})
-            group = dist.new_group(ranks) if len(ranks) > 1 else None  # every rank calls new_group, in order
+            groups = [dist.new_group([q * world + r for r in ranks]) if len(ranks) > 1 else None
+                      for q in range(replicas)]  # every rank calls new_group for every replica, in order
             local = [j for j, s in enumerate(self.mine) if self.tindex[s.table] == ti and s.row_offset == row_offset]
             if local:
-                self.col_groups.append((self.dims[ti], local, group))
+                self.col_groups.append((self.dims[ti], local, groups[mine_rep]))
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         return list(self.dp_bags.parameters())
@@ -179,14 +240,110 @@ class ShardedEmbedding(nn.Module):
 
         split = {j for _, local, _ in self.col_groups for j in local}
         plain = [self.bags[j].weight for j in range(len(self.bags)) if j not in split] + self.replicated_parameters()
-        if self.optimizer_name != "rowwise_adagrad":
+        if self.optimizer_name == "sgd":
             params = [*plain, *(self.bags[j].weight for j in split)]
-            return torch.optim.SGD(params, lr=self.lr) if params else None
+            self._optimizer = torch.optim.SGD(params, lr=self.lr) if params else None
+            return self._optimizer
         groups: list[dict] = [{"params": plain}] if plain else []
         for dim, local, group in self.col_groups:
             groups.append({"params": [self.bags[j].weight for j in local], "row_dim": dim,
                            "reduce": self._reducer(group)})
-        return RowWiseAdagrad(groups, lr=self.lr) if groups else None
+        # momentum scaling only where replicas train apart (weight averaging); with per-step gradient
+        # sync every replica sees the global gradient, as in 1D, and the rule is row-wise AdaGrad
+        apart = self.two_d is not None and self.two_d.sync == "weights"
+        replicas = self.two_d.replicas if apart and self.optimizer_name == "ms_rowwise_adagrad" else 1
+        self._optimizer = RowWiseAdagrad(groups, lr=self.lr, replicas=replicas) if groups else None
+        return self._optimizer
+
+    # -- 2D: keeping the replicas in step (TrainSession calls these around the optimizer step) -----
+
+    def before_optimizer(self) -> None:
+        """2D, sync ``gradients``: sum each sharded piece's touched-row gradients over its replicas
+        (each holds 1/c of the global mean loss's gradient, so the sum is the 1D gradient). Sync
+        ``weights``: scale them by c, so that each replica steps on its own group's mean loss."""
+        if self.two_d is None or not len(self.bags):
+            return
+        t0 = time.perf_counter()
+        if self.two_d.sync == "gradients":
+            self._sum_touched_rows()
+        else:
+            for b in self.bags:
+                if b.weight.grad is not None:
+                    b.weight.grad = b.weight.grad * self.two_d.replicas
+        self._spent(t0)
+
+    def after_optimizer(self) -> None:
+        """2D, sync ``weights``: every ``interval`` steps, average the pieces' weights and row-wise
+        optimizer state over the replicas (TorchRec ``DMPCollection.sync()``'s rule)."""
+        self.steps_taken += 1
+        two_d = self.two_d
+        if two_d is None or two_d.sync != "weights" or self.steps_taken % two_d.interval or not len(self.bags):
+            return
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            tensors = [b.weight for b in self.bags]
+            if self.optimizer_name != "sgd" and self._optimizer is not None:
+                for w in [b.weight for b in self.bags]:
+                    st = self._optimizer.state[w]
+                    if "momentum" not in st:
+                        st["momentum"] = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
+                    tensors.append(st["momentum"])
+            flat = torch.cat([t.reshape(-1).float() for t in tensors])
+            dist.all_reduce(flat, group=two_d.replica_group)
+            flat /= two_d.replicas
+            i = 0
+            for t in tensors:
+                t.copy_(flat[i:i + t.numel()].view_as(t))
+                i += t.numel()
+        self._spent(t0)
+
+    def _spent(self, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        self.sync_s += dt
+        self.comm_s += dt
+
+    def _sum_touched_rows(self) -> None:
+        """All-reduce over the replica group of the gradient rows any replica touched: the union of
+        touched row ids (two all-gathers), then one all-reduce of every piece's rows."""
+        import torch.distributed as dist
+
+        two_d, dev = self.two_d, self.device
+        rows, vals = [], []
+        for b in self.bags:
+            g = b.weight.grad
+            if g is None:
+                rows.append(torch.zeros(0, dtype=torch.int64, device=dev))
+                vals.append(torch.zeros(0, b.weight.shape[1], device=dev))
+                continue
+            g = g.coalesce() if g.is_sparse else g.to_sparse().coalesce()
+            rows.append(g.indices()[0])
+            vals.append(g.values())
+        counts = torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=dev)
+        all_counts = [torch.empty_like(counts) for _ in range(two_d.replicas)]
+        dist.all_gather(all_counts, counts, group=two_d.replica_group)
+        longest = int(max(int(c.sum()) for c in all_counts))
+        pad = torch.full((longest,), -1, dtype=torch.int64, device=dev)
+        mine = torch.cat(rows)
+        pad[:mine.numel()] = mine
+        all_rows = [torch.empty_like(pad) for _ in range(two_d.replicas)]
+        dist.all_gather(all_rows, pad, group=two_d.replica_group)
+        per_rep = [torch.split(r[:int(c.sum())], c.tolist()) for r, c in zip(all_rows, all_counts)]
+        unions, bufs = [], []
+        for j, b in enumerate(self.bags):
+            union = torch.unique(torch.cat([pr[j] for pr in per_rep]))  # sorted: the same order everywhere
+            buf = torch.zeros(union.numel(), b.weight.shape[1], dtype=vals[j].dtype, device=dev)
+            buf[torch.searchsorted(union, rows[j])] = vals[j]
+            unions.append(union)
+            bufs.append(buf)
+        flat = torch.cat([x.reshape(-1) for x in bufs])
+        dist.all_reduce(flat, group=two_d.replica_group)
+        i = 0
+        for b, union, buf in zip(self.bags, unions, bufs):
+            n = buf.numel()
+            b.weight.grad = torch.sparse_coo_tensor(union.unsqueeze(0), flat[i:i + n].view_as(buf), b.weight.shape)
+            i += n
 
     def _reducer(self, group):
         if group is None:
@@ -242,13 +399,13 @@ class ShardedEmbedding(nn.Module):
         t0 = time.perf_counter()
         len_out = torch.empty(W * B * len(mine), **i64)
         dist.all_to_all_single(len_out, torch.cat(send_len) if send_len else torch.zeros(0, **i64),
-                               [B * len(mine)] * W, [B * len(self.owned_by[p]) for p in range(W)])
+                               [B * len(mine)] * W, [B * len(self.owned_by[p]) for p in range(W)], group=self.group)
         recv_lens = len_out.view(W, len(mine), B)
         per_piece = recv_lens.sum(dim=2)  # [W, pieces]: ids each source sends each of my pieces
         ids_out_split = [int(x) for x in per_piece.sum(dim=1)] if mine else [0] * W
         ids_out = torch.empty(sum(ids_out_split), **i64)
         dist.all_to_all_single(ids_out, torch.cat(send_ids) if send_ids else torch.zeros(0, **i64),
-                               ids_out_split, ids_in_split)
+                               ids_out_split, ids_in_split, group=self.group)
         self.comm_s += time.perf_counter() - t0
         # 2. pool each of my pieces over the global batch (examples of source ranks in rank order)
         pooled = []
@@ -285,11 +442,18 @@ class ShardedEmbedding(nn.Module):
 # -- plans ----------------------------------------------------------------------------------------
 
 
-def check_plan(workload: Workload, plan: Plan, world: int) -> str | None:
-    """Why ``plan`` cannot train ``workload`` on ``world`` ranks here (None when it can)."""
-    if plan.world_size != world or plan.group_size != world:
-        return (f"plan is for {plan.world_size} ranks in groups of {plan.group_size}; this run has {world} "
-                f"(no 2D replicas here)")
+def check_plan(workload: Workload, plan: Plan, world: int, config: Config | None = None) -> str | None:
+    """Why ``plan`` cannot train ``workload`` on ``world`` ranks here (None when it can). A 2D plan
+    (``group_size`` G < ``world_size``) trains W/G replicas of its G-rank group."""
+    if plan.world_size != world:
+        return f"plan is for {plan.world_size} ranks (in groups of {plan.group_size}); this run has {world}"
+    if config is not None:
+        want = config.sharding.group_size
+        if want and want != plan.group_size:
+            return (f"config.sharding.group_size {want} differs from the plan's group_size {plan.group_size} "
+                    f"(make the plan with --group-size {want})")
+        if plan.group_size == world and (config.sharding.sync or config.sharding.sync_interval):
+            return "sharding.sync / sync_interval keep 2D replicas in step: they need a 2D plan (group_size < world)"
     mine = {t.name: (t.rows, t.dim) for t in workload.tables}
     theirs = {t.name: (t.rows, t.dim) for t in plan.tables}
     if mine != theirs:
@@ -357,17 +521,23 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
 
     from cubic.core.fingerprint import fingerprint, fingerprint_hash, versions
     from cubic.core.train import NonFiniteLoss, PhaseClock, TrainSession, window_stats
-    from cubic.runners.local import (PHASES, CpuMeter, _proc_status_bytes, _result_header, fp8_transform,
-                                     peak_memory, reset_peak_rss, resolve_device)
+    from cubic.runners.base import peak_memory, proc_status_bytes, reset_peak_rss, resolve_device, result_header
+    from cubic.runners.local import PHASES, CpuMeter, fp8_transform
 
-    head = _result_header(workload, config)
+    head = result_header(workload, config)
     dev = torch.device(resolve_device(device))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     gconf = _global_config(config, plan, world)
     transform = fp8_transform(config, workload, fp8_choice)
     wl = gconf.apply(workload)
-    emb = ShardedEmbedding(wl, plan, rank, world, seed=config.seed, device=dev) if world > 1 else None
+    two_d = (TwoD.create(rank, world, plan.group_size, config.sharding.sync, config.sharding.sync_interval)
+             if plan is not None and world > 1 and plan.group_size < world else None)
+    if two_d is not None:
+        emb = ShardedEmbedding(wl, plan, rank % two_d.group_size, two_d.group_size, seed=config.seed, device=dev,
+                               two_d=two_d)
+    else:
+        emb = ShardedEmbedding(wl, plan, rank, world, seed=config.seed, device=dev) if world > 1 else None
     session = TrainSession(workload, gconf, dev, transform=transform, embedding=emb, rank=rank, world_size=world)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -375,20 +545,23 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     every = eval_every or max(1, total // 5)
     eval_at = sorted({0, total, *range(every, total, every)})
     trajectory = [{"step": 0.0, **session.evaluate()}]
-    setup_peak = _proc_status_bytes("VmHWM")
+    setup_peak = proc_status_bytes("VmHWM")
     peak_reset = dev.type == "cpu" and reset_peak_rss()
     meter = CpuMeter()
     clock = PhaseClock(dev, session.comm_seconds)
-    times: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
+    times: dict[str, list[float]] = {p: [] for p in ("step", "sync", *PHASES)}
+    sync_s = (lambda: emb.sync_s) if emb is not None else (lambda: 0.0)
     failure = None
     for step in range(total):
         b = session.batch(step)  # outside the timed region
         try:
             if step >= warmup:
+                s0 = sync_s()
                 with meter:
                     clock.start()
                     session.step(step, b, clock)
                 times["step"].append(clock.step_ms)
+                times["sync"].append((sync_s() - s0) * 1e3)
                 for p in PHASES:
                     times[p].append(clock.ms[p])
             else:
@@ -402,10 +575,18 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
         trajectory.append({"step": float(total), **session.evaluate()})
     step_ms = times["step"]
     mem = peak_memory(dev)
+    replica_ne: list[float] = []
+    sync_ms = times["sync"]
     if world > 1:  # a step is as slow as the slowest rank; a run needs the largest rank's memory
-        agg = torch.tensor(step_ms + [mem["peak_mem_bytes"]], dtype=torch.float64, device=dev)  # NCCL: on device
+        n = len(step_ms)
+        agg = torch.tensor(step_ms + sync_ms + [mem["peak_mem_bytes"]], dtype=torch.float64, device=dev)  # NCCL: on device
         dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-        step_ms, mem["peak_mem_bytes"] = agg[:-1].tolist(), float(agg[-1])
+        step_ms, sync_ms, mem["peak_mem_bytes"] = agg[:n].tolist(), agg[n:2 * n].tolist(), float(agg[-1])
+        if two_d is not None:  # each replica's own model: the NE every group's ranks computed, averaged
+            ne = torch.zeros(two_d.replicas, dtype=torch.float64, device=dev)
+            ne[two_d.replica] = trajectory[-1]["ne"] / two_d.group_size
+            dist.all_reduce(ne)
+            replica_ne = ne.tolist()
         dist.destroy_process_group()
     if rank != 0:
         return None
@@ -425,6 +606,8 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
         "train_loss_first": float(np.mean(losses[:5])), "train_loss_last": float(np.mean(losses[-5:])),
         "batch_size": float(wl.batch_size // world), "world_size": float(world),
         "comm_time_median_ms": float(np.median(times["communication"])),
+        "sync_time_mean_ms": float(np.mean(sync_ms)) if sync_ms else 0.0,
+        "sync_time_median_ms": float(np.median(sync_ms)) if sync_ms else 0.0,
         **meter.metrics(),
     }
     extra: dict[str, Any] = {
@@ -436,10 +619,19 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
         "setup_peak_rss_bytes_rank0": setup_peak,
         "shard_types": sorted({s.sharding_type for s in plan.shards}) if plan else [],
         "tolerance": {"early_steps": EARLY_STEPS, "loss_rtol": LOSS_RTOL, "ne_rtol": NE_RTOL},
+        "sync_times_ms": [round(x, 4) for x in sync_ms],
     }
+    if two_d is not None:
+        extra["two_d"] = {**two_d.describe(), "replica_ne_end": replica_ne,
+                          "ne_end": "mean over replicas of each replica's own eval NE (the trajectory is replica 0's)",
+                          "optimizer": wl.optimizers.embedding}
+        metrics["ne_end"] = float(np.mean(replica_ne))
+        metrics["group_size"], metrics["replicas"] = float(two_d.group_size), float(two_d.replicas)
+        metrics["sync_interval"] = float(two_d.interval)
     fp8 = config.fp8.policy != "off"
     if check_single is None:
-        check_single = world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8
+        check_single = (world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8
+                        and (two_d is None or two_d.sync == "gradients"))  # averaged replicas differ by design
     phases = {p: float(np.median(times[p])) for p in PHASES}
     if check_single:
         ref = reference_run(workload, gconf, steps=total, eval_at=eval_at, device=dev, transform=transform)
@@ -494,7 +686,7 @@ class DistributedRunner(Runner):
         return fingerprint_hash(self.fingerprint())
 
     def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5, progress=None) -> Result:
-        from cost_models.comm import _free_port
+        from cubic.runners.base import free_port
         from cubic.core.fingerprint import fingerprint_hash, versions
 
         t_start = time.monotonic()
@@ -504,7 +696,7 @@ class DistributedRunner(Runner):
                       fingerprint_hash=fingerprint_hash(fp))
         try:
             plan = make_plan(workload, config, self.world_size)
-            why = check_plan(config.apply(workload), plan, self.world_size)
+            why = check_plan(config.apply(workload), plan, self.world_size, config)
             if why is None and config.batch_size and config.batch_size != plan.batch_size:
                 why = f"config.batch_size {config.batch_size} differs from the plan's per-rank batch {plan.batch_size}"
         except (ValueError, KeyError) as e:
@@ -521,7 +713,7 @@ class DistributedRunner(Runner):
                 "steps": steps, "warmup": warmup, "device": self.device, "check_single": self.verify,
                 "versions": versions(), "threads": self.threads,
             }))
-            port = _free_port()
+            port = free_port()
             procs = []
             logs = []
             try:

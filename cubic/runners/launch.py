@@ -13,6 +13,10 @@ for runs of up to 300 steps on more than one rank, without FP8) also trains the 
 0 and records whether the two agree within the stated tolerance. :class:`DistributedRunner` starts
 this same module W times (``--request``: its request file) with the environment torchrun would set.
 
+A plan made with ``--group-size G`` (G < WORLD_SIZE) trains 2D sparse parallelism: WORLD_SIZE/G
+replicas of a G-rank group, kept in step by the config's ``sharding.sync`` / ``sync_interval``
+(see :mod:`cubic.runners.distributed`).
+
 Exit codes: 0 ok, 1 a failed run (rank 0 still writes its Result) or a failed rank, 2 bad input
 (one line on stderr naming the file and field or the flag).
 """
@@ -73,9 +77,9 @@ def _inputs(args):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if os.environ.get("CUBIC_PARENT_PID"):  # started by DistributedRunner: never outlive it
-        from cubic.runners._child import _die_with_parent
+        from cubic.runners._child import die_with_parent
 
-        _die_with_parent(int(os.environ["CUBIC_PARENT_PID"]))
+        die_with_parent(int(os.environ["CUBIC_PARENT_PID"]))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     from cubic.core.spec import SpecError
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from cubic.core.result import Result
     from cubic.runners.distributed import check_plan, make_plan, run_worker
-    from cubic.runners.local import _result_header, classify_exception, resolve_device, resolve_fp8
+    from cubic.runners.base import classify_exception, resolve_device, result_header
+    from cubic.runners.local import resolve_fp8
 
     if threads:
         torch.set_num_threads(int(threads))
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:  # one plan and one FP8 placement for every rank, whatever made them
                 try:
                     plan = make_plan(workload, config, world)
-                    why = check_plan(config.apply(workload), plan, world)
+                    why = check_plan(config.apply(workload), plan, world, config)
                     if why is None and config.batch_size and config.batch_size != plan.batch_size:
                         why = f"config.batch_size {config.batch_size} differs from the plan's batch {plan.batch_size}"
                     box = [plan.model_dump_json() if why is None else "invalid: " + why,
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             if box[0].startswith("invalid: "):
                 dist.destroy_process_group()
                 if rank == 0:
-                    result = Result.failed("invalid", box[0][len("invalid: "):], **_result_header(workload, config))
+                    result = Result.failed("invalid", box[0][len("invalid: "):], **result_header(workload, config))
                     return _write(result, args.json_out)
                 return 1
             from cubic.core.config import FP8Choice
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank != 0:
             raise
         kind, reason = classify_exception(e)
-        result = Result.failed(kind, reason, **_result_header(workload, config))
+        result = Result.failed(kind, reason, **result_header(workload, config))
     if rank != 0:
         return 0
     return _write(result, args.json_out)

@@ -72,8 +72,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from abc import ABC, abstractmethod
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -89,8 +87,10 @@ from cubic.core.fingerprint import versions
 from cubic.core.result import Result, RunInterrupted
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import SpecError, Workload
+from cubic.runners.base import (  # noqa: F401  (re-exported: the names importers of this module used)
+    ProgressFn, Runner, classify_exception, peak_memory, proc_status_bytes, reset_peak_rss, resolve_device,
+    result_header, validate_config)
 
-ProgressFn = Callable[[int, int], None]
 PHASES = ("embedding_fwd", "embedding_bwd", "dense_fwd", "dense_bwd", "optimizer", "communication")
 FAULTS_ENV = "CUBIC_ALLOW_FAULTS"
 _BATCH_BUFFER_BYTES = 256 * 2**20  # pre-generated batches held at once
@@ -116,46 +116,6 @@ class Fault(BaseModel):
 
 def faults_allowed() -> bool:
     return os.environ.get(FAULTS_ENV) == "1"
-
-
-class Runner(ABC):
-    """Measures (workload, config) pairs. ``source`` is 'measured' or 'simulated'."""
-
-    source: str = "measured"
-
-    def run_spec(self) -> RunSpec:
-        """Where and how this runner's runs happen (subclasses say more: world size, cluster)."""
-        return RunSpec(kind="local", device=str(getattr(self, "device", "auto") or "auto"),
-                       threads=getattr(self, "threads", None))
-
-    def cache_key(self) -> str:
-        """The run spec's key: results of runners with equal keys on one machine are interchangeable."""
-        return self.run_spec().cache_key()
-
-    @abstractmethod
-    def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
-            progress: ProgressFn | None = None) -> Result:
-        """Run and return a Result; failures are failed Results, never exceptions."""
-
-
-def validate_config(workload: Workload, config: Config) -> str | None:
-    """Why the local single-process runner cannot execute ``config`` (None when it can)."""
-    if config.sharding.planner != "none" or config.sharding.plan is not None or config.sharding.group_size \
-            or config.sharding.sync is not None or config.sharding.sync_interval is not None:
-        return ("sharded configs (sharding.planner / sharding.plan / group_size / sync) run through sharding's "
-                "distributed runner, not the local single-process runner")
-    if config.fp8.policy != "off" and find_spec("fp8.runtime") is None:
-        return f"fp8.policy={config.fp8.policy!r} needs fp8.runtime, which is not installed in this checkout"
-    try:
-        config.apply(workload)
-    except SpecError as e:
-        return str(e)
-    return None
-
-
-def _result_header(workload: Workload, config: Config) -> dict[str, Any]:
-    return dict(workload=workload.name, workload_hash=workload.content_hash(),
-                config_hash=config.content_hash(), seed=config.seed)
 
 
 class LocalRunner(Runner):
@@ -186,7 +146,7 @@ class LocalRunner(Runner):
             progress: ProgressFn | None = None) -> Result:
         t0 = time.monotonic()
         try:
-            head = _result_header(workload, config)
+            head = result_header(workload, config)
         except Exception as e:  # noqa: BLE001 -- never raise in the caller
             return Result.failed("invalid", f"{type(e).__name__}: {e}")
         try:
@@ -319,81 +279,6 @@ def _tail(text: str, n: int = 600) -> str:
 
 
 # --- the measurement itself (runs in the child) -----------------------------------------------
-
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc",
-                "failed to allocate")
-
-
-def classify_exception(e: BaseException) -> tuple[str, str]:
-    """(failure kind, one-line reason) for an exception raised by a run."""
-    text = f"{type(e).__name__}: {e}"
-    reason = " ".join(text.split())[:1000]
-    if isinstance(e, KeyboardInterrupt):  # SIGINT, or SIGTERM turned into one by the child's handler
-        return "killed", f"interrupted: {' '.join(str(e).split()) or 'SIGINT'}"
-    if isinstance(e, SpecError):
-        return "invalid", reason
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
-        return "oom", reason
-    if isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _OOM_MARKERS):
-        return "oom", reason
-    return "error", reason
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def _proc_status_bytes(field: str) -> int | None:
-    """A ``Vm*`` line of /proc/self/status in bytes (Linux); None elsewhere."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: ``5 > clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_memory(device) -> dict[str, float]:
-    """The run's own peak memory, as metrics.
-
-    CPU: ``peak_mem_bytes`` is the process's peak resident set, ``VmHWM`` from /proc/self/status.
-    Not ``ru_maxrss``: Linux carries that across exec from the parent's address space (a parent
-    holding 10 GB would make every child report 10 GB), while VmHWM belongs to the address space
-    exec created, i.e. to this run alone. It includes the interpreter, torch and the model, which a
-    run does need; :func:`train_and_measure` resets it after setting up (see ``reset_peak_rss``) so
-    that the synthetic data's one-off calibration arrays do not count, only what training holds.
-    CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (tensors) and
-    ``peak_mem_reserved_bytes`` ``max_memory_reserved`` (what the caching allocator took from the
-    device, which is what decides an OOM).
-    """
-    import torch
-
-    if device.type == "cuda":
-        return {"peak_mem_bytes": float(torch.cuda.max_memory_allocated(device)),
-                "peak_mem_reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
-    hwm = _proc_status_bytes("VmHWM")
-    if hwm is None:  # not Linux: the best there is
-        import resource
-
-        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"peak_mem_bytes": float(hwm)}
-
 
 class CpuMeter:
     """Process CPU time over wall time over threads during a region, and the load average around it.
@@ -552,7 +437,7 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
     from cubic.core.fingerprint import fingerprint, fingerprint_hash
     from cubic.core.train import NonFiniteLoss, PhaseClock, TrainSession, window_stats
 
-    head = _result_header(workload, config)
+    head = result_header(workload, config)
     dev = torch.device(resolve_device(device))
     session = TrainSession(workload, config, dev, transform=fp8_transform(config, workload))
     w = session.workload
@@ -569,7 +454,7 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
     every = eval_every or max(1, total // 5)
     trajectory = [evaluate(0)]
     probe_before = speed_probe() if dev.type == "cpu" else math.nan  # before the peak-memory reset
-    setup_peak = _proc_status_bytes("VmHWM")
+    setup_peak = proc_status_bytes("VmHWM")
     peak_reset = dev.type == "cpu" and reset_peak_rss()
     meter = CpuMeter()
     ticks0, own0, ticks_t0 = machine_ticks(), cpu_and_preemptions()[0], time.monotonic()

@@ -18,7 +18,7 @@ from typing import Any
 from cubic.core.result import Result
 
 try:
-    from cubic.runners.local import Runner
+    from cubic.runners.base import Runner
 except ModuleNotFoundError as _e:  # the runner module lands separately; RayRunner works without the ABC
     if _e.name != "cubic.runners.local":
         raise

@@ -27,7 +27,7 @@ from cubic.core.runspec import RunSpec
 from cubic.core.spec import SpecError, Workload, parse_model, read_structured, stable_hash
 from cubic.core.units import GB, gib
 
-from cubic.runners.local import Runner
+from cubic.runners.base import Runner
 
 STEP_MODEL_VERSION = 2  # 2: plans from sharding.from_config (greedy planner, one comm model); bump when the step model's physics change: simulated trials are keyed by it
 SIM_NOTE = ("SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated (the NE cost of 2D "

@@ -32,7 +32,7 @@ from pathlib import Path
 from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.spec import SpecError, Workload
-from cubic.runners.local import Runner
+from cubic.runners.base import Runner
 
 LR = 0.05
 
@@ -217,11 +217,11 @@ def _spawn(fn, world: int, args: tuple, timeout_s: float) -> list[dict]:
     Raises TimeoutError, or RuntimeError with the first failing rank's last traceback line."""
     import torch.multiprocessing as mp
 
-    from cost_models.comm import _free_port
+    from cubic.runners.base import free_port
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out")
-        ctx = mp.start_processes(fn, args=(world, args[0], _free_port(), *args[1:], out), nprocs=world,
+        ctx = mp.start_processes(fn, args=(world, args[0], free_port(), *args[1:], out), nprocs=world,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:

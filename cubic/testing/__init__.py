@@ -22,7 +22,7 @@ from typing import Any
 
 from cubic.core.result import Result
 from cubic.core.spec import Workload
-from cubic.runners.local import Runner
+from cubic.runners.base import Runner
 
 LOG_ENV = "CUBIC_RELIABILITY_LOG"
 DELAY_ENV = "CUBIC_RELIABILITY_DELAY"

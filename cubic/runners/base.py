@@ -1,0 +1,146 @@
+"""What every runner shares: the :class:`Runner` interface and the helpers each runner's Result
+needs (the config check of the single-process runner, the Result header, peak memory, the
+classification of an exception into a failure kind, the device, a free TCP port for a process group).
+
+Moved out of :mod:`cubic.runners.local` so that the distributed, TorchRec and simulated runners
+depend on this small module, not on the local runner; ``cubic.runners.local`` re-exports the names
+its importers used.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from abc import ABC, abstractmethod
+from importlib.util import find_spec
+from typing import Any, Callable
+
+from cubic.core.config import Config
+from cubic.core.result import Result
+from cubic.core.runspec import RunSpec
+from cubic.core.spec import SpecError, Workload
+
+ProgressFn = Callable[[int, int], None]
+
+
+class Runner(ABC):
+    """Measures (workload, config) pairs. ``source`` is 'measured' or 'simulated'."""
+
+    source: str = "measured"
+
+    def run_spec(self) -> RunSpec:
+        """Where and how this runner's runs happen (subclasses say more: world size, cluster)."""
+        return RunSpec(kind="local", device=str(getattr(self, "device", "auto") or "auto"),
+                       threads=getattr(self, "threads", None))
+
+    def cache_key(self) -> str:
+        """The run spec's key: results of runners with equal keys on one machine are interchangeable."""
+        return self.run_spec().cache_key()
+
+    @abstractmethod
+    def run(self, workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
+            progress: ProgressFn | None = None) -> Result:
+        """Run and return a Result; failures are failed Results, never exceptions."""
+
+
+def validate_config(workload: Workload, config: Config) -> str | None:
+    """Why the local single-process runner cannot execute ``config`` (None when it can)."""
+    if config.sharding.planner != "none" or config.sharding.plan is not None or config.sharding.group_size \
+            or config.sharding.sync is not None or config.sharding.sync_interval is not None:
+        return ("sharded configs (sharding.planner / sharding.plan / group_size / sync) run through sharding's "
+                "distributed runner, not the local single-process runner")
+    if config.fp8.policy != "off" and find_spec("fp8.runtime") is None:
+        return f"fp8.policy={config.fp8.policy!r} needs fp8.runtime, which is not installed in this checkout"
+    try:
+        config.apply(workload)
+    except SpecError as e:
+        return str(e)
+    return None
+
+
+def result_header(workload: Workload, config: Config) -> dict[str, Any]:
+    """The fields every Result of (workload, config) carries, failures included."""
+    return dict(workload=workload.name, workload_hash=workload.content_hash(),
+                config_hash=config.content_hash(), seed=config.seed)
+
+
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc",
+                "failed to allocate")
+
+
+def classify_exception(e: BaseException) -> tuple[str, str]:
+    """(failure kind, one-line reason) for an exception raised by a run."""
+    text = f"{type(e).__name__}: {e}"
+    reason = " ".join(text.split())[:1000]
+    if isinstance(e, KeyboardInterrupt):  # SIGINT, or SIGTERM turned into one by the child's handler
+        return "killed", f"interrupted: {' '.join(str(e).split()) or 'SIGINT'}"
+    if isinstance(e, SpecError):
+        return "invalid", reason
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return "oom", reason
+    if isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _OOM_MARKERS):
+        return "oom", reason
+    return "error", reason
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def proc_status_bytes(field: str) -> int | None:
+    """A ``Vm*`` line of /proc/self/status in bytes (Linux); None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: ``5 > clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(device) -> dict[str, float]:
+    """The run's own peak memory, as metrics.
+
+    CPU: ``peak_mem_bytes`` is the process's peak resident set, ``VmHWM`` from /proc/self/status.
+    Not ``ru_maxrss``: Linux carries that across exec from the parent's address space (a parent
+    holding 10 GB would make every child report 10 GB), while VmHWM belongs to the address space
+    exec created, i.e. to this run alone. It includes the interpreter, torch and the model, which a
+    run does need; :func:`train_and_measure` resets it after setting up (see ``reset_peak_rss``) so
+    that the synthetic data's one-off calibration arrays do not count, only what training holds.
+    CUDA: ``peak_mem_bytes`` is ``torch.cuda.max_memory_allocated`` (tensors) and
+    ``peak_mem_reserved_bytes`` ``max_memory_reserved`` (what the caching allocator took from the
+    device, which is what decides an OOM).
+    """
+    import torch
+
+    if device.type == "cuda":
+        return {"peak_mem_bytes": float(torch.cuda.max_memory_allocated(device)),
+                "peak_mem_reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
+    hwm = proc_status_bytes("VmHWM")
+    if hwm is None:  # not Linux: the best there is
+        import resource
+
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"peak_mem_bytes": float(hwm)}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process group's rendezvous)."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
