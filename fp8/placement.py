@@ -115,7 +115,7 @@ class SitePlacement(Frozen):
     n: int = Field(ge=1)
     norm_before: bool = False
     act_after: str | None = None
-    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32"] | None = None
+    recipe: Literal[FP8_RECIPES] | None = None  # type: ignore[valid-type]
     kernel: str | None = None
     safe: bool = False
     fast: bool = False

@@ -33,7 +33,7 @@ from torch import nn
 
 from cubic.core.stats import t_half_width
 from fp8.kernels import default_kernel, swapped
-from fp8.recipes import FP8_RECIPES, gemm_recipe, linear_gemm_errors
+from fp8.recipes import FP8_RECIPES, RECIPES, linear_gemm_errors
 
 GEMMS: tuple[str, ...] = ("fwd", "grad_input", "grad_weight")
 SQNR_CAP_DB = 200.0  # exact results (inf) are capped so that means and intervals stay finite
@@ -372,11 +372,11 @@ class Probe:
         self.losses = losses
         base = losses(self.model)
         for name, rec in self.sites.items():
-            by_fwd: dict[str, dict[str, float]] = {}  # recipes whose forward GEMMs round alike share it
+            by_fwd: dict = {}  # recipes whose forward GEMMs round alike (the table's casts) share it
             for recipe in recipes or self.recipes:
-                fwd = gemm_recipe(recipe, "fwd")
+                fwd = (RECIPES[recipe].fwd, RECIPES[recipe].pow2_scales) if recipe in RECIPES else recipe
                 if fwd not in by_fwd:
-                    kern = default_kernel(fwd, base.device, (max(rec.rows, 1), rec.in_features, rec.out_features))
+                    kern = default_kernel(recipe, base.device, (max(rec.rows, 1), rec.in_features, rec.out_features))
                     by_fwd[fwd] = ne_cost(self.model, losses, {self._inner(name): kern.name}, base, self.confidence)
                 rec.ne[recipe] = by_fwd[fwd]
         return self

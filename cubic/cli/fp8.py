@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from cubic.core.recipes import FP8_RECIPES, TORCHAO_RECIPES
 from cubic.core.spec import SpecError
 
 
@@ -256,7 +257,7 @@ def register(subparsers) -> None:
     mo = sub.add_parser("model", help="modelled H100 fwd+bwd time of a linear block, bf16 vs FP8")
     for d in ("m", "k", "n"):
         mo.add_argument(f"--{d}", type=_positive(int), required=True)
-    mo.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32"],
+    mo.add_argument("--recipe", choices=FP8_RECIPES,
                     default="tensorwise")
     mo.add_argument("--mode", choices=["compile", "eager"], default="compile",
                     help="torch.compile-fused casts (default) or eager PyTorch kernels")
@@ -273,7 +274,7 @@ def register(subparsers) -> None:
     ch.add_argument("--workload", required=True)
     ch.add_argument("--placement", help="placement JSON (from `cubic fp8 probe`)")
     ch.add_argument("--all", action="store_true", help="also train with every site in FP8")
-    ch.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"], default="tensorwise",
+    ch.add_argument("--recipe", choices=TORCHAO_RECIPES, default="tensorwise",
                     help="recipe for --all")
     ch.add_argument("--steps", type=_positive(int), default=150)
     ch.add_argument("--seed", type=int, default=0)
