@@ -1,4 +1,4 @@
-"""``cubic fp8 <verb>``: probe, model, check, kernels.
+"""``cubic fp8 <verb>``: probe, model, check, kernels, export.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
                     --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json
@@ -9,6 +9,7 @@
                                                                             (modelled H100 times)
     cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
     cubic fp8 kernels --m M --k K --n N [--budget-sqnr DB] [--json]       (measured, this device)
+    cubic fp8 export placement.json --format torchao [--out fp8_placement.py]   (apply with torchao)
 
 Bad input raises SpecError/ValueError: one line on stderr, exit 2.
 """
@@ -186,6 +187,24 @@ def cmd_kernels(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from fp8.placement import load_placement
+    from fp8.torchao_export import export_module
+
+    out = _out_path(args.out) if args.out else None
+    p = load_placement(args.placement)
+    text = export_module(p, source=args.placement)
+    if out is None:
+        print(text, end="")
+        return 0
+    out.write_text(text)
+    groups = {r: sum(1 for s in p.fp8_sites().values() if s.recipe == r) for r in TORCHAO_RECIPES}
+    print(f"wrote {out}: {len(p.fp8_sites())}/{len(p.sites)} sites in FP8 ("
+          + ", ".join(f"{n} {r}" for r, n in groups.items() if n) + "); in the job: "
+          f"import {out.stem}; model = {out.stem}.apply(model)")
+    return 0
+
+
 def _positive(kind):
     def parse(s: str):
         try:
@@ -280,6 +299,13 @@ def register(subparsers) -> None:
     ch.add_argument("--seed", type=int, default=0)
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(func=cmd_check)
+
+    ex = sub.add_parser("export", help="write a placement as a Python module that applies it with torchao")
+    ex.add_argument("placement", help="placement JSON (from `cubic fp8 probe --out`)")
+    ex.add_argument("--format", choices=["torchao"], default="torchao",
+                    help="torchao: a module with apply(model) (convert_to_float8_training per recipe)")
+    ex.add_argument("--out", help="write the module here (default: stdout)")
+    ex.set_defaults(func=cmd_export)
 
     ke = sub.add_parser("kernels", help="time every registered kernel for one linear shape (this device)")
     for d in ("m", "k", "n"):
