@@ -72,8 +72,8 @@ def test_probe_keeps_sampling_until_the_interval_is_narrow():
 
 
 def test_choose_gives_reasons():
-    site = {"errors": {"tensorwise": {"sqnr_db": 24.0, "ci_low_db": 23.0},
-                       "rowwise": {"sqnr_db": 26.0, "ci_low_db": 25.0}},
+    site = {"errors": {"tensorwise": {"sqnr_db": 24.0, "ci_low_db": 23.0, "ci_high_db": 25.0},
+                       "rowwise": {"sqnr_db": 26.0, "ci_low_db": 25.0, "ci_high_db": 27.0}},
             "speedups": {"tensorwise": 1.3, "rowwise": 0.8}}
     assert choose(site, 20.0, require_fast=True)[0] == "tensorwise"
     assert choose(site, 20.0, require_fast=False)[0] == "tensorwise"  # the faster of the safe ones

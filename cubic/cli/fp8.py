@@ -66,21 +66,29 @@ def cmd_probe(args) -> int:
     batch = placement.probe.get("target_batch")
     rows = []
     for name, s in placement.sites.items():
-        r = s.recipe or max(s.error, key=lambda k: s.error[k].ci_low_db if k != "bf16" else -1e9)
-        e = s.error.get(r)
+        # the recipe whose numbers the decision used, and its verdict: the row agrees with the reason
+        r = s.verdict_recipe or s.recipe
+        e = s.error.get(r) if r else None
         err = f"{e.sqnr_db:.1f} [{e.ci_low_db:.1f}, {e.ci_high_db:.1f}]" if e else "-"
         ne = (f"{100 * e.ne_rel:+.3f} [{100 * e.ne_rel_ci_low:+.3f}, {100 * e.ne_rel_ci_high:+.3f}]"
               if e and e.ne_rel is not None else "-")
         # M of the batch the placement is for (--target-batch), the shape its speedup is predicted at
-        rows.append([name, f"{s.m_target or s.m}x{s.k}x{s.n}", s.recipe or "-", s.kernel or "-",
+        rows.append([name, f"{s.m_target or s.m}x{s.k}x{s.n}", r or "-", s.verdict or ("safe" if s.safe else "-"),
+                     "yes" if s.recipe else "no", s.kernel or "-",
                      ",".join(m.name for m in s.applied_mods) or "-", err, ne,
-                     str(e.batches if e else 0), "yes" if s.safe else "no", "yes" if s.fast else "no",
+                     str(e.batches if e else 0), "yes" if s.fast else "no",
                      f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or ""])
-    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}; speed modelled on {args.target}"
-                + (f" at batch {batch}" if batch else "") + "; SQNR measured on the probe's batches)",
-                ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "kernel", "mods",
-                 "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches", "safe", "fast", "speedup", "reason"],
+    dev = placement.probe_device
+    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}"
+                + (f", held-out NE cost <= {100 * placement.budget_ne_rel:+.4f}%" if placement.budget_ne_rel else "")
+                + f"; SQNR and NE measured on {dev} on the probe's batches; speed modelled on {args.target}"
+                + (f" at batch {batch}" if batch else "") + f"; kernels timed on {dev})",
+                ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "verdict", "FP8",
+                 f"kernel ({dev}-timed)", "mods", "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches",
+                 f"fast ({args.target})", f"speedup ({args.target}, modelled)", "reason"],
                 rows)
+    counts = {v: sum(1 for s in placement.sites.values() if s.verdict == v) for v in ("safe", "inconclusive", "unsafe")}
+    print("verdicts (each site alone, its recipe shown): " + ", ".join(f"{n} {v}" for v, n in counts.items()))
     combined = (f"; combined SQNR lower bound {placement.model_sqnr_db:.1f} dB (modelled: noise powers add)"
                 if placement.model_sqnr_db is not None else "")
     if placement.model_ne_rel is not None:
