@@ -118,27 +118,32 @@ def resolve_loss(loss: str):
 
 def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
                  min_batches: int = 4, max_batches: int = 24, lr: float = 1e-3, loss: str = "mse",
-                 ne_batches: int = 16) -> Probe:
+                 ne_batches: int = 16, device: str = "cpu") -> Probe:
     """Probe any model given as ``package.module:factory``.
 
     ``factory()`` returns ``(model, batch_fn)`` where ``batch_fn(step) -> (inputs, targets)``; the
     Probe trains it with Adam on ``loss`` (:func:`resolve_loss`: ``model(inputs)`` vs ``targets``).
     Then each site's held-out cost (:meth:`fp8.probe.Probe.measure_ne`) is the relative change of
     ``loss`` (NE's, for a log loss) paired over the ``ne_batches`` batches after the trained ones,
-    which the Probe never trained on; 0 skips it.
+    which the Probe never trained on; 0 skips it. ``device``: where the model trains and is probed.
     """
     import torch
+
+    from fp8.kernels import check_device
+
+    dev = check_device(device)
 
     loss_fn = resolve_loss(loss)
     factory = _load_callable(spec, "--module")
     model, batch_fn = _checked_factory(factory, spec)
+    model = model.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     def batch(i: int):
         got = _user_call(batch_fn, f"batch_fn({i})", i)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise SpecError(f"batch_fn({i}) must return (inputs, targets), got {type(got).__name__}", field="--module")
-        return got
+        return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in got)
 
     def step(i: int) -> None:
         x, y = batch(i)
@@ -205,7 +210,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
               keep_first_last: bool = True, unsure_margin: bool = True, probe_stride: int = 1,
               label: str | None = None, mods: bool = True, mods_probe: Probe | None = None,
-              budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL) -> Placement:
+              budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL,
+              device: str = "cpu") -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -238,20 +244,26 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     must meet it too (:func:`apply_model_ne_budget`). SQNR alone let wukong-small's
     ``layers.0.lcb.proj`` through at 29 dB; its FP8 forward costs +0.16% [+0.10%, +0.23%] held-out NE.
     None: not checked.
+
+    ``device``: where the Probe trains and measures and Dispatch times kernels (``cpu``, ``cuda``,
+    ``cuda:N``); the placement records it as ``probe_device``.
     """
+    from fp8.kernels import check_device
+
+    device = str(check_device(device, "device"))
     if budget_scope not in ("site", "model"):
         raise SpecError(f"unknown budget scope {budget_scope!r} (site or model)", field="budget_scope")
     if probe is None:
         if workload is None:
             raise SpecError("give a workload or a probe", field="workload")
         probe, _ = probe_workload(workload, config, warmup_steps=warmup_steps, max_batches=max_batches,
-                                  ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride)
+                                  ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride, device=device)
     if mods and mods_probe is None and workload is not None:
-        mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps)
+        mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps, device=device)
     modded = mods_probe.summary() if mods and mods_probe is not None else {}
     wanted = suggested_mods(probe) if modded else {}
     device = load_device(target_device)
-    dispatcher = dispatcher or Dispatcher()
+    dispatcher = dispatcher or Dispatcher(device=device)
     batch = (config.batch_size if config and config.batch_size else None) or (
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
     summary = probe.summary()

@@ -47,13 +47,14 @@ def cmd_probe(args) -> int:
     w = load_workload(args.workload) if args.workload else None
     probe = None
     if args.module:
-        probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss)
+        probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss,
+                             device=args.device)
     label = w.name if w is not None else args.module
     placement = recommend(w, args.budget_sqnr, probe=probe, label=label, require_fast=args.require_fast, target_device=args.target,
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
-                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope,
+                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope, device=args.device,
                           **({} if args.budget_ne == "default" else {"budget_ne_rel": args.budget_ne}))
     text = placement.model_dump_json(indent=2)
     if out:
@@ -174,10 +175,10 @@ def cmd_kernels(args) -> int:
     check_allocation(8 * (args.m * args.k + args.k * args.n + args.m * args.n),
                      f"a {args.m}x{args.k}x{args.n} GEMM", field="--m/--k/--n")
     from fp8.dispatch import Dispatcher
-    from fp8.kernels import modelled_h100_ms
+    from fp8.kernels import check_device, modelled_h100_ms
 
     _threads()
-    d = Dispatcher(repeats=args.repeats)
+    d = Dispatcher(repeats=args.repeats, device=str(check_device(args.device)))
     times = d.times(args.m, args.k, args.n)
     modelled = {k: t for k in d.kernels if (t := modelled_h100_ms(k, args.m, args.k, args.n)) is not None}
     out = {"source": "measured", "device": str(d.device), "shape": [args.m, args.k, args.n],
@@ -188,7 +189,7 @@ def cmd_kernels(args) -> int:
     else:
         for k, v in sorted(times.items(), key=lambda kv: kv[1]):
             h = f"; H100 {modelled[k]:.4f} ms modelled" if k in modelled else ""
-            print(f"{k:30s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured){h}")
+            print(f"{k:30s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured on {d.device}){h}")
         for k, why in out["unavailable"].items():
             h = f" (H100 {modelled[k]:.4f} ms modelled)" if k in modelled else ""
             print(f"{k:30s} not timed here: {why}{h}")
@@ -278,6 +279,8 @@ def register(subparsers) -> None:
     pr.add_argument("--stride", type=_positive(int), default=1,
                     help="measure one training step in STRIDE, so the batches span more of training (default 1)")
     pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")
+    pr.add_argument("--device", default="cpu", help="where the Probe trains and measures and Dispatch times "
+                    "kernels: cpu (default), cuda or cuda:N")
     pr.add_argument("--json", action="store_true", help="print the placement JSON")
     pr.set_defaults(func=cmd_probe)
 
@@ -319,5 +322,6 @@ def register(subparsers) -> None:
     for d in ("m", "k", "n"):
         ke.add_argument(f"--{d}", type=_positive(int), required=True)
     ke.add_argument("--repeats", type=_positive(int), default=7)
+    ke.add_argument("--device", default="cpu", help="time the kernels here: cpu (default), cuda or cuda:N")
     ke.add_argument("--json", action="store_true")
     ke.set_defaults(func=cmd_kernels)
