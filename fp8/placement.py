@@ -235,11 +235,13 @@ def verdict(error: dict, budget_db: float | None, budget_ne_rel: float | None, *
       Student-t interval would need to exclude the budget if the spread stayed as measured
       (:func:`cubic.core.stats.samples_to_resolve`).
 
-    Returns ``{"verdict", "checks": [text, ...], "to_decide": {"of", "n", "unit", "have"} | None}``.
+    Returns ``{"verdict", "checks": [text, ...], "to_decide": {"sqnr" | "ne": {"n", "unit", "have"}} | None}``
+    (each straddled interval: the samples of its kind that would decide it).
     """
     from cubic.core.stats import samples_to_resolve
 
-    fails, opens, passes, needs = [], [], [], []
+    fails, opens, passes = [], [], []
+    needs: dict[str, dict] = {}
     if budget_db is not None:
         lo, hi, mean = error["ci_low_db"], error["ci_high_db"], error["sqnr_db"]
         bar = f">= {budget_db - margin_db:.1f} dB" + (f" + {margin_db:.1f} dB (interval still wider than the Probe's "
@@ -253,8 +255,8 @@ def verdict(error: dict, budget_db: float | None, budget_ne_rel: float | None, *
             opens.append(text)
             sd = error.get("sd_db")
             if sd is not None and math.isfinite(sd):
-                needs.append({"of": "sqnr", "n": samples_to_resolve(sd, abs(mean - budget_db), confidence),
-                              "unit": "Probe batches", "have": error.get("batches")})
+                needs["sqnr"] = {"n": samples_to_resolve(sd, abs(mean - budget_db), confidence),
+                                 "unit": "Probe batches", "have": error.get("batches")}
     if budget_ne_rel is not None and error.get("ne_rel_ci_high") is not None:
         lo, hi, mean = error["ne_rel_ci_low"], error["ne_rel_ci_high"], error["ne_rel"]
         text = (f"held-out NE cost {100 * mean:+.4f}% [{100 * lo:+.4f}%, {100 * hi:+.4f}%] vs budget "
@@ -267,20 +269,21 @@ def verdict(error: dict, budget_db: float | None, budget_ne_rel: float | None, *
             opens.append(text)
             sd = error.get("ne_rel_sd")
             if sd is not None and math.isfinite(sd):
-                needs.append({"of": "ne", "n": samples_to_resolve(sd, abs(mean - budget_ne_rel), confidence),
-                              "unit": f"held-out {error.get('ne_unit') or 'examples'}", "have": error.get("ne_samples")})
+                needs["ne"] = {"n": samples_to_resolve(sd, abs(mean - budget_ne_rel), confidence),
+                               "unit": f"held-out {error.get('ne_unit') or 'examples'}", "have": error.get("ne_samples")}
     if fails:
         return {"verdict": "unsafe", "checks": fails, "to_decide": None}
     if opens:
-        return {"verdict": "inconclusive", "checks": opens, "to_decide": max(needs, key=lambda d: d["n"]) if needs else None}
+        return {"verdict": "inconclusive", "checks": opens, "to_decide": needs or None}
     return {"verdict": "safe", "checks": passes, "to_decide": None}
 
 
-def to_decide_text(need: dict | None) -> str:
-    if not need:
+def to_decide_text(needs: dict | None) -> str:
+    if not needs:
         return ""
-    have = f", has {need['have']}" if need.get("have") is not None else ""
-    return f"~{need['n']} {need['unit']} would decide it{have}"
+    parts = [f"~{d['n']} {d['unit']}" + (f" (has {d['have']})" if d.get("have") is not None else "")
+             for d in needs.values()]
+    return " and ".join(parts) + " would decide it"
 
 
 def decide_site(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,

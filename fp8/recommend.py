@@ -262,7 +262,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps, device=device)
     modded = mods_probe.summary() if mods and mods_probe is not None else {}
     wanted = suggested_mods(probe) if modded else {}
-    device = load_device(target_device)
+    target = load_device(target_device)
     dispatcher = dispatcher or Dispatcher(device=device)
     batch = (config.batch_size if config and config.batch_size else None) or (
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
@@ -279,7 +279,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         m_target = max(1, round(m * (target_batch / batch))) if target_batch else m
         speedups = {
             r: block_speedup(m_target, s["k"], s["n"], r, norm_before=s["norm_before"], act_after=s["act_after"],
-                             device=device)["speedup"]
+                             device=target)["speedup"]
             for r in FP8_RECIPES if r in s["errors"]
         }
 

@@ -26,12 +26,14 @@ def test_three_states_from_the_intervals():
     assert verdict(_err(20, 18, 22), 24.0, None)["verdict"] == "unsafe"
     v = verdict(_err(24.5, 22, 27, sd_db=3.0), 24.0, None)
     assert v["verdict"] == "inconclusive"
-    assert v["to_decide"] == {"of": "sqnr", "n": samples_to_resolve(3.0, 0.5), "unit": "Probe batches", "have": 8}
+    assert v["to_decide"] == {"sqnr": {"n": samples_to_resolve(3.0, 0.5), "unit": "Probe batches", "have": 8}}
     # the rows: NE intervals straddling the +0.02% budget are inconclusive, not safe / unsafe
     h2 = verdict(_err(30, 28, 32, ne=(0.00059, 0.00013, 0.00106)), 24.0, 0.0002)
     out = verdict(_err(30, 28, 32, ne=(-0.00013, -0.00056, 0.00029)), 24.0, 0.0002)
     assert h2["verdict"] == out["verdict"] == "inconclusive"
-    assert h2["to_decide"]["of"] == "ne" and h2["to_decide"]["n"] == samples_to_resolve(0.001, 0.00039)
+    assert h2["to_decide"]["ne"]["n"] == samples_to_resolve(0.001, 0.00039) and "sqnr" not in h2["to_decide"]
+    both = verdict(_err(24.5, 22, 27, sd_db=3.0, ne=(0.00059, 0.00013, 0.00106)), 24.0, 0.0002)
+    assert set(both["to_decide"]) == {"sqnr", "ne"}
     assert verdict(_err(30, 28, 32, ne=(0.003, 0.0025, 0.0035)), 24.0, 0.0002)["verdict"] == "unsafe"
     assert verdict(_err(30, 28, 32, ne=(0.0001, 0.00005, 0.00015)), 24.0, 0.0002)["verdict"] == "safe"
 
@@ -83,7 +85,7 @@ def test_the_cli_table_agrees_with_the_placement(tmp_path, capsys):
         if s.verdict != "safe" and s.reason and not s.reason.startswith("keep_first_last"):
             assert f"({s.verdict_recipe})" in s.reason and f"{e.sqnr_db:.1f} [{e.ci_low_db:.1f}, {e.ci_high_db:.1f}]" in s.reason
         if s.verdict == "inconclusive":
-            assert s.to_decide and s.to_decide["n"] >= 2 and "would decide it" in s.reason
+            assert s.to_decide and all(d["n"] >= 2 for d in s.to_decide.values()) and "would decide it" in s.reason
 
 
 def none_factory():
