@@ -47,3 +47,18 @@ def test_cuda_runs_every_fp8_gemm_of_the_torchao_recipes_for_real(monkeypatch):
     assert "multiples of 16" in KERNELS["scaled_mm_rowwise"].unavailable("cuda", 256, 100, 64)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert "8.9" in KERNELS["scaled_mm_rowwise"].unavailable("cuda", 256, 128, 64)
+
+
+def test_kernels_timed_on_another_device_are_not_carried_over():
+    # a CPU-timed choice (an emulation was fastest there) is not what a GPU runs, and vice versa
+    from fp8.kernels import Fp8Linear
+    from fp8.placement import parse_placement
+    from fp8.runtime import apply_placement
+
+    def doc(probe_device):
+        site = {"m": 64, "k": 32, "n": 32, "recipe": "rowwise", "kernel": "emulated_rowwise"}
+        return parse_placement({"probe_device": probe_device, "sites": {"0": site}, "module_filter": ["0"]})
+
+    for probe_device, want in (("cpu", "emulated_rowwise"), ("cuda", "scaled_mm_rowwise")):
+        model = apply_placement(torch.nn.Sequential(torch.nn.Linear(32, 32)), doc(probe_device))
+        assert isinstance(model[0], Fp8Linear) and model[0].kernel.name == want
