@@ -15,6 +15,7 @@ from fp8.recipes import gemm_unsupported
     ["fp8", "probe", "--module", "tests.test_fp8_verdicts:tower_factory", "--budget-sqnr", "20", "--device", "cuda"],
     ["fp8", "kernels", "--m", "16", "--k", "16", "--n", "16", "--device", "cuda:0"],
     ["fp8", "kernels", "--m", "16", "--k", "16", "--n", "16", "--device", "tpu"],
+    ["fp8", "check", "--workload", "dlrm-small", "--all", "--steps", "2", "--device", "cuda"],
 ])
 def test_device_flags_refuse_a_device_this_machine_lacks(argv, capsys):
     assert main(argv) == 2

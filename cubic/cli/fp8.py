@@ -154,12 +154,14 @@ def cmd_check(args) -> int:
         variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
     if not variants:
         raise SpecError("give --placement and/or --all", field="--placement")
-    r = compare(w, variants, args.steps, seed=args.seed)
+    from fp8.kernels import check_device
+
+    r = compare(w, variants, args.steps, seed=args.seed, device=str(check_device(args.device)))
     if args.json:
         print(json.dumps(r, indent=2, default=float))
         return 0
     base = r["full_precision"]
-    print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured): full precision NE {base['ne']:.5f} "
+    print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured on {args.device}): full precision NE {base['ne']:.5f} "
           f"loss {base['loss']:.5f}")
     for name, v in r.items():
         if name != "full_precision":
@@ -308,6 +310,7 @@ def register(subparsers) -> None:
                     help="recipe for --all")
     ch.add_argument("--steps", type=_positive(int), default=150)
     ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--device", default="cpu", help="train here: cpu (default), cuda or cuda:N")
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(func=cmd_check)
 
