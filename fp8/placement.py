@@ -281,8 +281,11 @@ def verdict(error: dict, budget_db: float | None, budget_ne_rel: float | None, *
 def to_decide_text(needs: dict | None) -> str:
     if not needs:
         return ""
-    parts = [f"~{d['n']} {d['unit']}" + (f" (has {d['have']})" if d.get("have") is not None else "")
-             for d in needs.values()]
+    from cubic.core.stats import samples_to_resolve
+
+    cap = samples_to_resolve.__defaults__[-1]  # the count it stops at: the mean sits (nearly) on the budget
+    parts = [(f"more than {cap:,}" if d["n"] >= cap else f"~{d['n']:,}") + f" {d['unit']}"
+             + (f" (has {d['have']:,})" if d.get("have") is not None else "") for d in needs.values()]
     return " and ".join(parts) + " would decide it"
 
 
