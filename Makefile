@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the CPU build on disk (a plain `torch` would download a CUDA build).
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[test,torchrec,ray,postgres,triton]"
+	$(BIN)/python -m pip install -q -e ".[test,torchrec,ray,postgres,triton,torchao]"
 	# Optional peers whose metadata would pull CUDA wheels: install without deps, tolerate absence.
 	-$(BIN)/python -m pip install -q --no-deps $(TORCHREC_SET)
 	touch $(STAMP)

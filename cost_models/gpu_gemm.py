@@ -52,7 +52,7 @@ from cost_models.hardware import H100_SXM, DeviceSpec
 
 Precision = Literal["fp32", "bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp8")
-RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32")
+from cubic.core.recipes import FP8_RECIPES as RECIPES  # noqa: E402 - the one recipe table
 MODES: tuple[str, ...] = ("compile", "eager")
 ACTIVATIONS: tuple[str, ...] = ("sigmoid", "relu", "gelu", "silu")
 

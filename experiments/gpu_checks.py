@@ -5,13 +5,17 @@
 2. ``torch._scaled_mm`` (tensorwise, rowwise) and bf16 ``torch.mm`` timings over a shape grid
    (M, K, N in 1024..16384), CUDA-event timed, median of repeats;
 3. torchao's LN -> Linear -> Sigmoid fwd+bwd block (tensorwise, rowwise, rowwise_with_gw_hp;
-   torch.compile), bf16 vs float8, when torchao is installed.
+   torch.compile), bf16 vs float8, when torchao is installed;
+4. the FP8 paths on CUDA (:func:`fp8_checks`, also alone with ``--only-fp8``, ~1 min): the Probe and
+   recommend() with ``device="cuda"``, Dispatch's timings of every kernel, cubic's Linear vs
+   torchao's Float8Linear per recipe (bf16), a placement exported to torchao and applied, and
+   training steps with it and with cubic's runtime; each with a target in ``targets``.
 
 Writes results/gpu_checks.json labelled "measured on <device name>"; experiments/h100_model_fit.py
 reads its ``gemms`` and ``blocks`` rows when present. Without CUDA it prints one line
 ("no CUDA device") and writes a results file that says so (no rows; its target missed, with why).
 
-    .venv/bin/python experiments/gpu_checks.py [--quick]
+    .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -105,6 +110,131 @@ def block_rows(shapes) -> list[dict]:
     return rows
 
 
+def fp8_tower():
+    """The FP8 checks' model: a 4-layer tower, dims multiples of 16 (the CUDA FP8 GEMM's rule)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 16))
+    g = torch.Generator().manual_seed(1)
+
+    def batch(step):
+        x = torch.randn(256, 64, generator=g)
+        return x, (x[:, :16] > 0).float()
+
+    return model, batch
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / a.norm().clamp_min(1e-30))
+
+
+def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
+    """The FP8 paths on ``device`` (measured): the Probe and recommend(), Dispatch's timings, cubic's
+    Linear against torchao's Float8Linear per recipe, the torchao export applied and trained, and a
+    training step with cubic's runtime. Returns ``{"rows": {...}, "targets": {...}}``."""
+    import copy
+    import warnings
+
+    from torch import nn
+
+    from cubic.core.recipes import TORCHAO_RECIPES
+    from fp8.dispatch import Dispatcher
+    from fp8.kernels import Fp8Linear, default_kernel
+    from fp8.placement import parse_placement
+    from fp8.recommend import probe_module, recommend
+    from fp8.runtime import apply_placement
+
+    warnings.filterwarnings("ignore", message=".*Enum subclass.*")
+    dev = torch.device(device)
+    rows: dict = {"device": str(dev)}
+    targets: dict = {}
+    # 1. Probe + recommend on the device
+    probe = probe_module("experiments.gpu_checks:fp8_tower", loss="bce", max_batches=4 if quick else 8, device=device)
+    disp = Dispatcher(device=device, repeats=3 if quick else 7)
+    placement = recommend(None, 20.0, probe=probe, label="fp8_tower", require_fast=False, dispatcher=disp,
+                          device=device)
+    rows["probe"] = {"probe_device": placement.probe_device, "sites": len(placement.sites),
+                     "fp8_sites": placement.module_filter,
+                     "verdicts": {n: [s.verdict_recipe, s.verdict] for n, s in placement.sites.items()},
+                     "kernels": {n: s.kernel for n, s in placement.fp8_sites().items()}}
+    targets["Probe and recommend() ran on the device"] = {
+        "measured": placement.probe_device, "target": str(dev), "met": placement.probe_device == str(dev)}
+    # 2. Dispatch: every kernel timed (or why not) on the device
+    shape = (256, 256, 256) if quick else (1024, 1024, 1024)
+    times = disp.times(*shape)
+    rows["dispatch"] = {"shape": list(shape), "times_ms": times, "unavailable": disp.unavailable(*shape)}
+    real = [k for k in ("scaled_mm_tensorwise", "scaled_mm_rowwise", "scaled_mm_rowwise_with_gw_hp") if k in times]
+    targets["Dispatch timed the real FP8 kernels of the three torchao recipes"] = {
+        "measured": real, "target": 3, "met": len(real) == 3}
+    # 3. one Linear, cubic vs torchao Float8Linear, bf16 (a job's dtype)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    parity = {}
+    g = torch.Generator().manual_seed(2)
+    m, k, n = 256, 128, 64
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, k)).to(dev, torch.bfloat16)
+    dy = (torch.randn(m, n, generator=g) * 1e-3).to(dev, torch.bfloat16)
+    base = nn.Linear(k, n).to(dev, torch.bfloat16)
+    for recipe in TORCHAO_RECIPES:
+        theirs = nn.Sequential(copy.deepcopy(base))
+        convert_to_float8_training(theirs, config=Float8LinearConfig.from_recipe_name(recipe))
+        kern = default_kernel(recipe, dev, (m, k, n)).name
+        ours = nn.Sequential(Fp8Linear.from_linear(copy.deepcopy(base), kern))
+        got = []
+        for mod in (theirs, ours):
+            xi = x.clone().requires_grad_(True)
+            y = mod(xi)
+            y.backward(dy)
+            got.append((y.detach(), xi.grad, mod[0].weight.grad))
+        parity[recipe] = {"kernel": kern, "bit_identical": all(torch.equal(a, b) for a, b in zip(*got)),
+                          **{f"rel_{t}": _rel(a, b) for t, a, b in zip(("y", "dx", "dw"), *got)}}
+    rows["torchao_parity"] = parity
+    worst = max(v for p in parity.values() for key, v in p.items() if key.startswith("rel_"))
+    targets["cubic's Linear vs torchao's Float8Linear (worst relative difference of y, dx, dw; bf16)"] = {
+        "measured": worst, "target": 1e-2, "met": worst <= 1e-2,
+        "why_target": "bit-identical on a CPU; a GPU may sum in another order and round the bf16 output once more "
+                      "(torchao's rowwise backward scales after a unit-scale GEMM): about one bf16 ulp (2^-8)"}
+    # 4 + 5. a placement with the three recipes, applied by torchao (export) and by cubic's runtime, trained
+    from fp8.torchao_export import apply_placement_torchao
+
+    def site(kk, nn_, recipe=None):
+        return {"m": 256, "k": kk, "n": nn_, "recipe": recipe, "reason": None if recipe else "kept",
+                "kernel": default_kernel(recipe, dev, (256, kk, nn_)).name if recipe else None}
+
+    doc = {"workload": "fp8_tower", "sites": {"0": site(64, 256), "2": site(256, 256, "rowwise"),
+                                             "4": site(256, 128, "rowwise_with_gw_hp"), "6": site(128, 16, "tensorwise")}}
+    doc["module_filter"] = ["2", "4", "6"]
+    pl = parse_placement(doc)
+    losses = {}
+    for how in ("torchao_export", "cubic_runtime"):
+        model, batch = fp8_tower()
+        model = model.to(dev)
+        if how == "torchao_export":
+            apply_placement_torchao(model, pl)
+            converted = sorted(nm for nm, mod in model.named_modules() if type(mod).__name__ == "Float8Linear")
+            rows["export_converted"] = converted
+            targets["torchao export converts exactly the placement's sites"] = {
+                "measured": converted, "target": pl.module_filter, "met": converted == pl.module_filter}
+        else:
+            apply_placement(model, pl)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        trace = []
+        for i in range(3 if quick else 10):
+            xb, yb = (t.to(dev) for t in batch(i))
+            loss = nn.functional.binary_cross_entropy_with_logits(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            trace.append(float(loss))
+        losses[how] = trace
+    rows["training_losses"] = losses
+    finite = all(math.isfinite(v) for t in losses.values() for v in t)
+    targets["training steps in FP8 (torchao export and cubic's runtime) stay finite"] = {
+        "measured": finite, "target": True, "met": finite}
+    return {"rows": rows, "targets": targets}
+
+
 def runner_rows(steps: int) -> list[dict]:
     from cubic.core.config import Config, FP8Choice
     from cubic.core.workloads import DEFAULT_WORKLOADS
@@ -179,6 +309,8 @@ def sharding_rows(steps: int = 20) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller shape grid and fewer runner steps")
+    ap.add_argument("--only-fp8", action="store_true",
+                    help="only the FP8 checks (Probe, Dispatch, torchao parity and export, training steps)")
     args = ap.parse_args()
     from experiments.common import run_context, write_result
 
@@ -187,7 +319,7 @@ def main() -> int:
         why = "no CUDA device on this machine: nothing measured on a GPU; the H100 figures stay modelled"
         out = write_result("gpu_checks", {
             "context": run_context("none (no CUDA device)"), "label": "not run on a GPU", "device": None,
-            "gemms": [], "blocks": [], "runner": [],
+            "gemms": [], "blocks": [], "runner": [], "fp8": {"skipped": why},
             "targets": {"GPU checks measured on a lent GPU": {"measured": False, "target": True, "met": False,
                                                                "reason": why}}})
         print(f"no CUDA device; wrote {out}")
@@ -195,18 +327,24 @@ def main() -> int:
 
     name = torch.cuda.get_device_name(0)
     label = f"measured on {name}"
+    fp8 = fp8_checks("cuda", args.quick)
     payload = {
         "context": run_context("measured"),
         "label": label,
         "device": name,
         "capability": list(torch.cuda.get_device_capability(0)),
-        "gemms": gemm_rows(QUICK_GRID if args.quick else GRID),
-        "blocks": block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES),
-        "torchao": importlib.util.find_spec("torchao") is not None,
-        "runner": runner_rows(5 if args.quick else 20),
-        "sharding_uvm_caching": sharding_rows(5 if args.quick else 20),
+        "fp8": fp8["rows"],
+        "targets": fp8["targets"],
     }
-    path = write_result("gpu_checks", payload)
+    if not args.only_fp8:
+        payload |= {"gemms": gemm_rows(QUICK_GRID if args.quick else GRID),
+                    "blocks": block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES),
+                    "torchao": importlib.util.find_spec("torchao") is not None,
+                    "runner": runner_rows(5 if args.quick else 20),
+                    "sharding_uvm_caching": sharding_rows(5 if args.quick else 20)}
+    for what, t in fp8["targets"].items():
+        print(f"{'met   ' if t['met'] else 'MISSED'} {what}: {t['measured']}")
+    path = write_result("gpu_checks" + ("_fp8" if args.only_fp8 else ""), payload)
     print(f"wrote {path} ({label})")
     return 0
 

@@ -63,9 +63,10 @@ def linear_runner(kernel: Kernel, m: int, k: int, n: int, device: torch.device |
     wt, xt, dyt = w.t().contiguous(), x.t().contiguous(), dy.t().contiguous()
 
     def once() -> None:
-        kernel.gemm(x, w, "e4m3", "e4m3")
-        kernel.gemm(dy, wt, "e5m2", "e4m3", role="grad_input")
-        kernel.gemm(dyt, xt, "e5m2", "e4m3", role="grad_weight")
+        # each GEMM cast as the kernel's recipe says (cubic.core.recipes)
+        kernel.gemm(x, w, role="fwd")
+        kernel.gemm(dy, wt, role="grad_input")
+        kernel.gemm(dyt, xt, role="grad_weight")
 
     return once
 

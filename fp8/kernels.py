@@ -8,9 +8,10 @@ what Dispatch measures. Triton kernels are registered when Triton is installed; 
 in Triton's interpreter (same numerics) and Dispatch does not time them (:meth:`Kernel.untimed`).
 
 :class:`Fp8Linear` is an ``nn.Linear`` (same parameters, same state dict) whose forward and both
-backward GEMMs go through its kernel: forward e4m3 x e4m3, grad-input e5m2 x e4m3, grad-weight
-e5m2 x e4m3, each accumulated in fp32. Optionally it logs each GEMM's SQNR against fp32 during
+backward GEMMs go through its kernel, each cast as its recipe says and accumulated in fp32. Optionally it logs each GEMM's SQNR against fp32 during
 training (the "error measured in training" that the Probe's prediction is checked against).
+Each GEMM's formats and scalings are the recipe table's (:data:`cubic.core.recipes.RECIPES`): the
+rowwise recipes cast the gradient to e4m3, as torchao does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fp8.recipes import ALL_RECIPES, GEMMS, REAL_SCALED_MM, gemm_recipe, scaled_matmul, scaled_mm_unsupported, sqnr_db
+from fp8.recipes import (ALL_RECIPES, GEMMS, HIGH_PRECISION, RECIPES, REAL_SCALED_MM, gemm_unsupported,
+                          role_matmul, sqnr_db)
 
 
 @dataclass(frozen=True)
@@ -41,25 +43,32 @@ class Kernel:
             return "Triton is not installed (pip install 'cubic[triton]')"
         if not self.real:
             return None
-        # every one of the three GEMMs that runs in FP8 must be supported
-        for gemm, (p, r, q, fa) in zip(GEMMS, ((m, k, n, "e4m3"), (m, n, k, "e5m2"), (n, m, k, "e5m2"))):
-            g = gemm_recipe(self.recipe, gemm)
-            if g not in REAL_SCALED_MM:
+        if self.recipe in HIGH_PRECISION:
+            return None
+        # every one of the three GEMMs that runs in FP8 must be supported, with the table's casts
+        spec = RECIPES[self.recipe]
+        for gemm, (p, r, q) in zip(GEMMS, ((m, k, n), (m, n, k), (n, m, k))):
+            casts = spec.role(gemm)
+            if casts[0].hp:
                 continue
-            why = scaled_mm_unsupported(device, g, p, r, q, fa, "e4m3")
+            why = gemm_unsupported(device, casts, p, r, q)
             if why:
-                return why
+                return f"{gemm}: {why}"
         return None
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor, fmt_a: str = "e4m3", fmt_b: str = "e4m3",
-             role: str = "fwd") -> torch.Tensor:
+    def gemm(self, a: torch.Tensor, b: torch.Tensor, *_formats: str, role: str = "fwd",
+             hp: str = "bf16") -> torch.Tensor:
         """``a @ b.T`` in fp32 under this kernel's recipe, for the linear's GEMM ``role``
-        (``fwd``, ``grad_input``, ``grad_weight``: a recipe may run them in different numerics)."""
-        if self.backend == "triton":
-            from fp8 import triton_kernels
+        (``fwd``, ``grad_input``, ``grad_weight``), cast as the recipe table says. ``_formats``:
+        accepted for older callers that passed the formats, which the table now decides.
+        ``hp``: the precision of a high-precision GEMM."""
+        if self.backend == "triton" and self.recipe in RECIPES:
+            ca, cb = RECIPES[self.recipe].role(role)
+            if ca.scaling == cb.scaling == "rowwise":
+                from fp8 import triton_kernels
 
-            return triton_kernels.scaled_matmul(a, b, gemm_recipe(self.recipe, role), fmt_a, fmt_b)
-        return scaled_matmul(a, b, gemm_recipe(self.recipe, role), fmt_a, fmt_b, real=self.real)  # type: ignore[arg-type]
+                return triton_kernels.scaled_matmul(a, b, "rowwise", ca.fmt, cb.fmt)  # type: ignore[arg-type]
+        return role_matmul(a, b, self.recipe, role, real=self.real, hp=hp)
 
     def untimed(self, device: torch.device | str) -> str | None:
         """Why Dispatch must not time this kernel for speed on ``device`` (None: it may)."""
@@ -89,6 +98,24 @@ KERNELS: dict[str, Kernel] = {
         Kernel("emulated_mx32", "mx32", False, "32-element power-of-two (MX) scales, emulated"),
     )
 }
+
+
+def check_device(device: str | torch.device, field: str = "--device") -> torch.device:
+    """``device`` as a torch.device that exists here, else a one-line SpecError naming ``field``."""
+    from cubic.core.spec import SpecError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SpecError(f"not a device: {device!r} ({e})", field=field) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecError(f"{device}: CUDA is not available on this machine", field=field)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SpecError(f"{device}: this machine has {torch.cuda.device_count()} CUDA device(s)", field=field)
+    elif dev.type != "cpu":
+        raise SpecError(f"{device}: FP8 measures on cpu or cuda only", field=field)
+    return dev
 
 
 def skipped_kernels() -> dict[str, str]:
@@ -148,10 +175,10 @@ class ErrorLog:
 
 class _KernelLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, kernel: Kernel, log: ErrorLog | None):  # type: ignore[override]
+    def forward(ctx, x, weight, kernel: Kernel, log: ErrorLog | None, hp: str):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
-        ctx.kernel, ctx.log = kernel, log
-        y = kernel.gemm(x, weight, "e4m3", "e4m3")
+        ctx.kernel, ctx.log, ctx.hp = kernel, log, hp
+        y = kernel.gemm(x, weight, role="fwd", hp=ctx.hp)
         if log is not None:
             log.add("fwd", x.float() @ weight.float().t(), y)
         return y.to(x.dtype)
@@ -164,31 +191,32 @@ class _KernelLinearFn(torch.autograd.Function):
         dy = dy.contiguous()
         if ctx.needs_input_grad[0]:
             wt = weight.t().contiguous()
-            dx = kernel.gemm(dy, wt, "e5m2", "e4m3", role="grad_input")
+            dx = kernel.gemm(dy, wt, role="grad_input", hp=ctx.hp)
             if log is not None:
                 log.add("grad_input", dy.float() @ weight.float(), dx)
             dx = dx.to(x.dtype)
         if ctx.needs_input_grad[1]:
-            dw = kernel.gemm(dy.t().contiguous(), x.t().contiguous(), "e5m2", "e4m3", role="grad_weight")
+            dw = kernel.gemm(dy.t().contiguous(), x.t().contiguous(), role="grad_weight", hp=ctx.hp)
             if log is not None:
                 log.add("grad_weight", dy.float().t() @ x.float(), dw)
             dw = dw.to(weight.dtype)
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 class Fp8Linear(nn.Linear):
     """Drop-in ``nn.Linear`` whose three GEMMs run on ``kernel`` (see the module docstring)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, kernel: str = "scaled_mm_rowwise",
-                 track_error: bool = False, device=None, dtype=None):
+                 track_error: bool = False, hp: str = "bf16", device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.hp = hp  # precision of a high-precision GEMM (rowwise_with_gw_hp's grad-weight)
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
         self.kernel = KERNELS[kernel]
         self.error_log: ErrorLog | None = ErrorLog() if track_error else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str, track_error: bool = False) -> "Fp8Linear":
+    def from_linear(cls, linear: nn.Linear, kernel: str, track_error: bool = False, hp: str = "bf16") -> "Fp8Linear":
         """Wrap an existing layer, sharing its Parameters (optimizers built before keep working)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -199,6 +227,7 @@ class Fp8Linear(nn.Linear):
             raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
         new.kernel = KERNELS[kernel]
         new.error_log = ErrorLog() if track_error else None
+        new.hp = hp
         new.train(linear.training)
         return new
 
@@ -207,7 +236,7 @@ class Fp8Linear(nn.Linear):
         x2 = x.reshape(-1, shape[-1])
         if x2.dtype not in (torch.float32, torch.bfloat16):
             x2 = x2.float()
-        y = _KernelLinearFn.apply(x2.contiguous(), self.weight, self.kernel, self.error_log)
+        y = _KernelLinearFn.apply(x2.contiguous(), self.weight, self.kernel, self.error_log, self.hp)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)

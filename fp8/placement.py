@@ -79,6 +79,11 @@ class SiteError(Frozen):
     ne_rel: float | None = None
     ne_rel_ci_low: float | None = None
     ne_rel_ci_high: float | None = None
+    # spreads behind the intervals (for the samples that would decide an inconclusive site)
+    sd_db: float | None = None
+    ne_rel_sd: float | None = None
+    ne_samples: int | None = None
+    ne_unit: str | None = None  # what one NE sample is: "examples" or "batches" (--module)
 
 
 class SiteMod(Frozen):
@@ -115,8 +120,13 @@ class SitePlacement(Frozen):
     n: int = Field(ge=1)
     norm_before: bool = False
     act_after: str | None = None
-    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32"] | None = None
+    recipe: Literal[FP8_RECIPES] | None = None  # type: ignore[valid-type]
     kernel: str | None = None
+    # the recipe whose numbers the decision used (the placed one, else the one nearest to placement),
+    # its verdict alone at this site, and for an inconclusive one the samples that would decide it
+    verdict_recipe: Literal[FP8_RECIPES] | None = None  # type: ignore[valid-type]
+    verdict: Literal["safe", "unsafe", "inconclusive"] | None = None
+    to_decide: dict[str, Any] | None = None
     safe: bool = False
     fast: bool = False
     predicted_speedup: float | None = None
@@ -209,52 +219,121 @@ def combined_sqnr_db(lows_db: list[float]) -> float | None:
     return sqnr_of(sum(noise_power(x) for x in lows_db)) if lows_db else None
 
 
-def ne_within(error: dict, budget_ne_rel: float | None) -> bool:
-    """Whether a recipe's held-out NE cost interval ends at or below the budget (True when either is
-    unknown: documents and probes from before it was measured)."""
-    hi = error.get("ne_rel_ci_high")
-    return budget_ne_rel is None or hi is None or hi <= budget_ne_rel
+VERDICTS: tuple[str, ...] = ("safe", "inconclusive", "unsafe")
+
+
+def verdict(error: dict, budget_db: float | None, budget_ne_rel: float | None, *, margin_db: float = 0.0,
+            confidence: float = 0.95) -> dict[str, Any]:
+    """One recipe at one site against the budgets, from its intervals (the numbers shown for it):
+
+    - SQNR (``budget_db``, which includes ``margin_db``): passes when the interval's lower end
+      meets it, fails when the upper end is below it;
+    - held-out NE cost (``budget_ne_rel``, where measured): passes when the upper end is at most
+      the budget, fails when the lower end is above it;
+    - ``unsafe`` if a check fails, ``safe`` if all pass, else ``inconclusive`` (an interval straddles
+      a budget), with ``to_decide``: the samples (Probe batches, or held-out examples / batches) a
+      Student-t interval would need to exclude the budget if the spread stayed as measured
+      (:func:`cubic.core.stats.samples_to_resolve`).
+
+    Returns ``{"verdict", "checks": [text, ...], "to_decide": {"sqnr" | "ne": {"n", "unit", "have"}} | None}``
+    (each straddled interval: the samples of its kind that would decide it).
+    """
+    from cubic.core.stats import samples_to_resolve
+
+    fails, opens, passes = [], [], []
+    needs: dict[str, dict] = {}
+    if budget_db is not None:
+        lo, hi, mean = error["ci_low_db"], error["ci_high_db"], error["sqnr_db"]
+        bar = f">= {budget_db - margin_db:.1f} dB" + (f" + {margin_db:.1f} dB (interval still wider than the Probe's "
+                                                      f"target)" if margin_db else "")
+        text = f"SQNR {mean:.1f} [{lo:.1f}, {hi:.1f}] dB vs budget {bar}"
+        if lo >= budget_db:
+            passes.append(text)
+        elif hi < budget_db:
+            fails.append(text)
+        else:
+            opens.append(text)
+            sd = error.get("sd_db")
+            if sd is not None and math.isfinite(sd):
+                needs["sqnr"] = {"n": samples_to_resolve(sd, abs(mean - budget_db), confidence),
+                                 "unit": "Probe batches", "have": error.get("batches")}
+    if budget_ne_rel is not None and error.get("ne_rel_ci_high") is not None:
+        lo, hi, mean = error["ne_rel_ci_low"], error["ne_rel_ci_high"], error["ne_rel"]
+        text = (f"held-out NE cost {100 * mean:+.4f}% [{100 * lo:+.4f}%, {100 * hi:+.4f}%] vs budget "
+                f"<= {100 * budget_ne_rel:+.4f}%")
+        if hi <= budget_ne_rel:
+            passes.append(text)
+        elif lo > budget_ne_rel:
+            fails.append(text)
+        else:
+            opens.append(text)
+            sd = error.get("ne_rel_sd")
+            if sd is not None and math.isfinite(sd):
+                needs["ne"] = {"n": samples_to_resolve(sd, abs(mean - budget_ne_rel), confidence),
+                               "unit": f"held-out {error.get('ne_unit') or 'examples'}", "have": error.get("ne_samples")}
+    if fails:
+        return {"verdict": "unsafe", "checks": fails, "to_decide": None}
+    if opens:
+        return {"verdict": "inconclusive", "checks": opens, "to_decide": needs or None}
+    return {"verdict": "safe", "checks": passes, "to_decide": None}
+
+
+def to_decide_text(needs: dict | None) -> str:
+    if not needs:
+        return ""
+    from cubic.core.stats import samples_to_resolve
+
+    cap = samples_to_resolve.__defaults__[-1]  # the count it stops at: the mean sits (nearly) on the budget
+    parts = [(f"more than {cap:,}" if d["n"] >= cap else f"~{d['n']:,}") + f" {d['unit']}"
+             + (f" (has {d['have']:,})" if d.get("have") is not None else "") for d in needs.values()]
+    return " and ".join(parts) + " would decide it"
+
+
+def decide_site(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,
+                recipes: tuple[str, ...] = FP8_RECIPES, budget_ne_rel: float | None = None,
+                margin_db: float = 0.0, confidence: float = 0.95) -> dict[str, Any]:
+    """The decision at one probed site (``site``: Probe.summary's ``errors`` plus ``speedups``).
+
+    Each recipe gets a :func:`verdict`; the placed recipe is the safe (and, with ``require_fast``,
+    fast) one with the highest predicted speedup (ties: the higher SQNR). When none is placed, the
+    recipe shown (``verdict_recipe``) is the one nearest to placement (safe before inconclusive
+    before unsafe; then fast; then the higher SQNR lower bound), and the reason quotes its numbers.
+    Returns ``{"recipe", "verdict_recipe", "verdict", "to_decide", "safe", "fast", "speedup", "reason"}``.
+    """
+    errs, speedups = site["errors"], site["speedups"]
+    cands = [r for r in recipes if r in errs]
+    if not cands:
+        raise SpecError("the probe measured no FP8 recipe", field="recipes")
+    v = {r: verdict(errs[r], budget_db, budget_ne_rel, margin_db=margin_db, confidence=confidence) for r in cands}
+    fast = {r: speedups.get(r, 0.0) > fast_threshold for r in cands}
+    ok = [r for r in cands if v[r]["verdict"] == "safe" and (fast[r] or not require_fast)]
+    if ok:
+        best = max(ok, key=lambda r: (round(speedups.get(r, 0.0), 3), errs[r]["sqnr_db"]))
+        shown, reason = best, None
+    else:
+        best = None
+        rank = {k: i for i, k in enumerate(VERDICTS)}
+        shown = min(cands, key=lambda r: (rank[v[r]["verdict"]], require_fast and not fast[r], -errs[r]["ci_low_db"]))
+        parts = []
+        if v[shown]["verdict"] != "safe":
+            parts.append(f"{v[shown]['verdict']} ({shown}): " + "; ".join(v[shown]["checks"]))
+            if v[shown]["to_decide"]:
+                parts.append(to_decide_text(v[shown]["to_decide"]))
+        if require_fast and not fast[shown]:
+            parts.append(f"slow: predicted block speedup {speedups.get(shown, 0.0):.2f}x ({shown}) "
+                         f"<= {fast_threshold:.2f}x on the target")
+        if not parts:  # cannot happen: a safe, fast recipe is placed
+            parts.append("no recipe is both safe and fast")
+        reason = "; ".join(parts)
+    vs = v[shown]
+    return {"recipe": best, "verdict_recipe": shown, "verdict": vs["verdict"], "to_decide": vs["to_decide"],
+            "safe": vs["verdict"] == "safe", "fast": fast[shown], "speedup": speedups.get(shown), "reason": reason}
 
 
 def choose(site: dict, budget_db: float | None, *, require_fast: bool, fast_threshold: float = 1.0,
            recipes: tuple[str, ...] = FP8_RECIPES,
            budget_ne_rel: float | None = None) -> tuple[str | None, bool, bool, float | None, str | None]:
-    """(recipe, safe, fast, speedup, reason) for one probed site (``site`` from Probe.summary
-    plus ``speedups``). Safe: the SQNR lower bound meets ``budget_db`` and the held-out NE cost's
-    upper bound meets ``budget_ne_rel``. The recipe is the safe (and, with ``require_fast``, fast)
-    one with the highest predicted speedup; ties go to the higher SQNR."""
-    errs, speedups = site["errors"], site["speedups"]
-    cands = [r for r in recipes if r in errs]
-    if not cands:
-        raise SpecError("the probe measured no FP8 recipe", field="recipes")
-    quiet = {r: budget_db is None or errs[r]["ci_low_db"] >= budget_db for r in cands}
-    safe = {r: quiet[r] and ne_within(errs[r], budget_ne_rel) for r in cands}
-    fast = {r: speedups.get(r, 0.0) > fast_threshold for r in cands}
-    ok = [r for r in cands if safe[r] and (fast[r] or not require_fast)]
-    if ok:
-        best = max(ok, key=lambda r: (round(speedups.get(r, 0.0), 3), errs[r]["sqnr_db"]))
-        return best, True, fast[best], speedups.get(best), None
-    # kept in high precision: report the most accurate candidate and why it failed
-    best = max(cands, key=lambda r: errs[r]["ci_low_db"])
-    reasons = []
-    if not any(quiet.values()):
-        reasons.append(f"unsafe: best SQNR lower bound {errs[best]['ci_low_db']:.1f} dB ({best}) "
-                       f"< budget {budget_db:.1f} dB")
-    elif not any(safe.values()):
-        r = min((r for r in cands if quiet[r]), key=lambda r: errs[r]["ne_rel_ci_high"])
-        e = errs[r]
-        reasons.append(f"unsafe: held-out NE cost of its FP8 forward {100 * e['ne_rel']:+.4f}% "
-                       f"[{100 * e['ne_rel_ci_low']:+.4f}%, {100 * e['ne_rel_ci_high']:+.4f}%] ({r}, the "
-                       f"lowest of the recipes meeting the SQNR budget) > budget {100 * budget_ne_rel:.4f}%")
-        best = r
-    if require_fast:
-        safe_r = [r for r in cands if safe[r]]
-        pool = safe_r or cands
-        fastest = max(pool, key=lambda r: speedups.get(r, 0.0))
-        if not any(fast[r] for r in pool):
-            reasons.append(f"slow: predicted block speedup {speedups.get(fastest, 0.0):.2f}x ({fastest}) "
-                           f"<= {fast_threshold:.2f}x on the target")
-        best = fastest if safe_r else best
-    if not reasons:  # safe recipes exist, fast ones exist, but no recipe is both
-        reasons.append("no recipe is both safe and fast")
-    return None, safe[best], fast[best], speedups.get(best), "; ".join(reasons)
+    """(recipe, safe, fast, speedup, reason) of :func:`decide_site`."""
+    d = decide_site(site, budget_db, require_fast=require_fast, fast_threshold=fast_threshold, recipes=recipes,
+                    budget_ne_rel=budget_ne_rel)
+    return d["recipe"], d["safe"], d["fast"], d["speedup"], d["reason"]

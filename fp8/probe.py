@@ -31,9 +31,10 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from cubic.core.spec import SpecError
 from cubic.core.stats import t_half_width
 from fp8.kernels import default_kernel, swapped
-from fp8.recipes import FP8_RECIPES, gemm_recipe, linear_gemm_errors
+from fp8.recipes import FP8_RECIPES, RECIPES, linear_gemm_errors
 
 GEMMS: tuple[str, ...] = ("fwd", "grad_input", "grad_weight")
 SQNR_CAP_DB = 200.0  # exact results (inf) are capped so that means and intervals stay finite
@@ -146,14 +147,15 @@ class SiteRecord:
         lo, hi = w.interval(confidence)
         gemms = [g for g in GEMMS if self.sqnr[recipe][g].n]
         out = {
-            "sqnr_db": w.mean, "ci_low_db": lo, "ci_high_db": hi, "batches": w.n,
+            "sqnr_db": w.mean, "ci_low_db": lo, "ci_high_db": hi, "batches": w.n, "sd_db": w.std,
             "rel_error": self.rel[recipe]["worst"].mean,
             "per_gemm_sqnr_db": {g: self.sqnr[recipe][g].mean for g in gemms},
             "per_gemm_ci_low_db": {g: self.sqnr[recipe][g].interval(confidence)[0] for g in gemms},
         }
         if recipe in self.ne:
-            out |= {"ne_rel": self.ne[recipe]["mean"], "ne_rel_ci_low": self.ne[recipe]["ci_low"],
-                    "ne_rel_ci_high": self.ne[recipe]["ci_high"]}
+            ne = self.ne[recipe]
+            out |= {"ne_rel": ne["mean"], "ne_rel_ci_low": ne["ci_low"], "ne_rel_ci_high": ne["ci_high"],
+                    "ne_rel_sd": ne.get("sd"), "ne_samples": ne.get("examples"), "ne_unit": ne.get("unit", "examples")}
         return out
 
 
@@ -183,6 +185,11 @@ class Probe:
         unknown = wanted - set(linears)
         if unknown:
             raise KeyError(f"not linear sites of the model: {', '.join(sorted(unknown))}")
+        empty = [n for n in sorted(wanted) if 0 in (linears[n].in_features, linears[n].out_features)]
+        if empty:
+            m = linears[empty[0]]
+            raise SpecError(f"site {empty[0]!r} is a zero-width nn.Linear (in_features={m.in_features}, "
+                            f"out_features={m.out_features}): there is no GEMM to probe", field="model")
         self.modules = {n: m for n, m in linears.items() if n in wanted}
         self.sites: dict[str, SiteRecord] = {
             n: SiteRecord(n, m.in_features, m.out_features) for n, m in self.modules.items()
@@ -224,6 +231,8 @@ class Probe:
             if not self._measuring or rec.converged or not torch.is_grad_enabled() or not output.requires_grad:
                 return
             x = inputs[0]
+            _check_finite(x, name, "input", self.steps)
+            _check_finite(output, name, "output", self.steps)
             if self.steps == 0:  # the nodes around this site in the autograd graph, for _dataflow
                 self._graph_io[name] = (x.grad_fn, output.grad_fn)
             rec.grad_input_used = bool(x.requires_grad)
@@ -239,6 +248,7 @@ class Probe:
         def hook(dy: torch.Tensor):
             pending = self._pending.pop(name, None)
             if pending is not None:
+                _check_finite(dy, name, "output gradient", self.steps)
                 self._measure(name, pending[0], pending[1], dy.detach().reshape(-1, dy.shape[-1]))
         return hook
 
@@ -361,23 +371,32 @@ class Probe:
                 step += 1
         return self
 
-    def measure_ne(self, losses: Callable[[nn.Module], torch.Tensor], recipes: Iterable[str] | None = None) -> "Probe":
+    def measure_ne(self, losses: Callable[[nn.Module], torch.Tensor], recipes: Iterable[str] | None = None,
+                   unit: str = "examples") -> "Probe":
         """Each site's held-out NE cost per recipe (:func:`ne_cost`): the trained model with that
         site alone in the recipe's forward. SQNR averages the noise over a tensor; this sees what it
         does to the predictions: on wukong-small a site at 29 dB (``layers.0.lcb.proj``, whose rows mix
         the dense features' heavy-tailed projection with the embeddings) costs +0.16% [+0.10%, +0.23%]
         NE, from a per-example tail that a tensor-wide SQNR cannot show. ``losses(model)``: its
         per-example (or per-batch) losses on held-out data, kept as :attr:`losses` for measuring
-        sites together (:func:`ne_cost`)."""
+        sites together (:func:`ne_cost`). ``unit``: what one of the losses is (``examples``, or
+        ``batches`` when each is a batch's loss), for the number of them that would decide a site."""
         self.losses = losses
+        self.ne_unit = unit
         base = losses(self.model)
+        bad = ~torch.isfinite(base)
+        if bool(bad.any()):
+            raise SpecError(f"the full-precision held-out loss is not finite ({base[bad][0].item()}, held-out "
+                            f"{unit[:-1]} {int(bad.nonzero()[0, 0])} after {getattr(self, 'trained_steps', 0)} training steps): "
+                            f"nothing to compare FP8 against", field="model")
         for name, rec in self.sites.items():
-            by_fwd: dict[str, dict[str, float]] = {}  # recipes whose forward GEMMs round alike share it
+            by_fwd: dict = {}  # recipes whose forward GEMMs round alike (the table's casts) share it
             for recipe in recipes or self.recipes:
-                fwd = gemm_recipe(recipe, "fwd")
+                fwd = (RECIPES[recipe].fwd, RECIPES[recipe].pow2_scales) if recipe in RECIPES else recipe
                 if fwd not in by_fwd:
-                    kern = default_kernel(fwd, base.device, (max(rec.rows, 1), rec.in_features, rec.out_features))
+                    kern = default_kernel(recipe, base.device, (max(rec.rows, 1), rec.in_features, rec.out_features))
                     by_fwd[fwd] = ne_cost(self.model, losses, {self._inner(name): kern.name}, base, self.confidence)
+                    by_fwd[fwd]["unit"] = unit
                 rec.ne[recipe] = by_fwd[fwd]
         return self
 
@@ -415,8 +434,18 @@ def ne_cost(model: nn.Module, losses: Callable[[nn.Module], torch.Tensor], kerne
         d = ((q - base) / base.mean()).double().reshape(-1)
     n = d.numel()
     mean = float(d.mean())
-    h = t_half_width(float(d.std()) if n > 1 else math.inf, n, confidence)
-    return {"mean": mean, "ci_low": mean - h, "ci_high": mean + h, "examples": n}
+    sd = float(d.std()) if n > 1 else math.inf
+    h = t_half_width(sd, n, confidence)
+    return {"mean": mean, "ci_low": mean - h, "ci_high": mean + h, "examples": n, "sd": sd}
+
+
+def _check_finite(t, site: str, what: str, step: int) -> None:
+    """Stop the Probe at the first non-finite tensor (one line naming the site and the step): NaN
+    statistics would otherwise read as an exact, safe site (SQNR capped at 200 dB)."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+        raise SpecError(f"non-finite {what} ({kind}) at site {site!r} in probed step {step}: the model or its "
+                        f"batches produce {kind}; fix them before probing", field="model")
 
 
 def _tensors(obj) -> list[torch.Tensor]:

@@ -13,10 +13,11 @@ from fp8.kernels import Fp8Linear
 
 
 def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: int = 0,
-                  track_error: bool = False, error_from_step: int = 0, model_hook=None) -> dict:
+                  track_error: bool = False, error_from_step: int = 0, model_hook=None, device: str = "cpu") -> dict:
     """Train ``steps`` steps and evaluate; with ``track_error``, each FP8 site's per-GEMM SQNR
     measured during training (mean over steps from ``error_from_step``) is returned under
-    ``site_sqnr_db``. ``model_hook(model)`` may transform the model before training."""
+    ``site_sqnr_db``. ``model_hook(model)`` may transform the model before training. ``device``:
+    where it trains (the FP8 sites run their recipes' kernels for that device)."""
     from cubic.core.train import TrainSession
     from fp8.runtime import apply_fp8
 
@@ -28,7 +29,7 @@ def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: i
         return model
 
     t0 = time.perf_counter()
-    tr = TrainSession(workload, Config(seed=seed), transform=transform)
+    tr = TrainSession(workload, Config(seed=seed), device=device, transform=transform)
     losses = tr.train(steps)
     out = {"steps": len(losses), "train_loss_last10": statistics.fmean(losses[-10:]) if losses else math.nan,
            "finite": all(math.isfinite(v) for v in losses)}
@@ -49,12 +50,16 @@ def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: i
 
 
 def compare(workload: Workload, variants: dict[str, FP8Choice], steps: int, seed: int = 0,
-            track_error: bool = False, error_from_step: int = 0) -> dict:
+            track_error: bool = False, error_from_step: int = 0, device: str = "cpu") -> dict:
     """Full precision plus each variant, same seed; NE/loss differences relative to full precision."""
-    base = train_variant(workload, None, steps, seed)
+    from fp8.kernels import check_device
+
+    device = str(check_device(device, "device"))
+    base = train_variant(workload, None, steps, seed, device=device)
     out = {"full_precision": base}
     for name, choice in variants.items():
-        r = train_variant(workload, choice, steps, seed, track_error=track_error, error_from_step=error_from_step)
+        r = train_variant(workload, choice, steps, seed, track_error=track_error, error_from_step=error_from_step,
+                          device=device)
         r["ne_rel_diff"] = (r["ne"] - base["ne"]) / base["ne"]
         r["loss_diff"] = r["loss"] - base["loss"]
         out[name] = r

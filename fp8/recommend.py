@@ -12,7 +12,7 @@ from cubic.core.spec import SpecError, Workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
 from fp8.mods import cuda_fp8_shape_problem, site_mods, suggest_mods
-from fp8.placement import Placement, choose, combined_sqnr_db, noise_power, parse_placement, sqnr_of
+from fp8.placement import Placement, combined_sqnr_db, decide_site, noise_power, parse_placement, sqnr_of
 from fp8.probe import Probe
 from fp8.recipes import ALL_RECIPES, FP8_RECIPES
 
@@ -118,30 +118,42 @@ def resolve_loss(loss: str):
 
 def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPES, ci_halfwidth_db: float = 1.0,
                  min_batches: int = 4, max_batches: int = 24, lr: float = 1e-3, loss: str = "mse",
-                 ne_batches: int = 16) -> Probe:
+                 ne_batches: int = 16, device: str = "cpu") -> Probe:
     """Probe any model given as ``package.module:factory``.
 
     ``factory()`` returns ``(model, batch_fn)`` where ``batch_fn(step) -> (inputs, targets)``; the
     Probe trains it with Adam on ``loss`` (:func:`resolve_loss`: ``model(inputs)`` vs ``targets``).
     Then each site's held-out cost (:meth:`fp8.probe.Probe.measure_ne`) is the relative change of
     ``loss`` (NE's, for a log loss) paired over the ``ne_batches`` batches after the trained ones,
-    which the Probe never trained on; 0 skips it.
+    which the Probe never trained on; 0 skips it. ``device``: where the model trains and is probed.
     """
     import torch
 
+    from fp8.kernels import check_device
+
+    dev = check_device(device)
+
     loss_fn = resolve_loss(loss)
     factory = _load_callable(spec, "--module")
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module)):
-        raise SpecError("the factory must return (nn.Module, batch_fn)", field="--module")
-    model, batch_fn = made
+    model, batch_fn = _checked_factory(factory, spec)
+    model = model.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
+    def batch(i: int):
+        got = _user_call(batch_fn, f"batch_fn({i})", i)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise SpecError(f"batch_fn({i}) must return (inputs, targets), got {type(got).__name__}", field="--module")
+        return tuple(t.to(dev) if isinstance(t, torch.Tensor) else t for t in got)
+
     def step(i: int) -> None:
-        x, y = batch_fn(i)
-        value = loss_fn(model(x), y)
+        x, y = batch(i)
+        out = _user_call(model, f"the model's forward on batch {i}", x)
+        value = _user_call(loss_fn, f"the loss on batch {i}", out, y)
         if not (isinstance(value, torch.Tensor) and value.numel() == 1):
             raise SpecError("the loss must return a scalar tensor", field="--loss")
+        if not bool(torch.isfinite(value.detach()).all()):
+            raise SpecError(f"the full-precision loss is {value.item()} at training step {i}: fix the model "
+                            f"or its batches before probing", field="--module")
         opt.zero_grad()
         value.backward()
         opt.step()
@@ -149,7 +161,7 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
     probe = Probe(model, recipes, ci_halfwidth_db=ci_halfwidth_db, min_batches=min_batches, max_batches=max_batches)
     probe.run(step)
     if ne_batches:
-        held_out = [batch_fn(probe.trained_steps + i) for i in range(ne_batches)]
+        held_out = [batch(probe.trained_steps + i) for i in range(ne_batches)]
 
         def losses(m: torch.nn.Module) -> torch.Tensor:
             m.eval()
@@ -159,8 +171,37 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
             finally:
                 m.train()
 
-        probe.measure_ne(losses)
+        probe.measure_ne(losses, unit="batches")
     return probe
+
+
+def _user_call(fn, what: str, *args):
+    """Call user code; an exception becomes one line naming what failed (exit 2 in the CLI)."""
+    try:
+        return fn(*args)
+    except SpecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of user code is bad input, reported in one line
+        raise SpecError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0], field="--module") from None
+
+
+def _checked_factory(factory, spec: str):
+    """``factory()`` checked before use: it must return ``(nn.Module, batch_fn)`` with a callable
+    ``batch_fn`` and a model with at least one ``nn.Linear``."""
+    import torch
+
+    made = _user_call(factory, f"the factory {spec}()")
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise SpecError(f"the factory must return (nn.Module, batch_fn), got {type(made).__name__}", field="--module")
+    model, batch_fn = made
+    if not isinstance(model, torch.nn.Module):
+        raise SpecError(f"the factory's first value must be an nn.Module, got {type(model).__name__}", field="--module")
+    if not callable(batch_fn):
+        raise SpecError(f"the factory's second value must be batch_fn(step) -> (inputs, targets), got "
+                        f"{type(batch_fn).__name__}", field="--module")
+    if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
+        raise SpecError("the model has no nn.Linear: nothing to place in FP8", field="--module")
+    return model, batch_fn
 
 
 def recommend(workload: Workload | None, budget_db: float | None, *, config: Config | None = None,
@@ -169,7 +210,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               warmup_steps: int = 30, max_batches: int = 24, ci_halfwidth_db: float = 1.0,
               keep_first_last: bool = True, unsure_margin: bool = True, probe_stride: int = 1,
               label: str | None = None, mods: bool = True, mods_probe: Probe | None = None,
-              budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL) -> Placement:
+              budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL,
+              device: str = "cpu") -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -202,20 +244,26 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     must meet it too (:func:`apply_model_ne_budget`). SQNR alone let wukong-small's
     ``layers.0.lcb.proj`` through at 29 dB; its FP8 forward costs +0.16% [+0.10%, +0.23%] held-out NE.
     None: not checked.
+
+    ``device``: where the Probe trains and measures and Dispatch times kernels (``cpu``, ``cuda``,
+    ``cuda:N``); the placement records it as ``probe_device``.
     """
+    from fp8.kernels import check_device
+
+    device = str(check_device(device, "device"))
     if budget_scope not in ("site", "model"):
         raise SpecError(f"unknown budget scope {budget_scope!r} (site or model)", field="budget_scope")
     if probe is None:
         if workload is None:
             raise SpecError("give a workload or a probe", field="workload")
         probe, _ = probe_workload(workload, config, warmup_steps=warmup_steps, max_batches=max_batches,
-                                  ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride)
+                                  ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride, device=device)
     if mods and mods_probe is None and workload is not None:
-        mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps)
+        mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps, device=device)
     modded = mods_probe.summary() if mods and mods_probe is not None else {}
     wanted = suggested_mods(probe) if modded else {}
-    device = load_device(target_device)
-    dispatcher = dispatcher or Dispatcher()
+    target = load_device(target_device)
+    dispatcher = dispatcher or Dispatcher(device=device)
     batch = (config.batch_size if config and config.batch_size else None) or (
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
     summary = probe.summary()
@@ -231,7 +279,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         m_target = max(1, round(m * (target_batch / batch))) if target_batch else m
         speedups = {
             r: block_speedup(m_target, s["k"], s["n"], r, norm_before=s["norm_before"], act_after=s["act_after"],
-                             device=device)["speedup"]
+                             device=target)["speedup"]
             for r in FP8_RECIPES if r in s["errors"]
         }
 
@@ -240,30 +288,28 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             # the budget each recipe must clear here: more when the Probe could not narrow the interval
             margin = probe.ci_halfwidth_db if unsure_margin and not probed.get("converged_ci", True) else 0.0
             budget_here = budget_db + margin if budget_db is not None else None
-            return errors, margin, budget_here, choose({"errors": errors, "speedups": speedups}, budget_here,
-                                                       require_fast=require_fast, fast_threshold=fast_threshold,
-                                                       budget_ne_rel=budget_ne_rel)
+            return errors, budget_here, decide_site({"errors": errors, "speedups": speedups}, budget_here,
+                                                    require_fast=require_fast, fast_threshold=fast_threshold,
+                                                    budget_ne_rel=budget_ne_rel, margin_db=margin,
+                                                    confidence=probe.confidence)
 
-        errors, margin, budget_here, (recipe, safe, fast, speedup, reason) = decide(s)
-        batches_here = s["batches"]
+        errors, budget_here, dec = decide(s)
         applied: list[dict] = []
         mods_probe_doc = None
         if name in modded and name in wanted:
-            errors_m, margin_m, budget_m, (recipe_m, safe_m, fast_m, speedup_m, reason_m) = decide(modded[name])
-            take = recipe_m is not None and (recipe is None or (speedup_m or 0.0) > (speedup or 0.0) + 1e-9)
+            errors_m, budget_m, dec_m = decide(modded[name])
+            take = dec_m["recipe"] is not None and (dec["recipe"] is None or (dec_m["speedup"] or 0.0) >
+                                                    (dec["speedup"] or 0.0) + 1e-9)
             mods_probe_doc = {"mods": wanted[name], "error_with_mods": errors_m, "error_without_mods": errors,
-                              "recipe_with_mods": recipe_m, "recipe_without_mods": recipe,
-                              "speedup_with_mods": speedup_m, "speedup_without_mods": speedup, "chosen": take}
+                              "recipe_with_mods": dec_m["recipe"], "recipe_without_mods": dec["recipe"],
+                              "speedup_with_mods": dec_m["speedup"] if dec_m["recipe"] else None,
+                              "speedup_without_mods": dec["speedup"] if dec["recipe"] else None, "chosen": take}
             if take:
-                errors, margin, budget_here = errors_m, margin_m, budget_m
-                recipe, safe, fast, speedup, reason = recipe_m, safe_m, fast_m, speedup_m, reason_m
-                applied, batches_here = list(wanted[name]), modded[name]["batches"]
-        if margin and reason and reason.startswith("unsafe"):
-            reason = reason.replace(f"< budget {budget_here:.1f} dB", f"< budget {budget_db:.1f} dB + {margin:.1f} dB "
-                                    f"(interval still wider than +-{probe.ci_halfwidth_db:.1f} dB after {batches_here} batches)")
-        if reason and reason.startswith("unsafe") and budget_db is not None:
-            r0 = max((r for r in errors if r in FP8_RECIPES), key=lambda r: errors[r]["ci_low_db"])
-            lows = errors[r0].get("per_gemm_ci_low_db") or {}
+                errors, budget_here, dec = errors_m, budget_m, dec_m
+                applied = list(wanted[name])
+        recipe, reason = dec["recipe"], dec["reason"]
+        if dec["verdict"] == "unsafe" and budget_db is not None:
+            lows = errors[dec["verdict_recipe"]].get("per_gemm_ci_low_db") or {}
             if lows:
                 g = min(lows, key=lows.get)
                 reason += f"; binding GEMM: {g} ({lows[g]:.1f} dB lower bound)"
@@ -284,7 +330,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             kernel = dispatcher.decide(m, s["k"], s["n"], low, None, allowed=impl).kernel
         sites[name] = {
             "m": m, "m_target": m_target, "k": s["k"], "n": s["n"], "norm_before": s["norm_before"], "act_after": s["act_after"],
-            "recipe": recipe, "kernel": kernel, "safe": safe, "fast": fast, "predicted_speedup": speedup,
+            "recipe": recipe, "kernel": kernel, "verdict_recipe": dec["verdict_recipe"], "verdict": dec["verdict"],
+            "to_decide": dec["to_decide"], "safe": dec["safe"], "fast": dec["fast"], "predicted_speedup": dec["speedup"],
             "error": errors, "speedups": speedups,
             "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
                          "acceptable": list(d.acceptable), "ties": list(d.ties)},

@@ -10,11 +10,13 @@
 
 A site's ``applied_mods`` (fp8.mods) are applied first, in order; then its inner ``nn.Linear``
 is converted in place to :class:`fp8.kernels.Fp8Linear`, which shares the original Parameters. A kernel that cannot run on the model's device is replaced by another implementation
-of the same recipe (same numerics), e.g. the emulated one.
+of the same recipe (same numerics), e.g. the emulated one; a placement whose kernels were timed on
+another device type (``probe_device``) gets its recipes' own kernels on this one.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from cubic.core.config import FP8Choice
@@ -72,6 +74,7 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
                     dispatch: bool = False) -> nn.Module:
     sites = linear_sites(model)
     device = _device_of(model)
+    timed_here = torch.device(placement.probe_device).type == torch.device(device).type
     kernels: dict[str, str] = {}
     chosen = placement.sites if dispatch else placement.fp8_sites()
     modded = {n: s.applied_mods for n, s in placement.sites.items() if s.applied_mods}
@@ -101,6 +104,10 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
         kernel = site.kernel
         if dispatch and site.dispatch and site.dispatch.get("kernel") in KERNELS:
             kernel = site.dispatch["kernel"]
-        kernels[inner.get(name, name)] = _runnable(kernel, device, (max(site.m, 1), mod.in_features,
-                                                                    mod.out_features))  # type: ignore[arg-type]
+        shape = (max(site.m, 1), mod.in_features, mod.out_features)
+        if not timed_here and site.recipe is not None:
+            # Dispatch chose this kernel by timings on another device type (e.g. an emulation that was
+            # fastest on a CPU): here the recipe's own kernel (same numerics) is the one to run
+            kernel = default_kernel(site.recipe, device, shape).name
+        kernels[inner.get(name, name)] = _runnable(kernel, device, shape)  # type: ignore[arg-type]
     return swap_linears(model, kernels, track_error)

@@ -22,3 +22,17 @@ def test_gpu_checks_without_cuda_records_that_nothing_was_measured(monkeypatch, 
     assert doc["gemms"] == [] and doc["blocks"] == [] and doc["device"] is None
     (target,) = doc["targets"].values()
     assert target["met"] is False and target["measured"] is False and "no CUDA device" in target["reason"]
+
+
+@pytest.mark.slow  # ~15 s on a shared CPU: the Probe, Dispatch, torchao parity, export and training
+def test_the_fp8_gpu_checks_run_here_on_the_cpu():
+    # the same code the GPU session runs with device="cuda"; here on the CPU, quick
+    pytest.importorskip("torchao.float8")
+    from experiments.gpu_checks import fp8_checks
+
+    out = fp8_checks("cpu", quick=True)
+    assert out["rows"]["probe"]["probe_device"] == "cpu"
+    assert all(p["bit_identical"] for p in out["rows"]["torchao_parity"].values())  # a CPU: bit-identical
+    assert out["rows"]["export_converted"] == ["2", "4", "6"]
+    failed = {k: t for k, t in out["targets"].items() if not t["met"]}
+    assert failed == {}, failed

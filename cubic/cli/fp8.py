@@ -1,4 +1,4 @@
-"""``cubic fp8 <verb>``: probe, model, check, kernels.
+"""``cubic fp8 <verb>``: probe, model, check, kernels, export.
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
                     --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json
@@ -9,6 +9,7 @@
                                                                             (modelled H100 times)
     cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
     cubic fp8 kernels --m M --k K --n N [--budget-sqnr DB] [--json]       (measured, this device)
+    cubic fp8 export placement.json --format torchao [--out fp8_placement.py]   (apply with torchao)
 
 Bad input raises SpecError/ValueError: one line on stderr, exit 2.
 """
@@ -19,6 +20,7 @@ import json
 import math
 from pathlib import Path
 
+from cubic.core.recipes import FP8_RECIPES, TORCHAO_RECIPES
 from cubic.core.spec import SpecError
 
 
@@ -45,13 +47,14 @@ def cmd_probe(args) -> int:
     w = load_workload(args.workload) if args.workload else None
     probe = None
     if args.module:
-        probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss)
+        probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss,
+                             device=args.device)
     label = w.name if w is not None else args.module
     placement = recommend(w, args.budget_sqnr, probe=probe, label=label, require_fast=args.require_fast, target_device=args.target,
                           target_batch=args.target_batch, warmup_steps=args.warmup_steps,
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
-                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope,
+                          probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope, device=args.device,
                           **({} if args.budget_ne == "default" else {"budget_ne_rel": args.budget_ne}))
     text = placement.model_dump_json(indent=2)
     if out:
@@ -64,21 +67,29 @@ def cmd_probe(args) -> int:
     batch = placement.probe.get("target_batch")
     rows = []
     for name, s in placement.sites.items():
-        r = s.recipe or max(s.error, key=lambda k: s.error[k].ci_low_db if k != "bf16" else -1e9)
-        e = s.error.get(r)
+        # the recipe whose numbers the decision used, and its verdict: the row agrees with the reason
+        r = s.verdict_recipe or s.recipe
+        e = s.error.get(r) if r else None
         err = f"{e.sqnr_db:.1f} [{e.ci_low_db:.1f}, {e.ci_high_db:.1f}]" if e else "-"
         ne = (f"{100 * e.ne_rel:+.3f} [{100 * e.ne_rel_ci_low:+.3f}, {100 * e.ne_rel_ci_high:+.3f}]"
               if e and e.ne_rel is not None else "-")
         # M of the batch the placement is for (--target-batch), the shape its speedup is predicted at
-        rows.append([name, f"{s.m_target or s.m}x{s.k}x{s.n}", s.recipe or "-", s.kernel or "-",
+        rows.append([name, f"{s.m_target or s.m}x{s.k}x{s.n}", r or "-", s.verdict or ("safe" if s.safe else "-"),
+                     "yes" if s.recipe else "no", s.kernel or "-",
                      ",".join(m.name for m in s.applied_mods) or "-", err, ne,
-                     str(e.batches if e else 0), "yes" if s.safe else "no", "yes" if s.fast else "no",
+                     str(e.batches if e else 0), "yes" if s.fast else "no",
                      f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or ""])
-    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}; speed modelled on {args.target}"
-                + (f" at batch {batch}" if batch else "") + "; SQNR measured on the probe's batches)",
-                ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "kernel", "mods",
-                 "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches", "safe", "fast", "speedup", "reason"],
+    dev = placement.probe_device
+    print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}"
+                + (f", held-out NE cost <= {100 * placement.budget_ne_rel:+.4f}%" if placement.budget_ne_rel else "")
+                + f"; SQNR and NE measured on {dev} on the probe's batches; speed modelled on {args.target}"
+                + (f" at batch {batch}" if batch else "") + f"; kernels timed on {dev})",
+                ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "verdict", "FP8",
+                 f"kernel ({dev}-timed)", "mods", "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches",
+                 f"fast ({args.target})", f"speedup ({args.target}, modelled)", "reason"],
                 rows)
+    counts = {v: sum(1 for s in placement.sites.values() if s.verdict == v) for v in ("safe", "inconclusive", "unsafe")}
+    print("verdicts (each site alone, its recipe shown): " + ", ".join(f"{n} {v}" for v, n in counts.items()))
     combined = (f"; combined SQNR lower bound {placement.model_sqnr_db:.1f} dB (modelled: noise powers add)"
                 if placement.model_sqnr_db is not None else "")
     if placement.model_ne_rel is not None:
@@ -143,12 +154,14 @@ def cmd_check(args) -> int:
         variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
     if not variants:
         raise SpecError("give --placement and/or --all", field="--placement")
-    r = compare(w, variants, args.steps, seed=args.seed)
+    from fp8.kernels import check_device
+
+    r = compare(w, variants, args.steps, seed=args.seed, device=str(check_device(args.device)))
     if args.json:
         print(json.dumps(r, indent=2, default=float))
         return 0
     base = r["full_precision"]
-    print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured): full precision NE {base['ne']:.5f} "
+    print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured on {args.device}): full precision NE {base['ne']:.5f} "
           f"loss {base['loss']:.5f}")
     for name, v in r.items():
         if name != "full_precision":
@@ -164,10 +177,10 @@ def cmd_kernels(args) -> int:
     check_allocation(8 * (args.m * args.k + args.k * args.n + args.m * args.n),
                      f"a {args.m}x{args.k}x{args.n} GEMM", field="--m/--k/--n")
     from fp8.dispatch import Dispatcher
-    from fp8.kernels import modelled_h100_ms
+    from fp8.kernels import check_device, modelled_h100_ms
 
     _threads()
-    d = Dispatcher(repeats=args.repeats)
+    d = Dispatcher(repeats=args.repeats, device=str(check_device(args.device)))
     times = d.times(args.m, args.k, args.n)
     modelled = {k: t for k in d.kernels if (t := modelled_h100_ms(k, args.m, args.k, args.n)) is not None}
     out = {"source": "measured", "device": str(d.device), "shape": [args.m, args.k, args.n],
@@ -178,10 +191,28 @@ def cmd_kernels(args) -> int:
     else:
         for k, v in sorted(times.items(), key=lambda kv: kv[1]):
             h = f"; H100 {modelled[k]:.4f} ms modelled" if k in modelled else ""
-            print(f"{k:30s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured){h}")
+            print(f"{k:30s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured on {d.device}){h}")
         for k, why in out["unavailable"].items():
             h = f" (H100 {modelled[k]:.4f} ms modelled)" if k in modelled else ""
             print(f"{k:30s} not timed here: {why}{h}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from fp8.placement import load_placement
+    from fp8.torchao_export import export_module
+
+    out = _out_path(args.out) if args.out else None
+    p = load_placement(args.placement)
+    text = export_module(p, source=args.placement)
+    if out is None:
+        print(text, end="")
+        return 0
+    out.write_text(text)
+    groups = {r: sum(1 for s in p.fp8_sites().values() if s.recipe == r) for r in TORCHAO_RECIPES}
+    print(f"wrote {out}: {len(p.fp8_sites())}/{len(p.sites)} sites in FP8 ("
+          + ", ".join(f"{n} {r}" for r, n in groups.items() if n) + "); in the job: "
+          f"import {out.stem}; model = {out.stem}.apply(model)")
     return 0
 
 
@@ -250,13 +281,15 @@ def register(subparsers) -> None:
     pr.add_argument("--stride", type=_positive(int), default=1,
                     help="measure one training step in STRIDE, so the batches span more of training (default 1)")
     pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")
+    pr.add_argument("--device", default="cpu", help="where the Probe trains and measures and Dispatch times "
+                    "kernels: cpu (default), cuda or cuda:N")
     pr.add_argument("--json", action="store_true", help="print the placement JSON")
     pr.set_defaults(func=cmd_probe)
 
     mo = sub.add_parser("model", help="modelled H100 fwd+bwd time of a linear block, bf16 vs FP8")
     for d in ("m", "k", "n"):
         mo.add_argument(f"--{d}", type=_positive(int), required=True)
-    mo.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32"],
+    mo.add_argument("--recipe", choices=FP8_RECIPES,
                     default="tensorwise")
     mo.add_argument("--mode", choices=["compile", "eager"], default="compile",
                     help="torch.compile-fused casts (default) or eager PyTorch kernels")
@@ -273,16 +306,25 @@ def register(subparsers) -> None:
     ch.add_argument("--workload", required=True)
     ch.add_argument("--placement", help="placement JSON (from `cubic fp8 probe`)")
     ch.add_argument("--all", action="store_true", help="also train with every site in FP8")
-    ch.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"], default="tensorwise",
+    ch.add_argument("--recipe", choices=TORCHAO_RECIPES, default="tensorwise",
                     help="recipe for --all")
     ch.add_argument("--steps", type=_positive(int), default=150)
     ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--device", default="cpu", help="train here: cpu (default), cuda or cuda:N")
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(func=cmd_check)
+
+    ex = sub.add_parser("export", help="write a placement as a Python module that applies it with torchao")
+    ex.add_argument("placement", help="placement JSON (from `cubic fp8 probe --out`)")
+    ex.add_argument("--format", choices=["torchao"], default="torchao",
+                    help="torchao: a module with apply(model) (convert_to_float8_training per recipe)")
+    ex.add_argument("--out", help="write the module here (default: stdout)")
+    ex.set_defaults(func=cmd_export)
 
     ke = sub.add_parser("kernels", help="time every registered kernel for one linear shape (this device)")
     for d in ("m", "k", "n"):
         ke.add_argument(f"--{d}", type=_positive(int), required=True)
     ke.add_argument("--repeats", type=_positive(int), default=7)
+    ke.add_argument("--device", default="cpu", help="time the kernels here: cpu (default), cuda or cuda:N")
     ke.add_argument("--json", action="store_true")
     ke.set_defaults(func=cmd_kernels)

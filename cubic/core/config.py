@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_serializer
 
+from cubic.core.recipes import TORCHAO_RECIPES
 from cubic.core.spec import (
     EmbeddingOptimizer,
     Frozen,
@@ -85,7 +86,7 @@ class FP8Choice(Storable):
 
     policy: Literal["off", "all", "budget", "placement"] = "off"
     # the FP8 recipes of fp8/recipes.py that run as a real FP8 GEMM (block recipes are placement-only)
-    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    recipe: Literal[TORCHAO_RECIPES] = "tensorwise"  # type: ignore[valid-type]
     budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=200.0)
     placement: dict[str, Any] | None = Field(default=None, description="a placement document (fp8 placement schema)")
 

@@ -56,6 +56,7 @@ from cost_models.access import zipf_stats  # noqa: F401  (re-exported: the step 
 from cost_models.gpu_embedding import lookup_time_s
 from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
 from cost_models.hardware import ClusterSpec, DeviceSpec
+from cubic.core.recipes import FP8_RECIPES
 from cubic.core.config import Config
 from cubic.core.units import GIB
 from cubic.core.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, stable_hash
@@ -244,7 +245,7 @@ def _site_precisions(sites: list[DenseSite], config: Config) -> dict[str, tuple[
         elif eligible and fp8.policy == "placement" and any(s.name == k or s.name.endswith("." + k) or k.endswith(s.name)
                                                             for k in placed):
             key = next(k for k in placed if s.name == k or s.name.endswith("." + k) or k.endswith(s.name))
-            out[s.name] = ("fp8", placed[key] if placed[key] in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "block128", "mx32")
+            out[s.name] = ("fp8", placed[key] if placed[key] in FP8_RECIPES
                            else fp8.recipe)
         else:
             out[s.name] = (base, None)

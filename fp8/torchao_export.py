@@ -1,0 +1,123 @@
+"""Export a placement for torchao: a Python module a training job imports to apply it.
+
+``cubic fp8 export placement.json --format torchao --out fp8_placement.py`` writes a module holding
+the placement's plan (:func:`torchao_plan`: the FP8 sites grouped by recipe, each site's shape and
+Mods) and :func:`apply_plan` (its source, copied verbatim, so the job runs the code tested here).
+A job adds two lines::
+
+    import fp8_placement
+    model = fp8_placement.apply(model)   # before building the optimizer / torch.compile
+
+``apply`` applies the sites' Mods (these need cubic's ``fp8.mods``; a placement without Mods needs
+only torch and torchao), then calls ``torchao.float8.convert_to_float8_training`` once per recipe,
+with ``Float8LinearConfig.from_recipe_name(recipe)`` and a ``module_filter_fn`` that matches exactly
+that recipe's sites. It checks that every site exists with the placement's shape and, after
+converting, that the converted modules are exactly the placement's sites: otherwise it raises
+``ValueError`` naming the site, and the model is not half-converted silently.
+
+Only torchao's ``Float8Linear`` recipes export (:data:`cubic.core.recipes.TORCHAO_RECIPES`); a site
+on ``block128`` or ``mx32`` is refused with a :class:`~cubic.core.spec.SpecError` naming it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pprint
+from typing import Any
+
+from cubic.core.recipes import TORCHAO_RECIPES
+from cubic.core.spec import SpecError
+from fp8.placement import Placement
+
+PLAN_VERSION = 1
+
+
+def torchao_plan(placement: Placement, source: str = "placement") -> dict[str, Any]:
+    """The placement as torchao applies it: ``{"version", "workload", "recipes": {recipe: [site, ...]},
+    "shapes": {site: [k, n]}, "mods": {site: [{"name", "params"}, ...]}}`` (FP8 sites only)."""
+    recipes: dict[str, list[str]] = {}
+    for name, site in sorted(placement.fp8_sites().items()):
+        if site.recipe not in TORCHAO_RECIPES:
+            raise SpecError(f"recipe {site.recipe!r} is not a torchao Float8Linear recipe "
+                            f"({', '.join(TORCHAO_RECIPES)}): this site cannot be exported to torchao",
+                            source=source, field=f"sites.{name}.recipe")
+        recipes.setdefault(str(site.recipe), []).append(name)
+    fp8 = placement.fp8_sites()
+    return {
+        "version": PLAN_VERSION,
+        "workload": placement.workload,
+        "recipes": recipes,
+        "shapes": {n: [s.k, s.n] for n, s in sorted(fp8.items())},
+        "mods": {n: [m.model_dump(mode="json") for m in s.applied_mods] for n, s in sorted(fp8.items())
+                 if s.applied_mods},
+    }
+
+
+def apply_plan(model, plan):
+    """Apply a :func:`torchao_plan` to ``model`` in place with torchao; returns the model.
+
+    Self-contained (its source is copied into exported modules): imports torch and torchao, and
+    cubic's ``fp8.mods`` only when the plan has Mods.
+    """
+    from torch import nn
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def linears():
+        return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+    found = linears()
+    for site, (k, n) in plan["shapes"].items():
+        mod = found.get(site)
+        if mod is None:
+            raise ValueError(f"FP8 placement site {site!r}: the model has no nn.Linear of this name")
+        if (mod.in_features, mod.out_features) != (k, n):
+            raise ValueError(f"FP8 placement site {site!r}: the placement says in={k}, out={n}; the model has "
+                             f"in={mod.in_features}, out={mod.out_features}")
+    inner = {}
+    if plan.get("mods"):
+        from fp8.mods import apply_site_mods  # cubic's Mods (pip install cubic)
+
+        inner = apply_site_mods(model, plan["mods"])
+    converted = {}
+    for recipe, sites in plan["recipes"].items():
+        names = frozenset(inner.get(s, s) for s in sites)
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                                   module_filter_fn=lambda mod, fqn, names=names: fqn in names)
+        converted.update({name: recipe for name in names})
+    now = {n: m for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    for name, recipe in converted.items():
+        if name not in now:
+            raise ValueError(f"FP8 placement site {name!r} was not converted by torchao ({recipe})")
+    extra = sorted(set(now) - set(converted))
+    if extra:
+        raise ValueError(f"torchao converted modules outside the placement: {', '.join(extra)}")
+    return model
+
+
+def apply_placement_torchao(model, placement: Placement, source: str = "placement"):
+    """Apply ``placement`` to ``model`` with torchao (in place; see the module docstring)."""
+    return apply_plan(model, torchao_plan(placement, source))
+
+
+def export_module(placement: Placement, source: str = "placement") -> str:
+    """The text of a Python module that applies ``placement`` with torchao (``apply(model)``)."""
+    plan = torchao_plan(placement, source)
+    counts = ", ".join(f"{len(v)} {k}" for k, v in plan["recipes"].items()) or "none"
+    needs = "torch, torchao and cubic (for its Mods)" if plan["mods"] else "torch and torchao"
+    return f'''"""FP8 placement for {placement.workload or source!s}, exported by `cubic fp8 export --format torchao`.
+
+FP8 sites: {counts} (of {len(placement.sites)} linear sites). Needs {needs}. In the training job:
+
+    import <this module>
+    model = <this module>.apply(model)   # before building the optimizer / torch.compile
+"""
+
+PLAN = {pprint.pformat(plan, sort_dicts=True)}
+
+
+{inspect.getsource(apply_plan)}
+
+def apply(model):
+    """Convert ``model``'s placement sites in place with torchao (one convert_to_float8_training per recipe)."""
+    return apply_plan(model, PLAN)
+'''

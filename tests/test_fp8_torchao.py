@@ -1,0 +1,119 @@
+"""cubic's recipes are torchao's: the table against torchao 0.18's own config, and one Linear's
+forward and backward under cubic's kernels against torchao's ``Float8Linear`` on this CPU.
+
+Measured: every output (y, dx, dw, db) is bit-identical to torchao's, for the three recipes, in
+fp32 and bf16, for the real (``torch._scaled_mm``) and the emulated kernels: the casts are the same
+op for op (scale in float64 then float32, power-of-2 rounding, saturating cast), a rowwise GEMM
+rounds its output to bf16 as torchao's does, and the fp32 accumulations happen to agree. So the
+tolerance is zero: any change of cast, format or rounding fails here.
+"""
+
+import copy
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+torchao_float8 = pytest.importorskip("torchao.float8")
+
+from cubic.core.recipes import HP, RECIPES, TORCHAO_RECIPES, Cast  # noqa: E402
+from fp8.kernels import Fp8Linear, default_kernel  # noqa: E402
+from fp8.recipes import quantize  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Enum subclass.*")
+
+
+def _cast_of(cc) -> Cast:
+    from torchao.float8.config import ScalingGranularity, ScalingType
+
+    if cc.scaling_type is ScalingType.DISABLED:
+        return HP
+    fmt = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}[cc.target_dtype]
+    return Cast(fmt, {ScalingGranularity.TENSORWISE: "tensorwise", ScalingGranularity.AXISWISE: "rowwise"}[
+        cc.scaling_granularity])
+
+
+def test_the_table_is_torchaos_recipes():
+    assert TORCHAO_RECIPES == ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+    for name in TORCHAO_RECIPES:
+        cfg = torchao_float8.Float8LinearConfig.from_recipe_name(name)
+        r = RECIPES[name]
+        assert r.torchao == name
+        assert r.fwd == (_cast_of(cfg.cast_config_input), _cast_of(cfg.cast_config_weight)), name
+        assert r.grad_input == (_cast_of(cfg.cast_config_grad_output),
+                                _cast_of(cfg.cast_config_weight_for_grad_input)), name
+        assert r.grad_weight == (_cast_of(cfg.cast_config_grad_output_for_grad_weight),
+                                 _cast_of(cfg.cast_config_input_for_grad_weight)), name
+        assert r.pow2_scales == cfg.round_scales_to_power_of_2, name
+    # the issue's finding, now fixed: the rowwise recipes cast gradients to e4m3
+    assert RECIPES["rowwise"].grad_weight[0].fmt == "e4m3"
+    assert RECIPES["rowwise_with_gw_hp"].grad_input[0] == Cast("e4m3", "rowwise")
+    assert RECIPES["tensorwise"].grad_input[0].fmt == "e5m2"
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling,pow2", [("tensorwise", False), ("rowwise", True), ("rowwise", False)])
+def test_casts_are_bit_identical_to_torchaos(fmt, scaling, pow2):
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 70, generator=g) * torch.logspace(-6, 4, 40)[:, None]
+    x[3] = 0.0  # an all-zero row: the 1e-12 floor
+    gran = ScalingGranularity.TENSORWISE if scaling == "tensorwise" else ScalingGranularity.AXISWISE
+    t = hp_tensor_to_float8_dynamic(x, {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt],
+                                    LinearMMConfig(), scaling_granularity=gran,
+                                    axiswise_dim=-1 if scaling == "rowwise" else None, round_scales_to_power_of_2=pow2)
+    q, s = quantize(x, fmt, scaling, pow2)
+    assert torch.equal(q.view(torch.uint8), t._data.view(torch.uint8))
+    assert torch.equal(s, t._scale.reciprocal())
+
+
+def _linear_grads(module: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    xi = x.clone().requires_grad_(True)
+    y = module(xi)
+    y.backward(dy)
+    lin = module[0] if isinstance(module, nn.Sequential) else module
+    return [y.detach(), xi.grad, lin.weight.grad, lin.bias.grad]
+
+
+def _pair(recipe: str, dtype: torch.dtype, *, real: bool, recipes=None):
+    g = torch.Generator().manual_seed(1)
+    m, k, n = 96, 80, 48
+    lin = nn.Linear(k, n).to(dtype)
+    # columns over 4 orders of magnitude, so rowwise and tensorwise scales differ
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, k)).to(dtype)
+    dy = (torch.randn(m, n, generator=g) * 1e-3).to(dtype)
+    theirs = nn.Sequential(copy.deepcopy(lin))
+    torchao_float8.convert_to_float8_training(theirs, config=torchao_float8.Float8LinearConfig.from_recipe_name(recipe))
+    assert type(theirs[0]).__name__ == "Float8Linear"
+    kernel = default_kernel(recipe, "cpu", (m, k, n)).name if real else f"emulated_{recipe}"
+    hp = "fp32" if dtype == torch.float32 else "bf16"  # torchao's high precision is the layer's dtype
+    ours = Fp8Linear.from_linear(copy.deepcopy(lin), kernel, hp=hp)
+    return _linear_grads(theirs, x, dy), _linear_grads(ours, x, dy)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("real", [True, False])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_one_linear_forward_and_backward_equal_torchaos_float8linear(recipe, real, dtype):
+    theirs, ours = _pair(recipe, dtype, real=real)
+    for name, a, b in zip(("y", "dx", "dw", "db"), theirs, ours):
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b), f"{recipe} {dtype} real={real}: {name} differs from torchao"
+
+
+def test_the_parity_check_can_fail(monkeypatch):
+    # the recipe cubic used before (e5m2 gradients under rowwise) does not match torchao's rowwise
+    import cubic.core.recipes as table
+
+    old = table.RECIPES["rowwise"]
+    e5 = Cast("e5m2", "rowwise")
+    monkeypatch.setitem(table.RECIPES, "rowwise", dataclasses.replace(
+        old, grad_input=(e5, old.grad_input[1]), grad_weight=(e5, old.grad_weight[1])))
+    theirs, ours = _pair("rowwise", torch.float32, real=True)
+    assert torch.equal(theirs[0], ours[0])  # the forward is unchanged
+    assert not torch.equal(theirs[1], ours[1]) and not torch.equal(theirs[2], ours[2])

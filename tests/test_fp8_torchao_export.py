@@ -1,0 +1,126 @@
+"""`cubic fp8 export --format torchao`: the exported module applied by torchao on this CPU converts
+exactly the placement's sites with the placement's recipes (Mods applied), and a training step runs."""
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchao.float8")
+
+from cubic.core.spec import SpecError  # noqa: E402
+from fp8.placement import parse_placement  # noqa: E402
+from fp8.torchao_export import apply_placement_torchao, export_module, torchao_plan  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Enum subclass.*")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 48), nn.ReLU(),
+                         nn.Linear(48, 1))
+
+
+def _site(k, n, recipe=None, kernel=None, mods=(), reason=None):
+    return {"m": 128, "k": k, "n": n, "recipe": recipe, "kernel": kernel, "safe": recipe is not None,
+            "applied_mods": list(mods), "reason": reason}
+
+
+def _placement(**over):
+    sites = {
+        "0": _site(32, 64, reason="first (input) layer stays in high precision"),
+        "2": _site(64, 64, "rowwise", "scaled_mm_rowwise", mods=[{"name": "clamp_outliers", "params": {"alpha": 8.0}}]),
+        "4": _site(64, 48, "rowwise_with_gw_hp", "scaled_mm_rowwise_with_gw_hp"),
+        "6": _site(48, 1, "tensorwise", "scaled_mm_tensorwise"),
+    }
+    sites.update(over)
+    doc = {"workload": "toy", "sites": sites, "module_filter": sorted(n for n, s in sites.items() if s["recipe"])}
+    return parse_placement(doc)
+
+
+def _import(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _converted(model):
+    return {n: m.config for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+
+
+def test_exported_module_converts_exactly_the_sites_and_trains(tmp_path):
+    from torchao.float8 import Float8LinearConfig
+
+    p = _placement()
+    assert torchao_plan(p)["recipes"] == {"rowwise": ["2"], "rowwise_with_gw_hp": ["4"], "tensorwise": ["6"]}
+    path = tmp_path / "fp8_placement.py"
+    path.write_text(export_module(p))
+    job = _import(path)
+    model = job.apply(_model())
+    # the Mod wraps site 2, so torchao converts its inner linear; each with its recipe's config
+    conv = _converted(model)
+    assert set(conv) == {"2.linear", "4", "6"}
+    for name, recipe in (("2.linear", "rowwise"), ("4", "rowwise_with_gw_hp"), ("6", "tensorwise")):
+        assert conv[name] == Float8LinearConfig.from_recipe_name(recipe), name
+    assert type(model[2]).__name__ == "ClampedLinear" and type(model[0]) is nn.Linear
+    # a training step
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(128, 32, generator=g), torch.randint(0, 2, (128, 1), generator=g).float()
+    before = {n: q.detach().clone() for n, q in model.named_parameters() if n.endswith("weight")}
+    for _ in range(2):
+        opt.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    now = dict(model.named_parameters())
+    assert [n for n, w in before.items() if torch.equal(w, now[n].detach())] == []  # every weight trained
+
+
+def test_torchao_and_cubics_runtime_compute_the_same_forward():
+    # the same placement through torchao and through cubic's runtime (fp8.runtime): same outputs
+    from fp8.runtime import apply_placement
+
+    p = _placement(**{"2": _site(64, 64, "rowwise", "scaled_mm_rowwise")})
+    a, b = _model(), _model()
+    apply_placement_torchao(a, p)
+    apply_placement(b, p)
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+
+
+def test_bad_placements_are_refused_with_the_site_named(tmp_path):
+    with pytest.raises(SpecError, match=r"sites\.4\.recipe"):
+        torchao_plan(_placement(**{"4": _site(64, 48, "block128", "emulated_block128")}))
+    with pytest.raises(ValueError, match="'4'.*in=64, out=48.*in=64, out=32"):
+        m = _model()
+        m[4] = nn.Linear(64, 32)
+        apply_placement_torchao(m, _placement())
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        apply_placement_torchao(nn.Sequential(nn.Linear(32, 64)), _placement())
+
+
+def test_cli_export_writes_the_module_and_refuses_bad_input(tmp_path):
+    doc = tmp_path / "placement.json"
+    doc.write_text(_placement().model_dump_json())
+    out = tmp_path / "job_fp8.py"
+    cli = [sys.executable, "-m", "cubic.cli.app", "fp8", "export"]
+    r = subprocess.run([*cli, str(doc), "--format", "torchao", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "import job_fp8; model = job_fp8.apply(model)" in r.stdout
+    assert set(_converted(_import(out).apply(_model()))) == {"2.linear", "4", "6"}
+    bad = json.loads(doc.read_text())
+    bad["sites"]["4"].update(recipe="mx32", kernel="emulated_mx32")
+    doc.write_text(json.dumps(bad))
+    r = subprocess.run([*cli, str(doc), "--format", "torchao"], capture_output=True, text=True)
+    assert r.returncode == 2 and "sites.4.recipe" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
