@@ -24,11 +24,20 @@ Side by side in one run, on the default dlrm-small and wukong-small (heavy-taile
 - Triton kernel: numerics against the torch rowwise kernel on every probed site shape (measured,
   Triton's interpreter: bit-identical or not) and its modelled H100 time next to the eager kernels';
 - H100 model (modelled): predicted fwd+bwd block speedups over M, K, N in 1024..32768 per recipe,
-  and the share of shapes where FP8 is predicted slower.
+  and the share of shapes where FP8 is predicted slower;
+- where FP8 pays (issue 25): the production-shaped dlrm-wide probed on this CPU at its batch (256),
+  its sites' speeds modelled on an H100 at the production batch (PRODUCTION_BATCH, 16,384); the
+  recommendation with require_fast (FP8 only where predicted faster), the dense part's modelled
+  speedup, and NE within +-0.1% over paired seeds (full run only);
+- Mods rescue (measured): wukong-small's layers.0.lcb.proj probed alone, then with the Mods its
+  statistics call for (split_outliers), judged by the recommendation's own rule;
+- torchao parity: a hook reporting 'not run' until the parity function of issue 25's recipe table exists.
 
 The JSON's ``targets``: ``{what: {"measured", "target", "met"}}`` plus ``reason`` when missed; the
-context records the machine, load average and code version. The full run takes ~35 min on 2 quiet
-cores (two training processes); ``--quick`` is a smoke run (dlrm-small, 20 steps).
+context records the machine, load average and code version. The full run takes ~45 min on 2 quiet
+cores (two training processes; the production workload's 12 paired seeds and the rescue probes add
+~10 min to the ~35 before); ``--quick`` is a smoke run (dlrm-small 20 steps, a 2-batch production
+probe without training, a 4-batch rescue probe).
 
     .venv/bin/python experiments/fp8_benchmark.py [--quick] [--workers N]
 """
