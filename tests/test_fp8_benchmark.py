@@ -104,3 +104,16 @@ def test_production_target_and_torchao_hook():
     # a recommended site the model does not predict faster fails the placement target
     t = fb.targets(payload | {"production": pr | {"sites_predicted_faster": {}}})
     assert not [v for k, v in t.items() if "predicts faster" in k][0]["met"]
+
+
+def test_mods_rescue_target_needs_unsafe_without_and_safe_with():
+    base = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])])
+    rs = {"workload": "wukong-small", "site": "l", "mods": ["split_outliers"], "recipe_without_mods": None,
+          "recipe_with_mods": "rowwise", "best_without_mods": {}, "best_with_mods": {}, "reason": "r", "rescued": True}
+    key = "a Mod widens the safe set: a real site unsafe without its Mods and safe with them (measured)"
+    t = fb.targets(base | {"mods_rescue": rs})
+    check_targets(t)
+    assert t[key]["met"]
+    t = fb.targets(base | {"mods_rescue": rs | {"recipe_without_mods": "rowwise", "rescued": False}})
+    check_targets(t)
+    assert not t[key]["met"] and "without Mods rowwise" in t[key]["reason"]
