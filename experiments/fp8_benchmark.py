@@ -765,6 +765,7 @@ def targets(payload: dict) -> dict:
     if not t["met"]:
         bad = [r["site"] for r in d["sites"] if not r["all"]["tie_aware"]]
         t["reason"] = f"Dispatch picked a measurably slower kernel than the exhaustive best on {', '.join(bad)}"
+    out["Dispatch picks the fastest acceptable kernel (tie-aware share of site shapes, measured on this CPU)"] = t
     pr = payload.get("production")
     if pr is not None:
         t = {"measured": pr["ne_rel_diff"] and max(abs(x) for x in pr["ne_rel_diff"]["ci95"]), "target": NE_TARGET,
@@ -789,8 +790,9 @@ def targets(payload: dict) -> dict:
              "mods": rs["mods"], "without": rs["best_without_mods"], "with": rs["best_with_mods"],
              "label": "measured on this CPU (Probe)"}
         if not t["met"]:
-            t["reason"] = (f"recipe without Mods {rs['recipe_without_mods']}, with {rs['recipe_with_mods']}: "
-                           f"{rs['reason']}")
+            t["reason"] = (f"recipe without Mods {rs['recipe_without_mods']}, with {rs['recipe_with_mods']}: " + (
+                "already safe without Mods at these probe settings (its held-out NE cost, measured: "
+                f"{rs['best_without_mods']})" if rs["recipe_without_mods"] is not None else str(rs["reason"])))
         out["a Mod widens the safe set: a real site unsafe without its Mods and safe with them (measured)"] = t
     ta = payload.get("torchao_parity")
     if ta is not None:
@@ -799,7 +801,6 @@ def targets(payload: dict) -> dict:
             if ta.get("status") != "run" else {"measured": ta["per_recipe"], "target": "bitwise", "met": all(
                 bool(v.get("bitwise", v.get("ok"))) for v in ta["per_recipe"].values())
                 if isinstance(ta["per_recipe"], dict) else False})
-    out["Dispatch picks the fastest acceptable kernel (tie-aware share of site shapes, measured on this CPU)"] = t
     tri = payload["triton"]
     what = "Triton kernel bit-identical to scaled_mm_rowwise on every site shape (measured, Triton interpreter)"
     if tri.get("available"):

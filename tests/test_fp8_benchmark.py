@@ -117,3 +117,11 @@ def test_mods_rescue_target_needs_unsafe_without_and_safe_with():
     t = fb.targets(base | {"mods_rescue": rs | {"recipe_without_mods": "rowwise", "rescued": False}})
     check_targets(t)
     assert not t[key]["met"] and "without Mods rowwise" in t[key]["reason"]
+
+
+def test_new_sections_leave_the_dispatch_target_alone():
+    rs = {"workload": "w", "site": "l", "mods": [], "recipe_without_mods": None, "recipe_with_mods": None,
+          "best_without_mods": {}, "best_with_mods": {}, "reason": "r", "rescued": False}
+    t = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])], tie_share=0.5) | {"mods_rescue": rs})
+    (d,) = [v for k, v in t.items() if k.startswith("Dispatch")]
+    assert d["measured"] == 0.5 and "strict" in d
