@@ -62,7 +62,9 @@ MX_NATIVE_DEVICES = frozenset({"b200", "gb200", "b300"})
 FIT_PATH = Path(__file__).parent / "data" / "h100_gemm_fit.json"
 # the constants the fit may change (experiments/h100_model_fit.py)
 FITTED_FIELDS: tuple[str, ...] = ("achievable_gemm_frac", "fp8_gemm_frac", "k_fill_tiles", "gemm_overhead_s",
-                                  "rowwise_gemm_factor", "cast_mem_frac")
+                                  "rowwise_gemm_factor", "cast_mem_frac", "dim1_cast_mem_frac", "compile_launch_floor_s")
+# the block-level fields, fitted on fwd+bwd block speedups (the rest on GEMM-only rows)
+BLOCK_FIELDS: tuple[str, ...] = ("cast_mem_frac", "dim1_cast_mem_frac", "compile_launch_floor_s")
 
 TORCHAO_ROOFLINE = (
     "pytorch/ao torchao/testing/float8/roofline_utils.py (H100 entry): pct_achievable_gemm_tops=0.78 "
@@ -77,6 +79,17 @@ TORCHAO_KERNELS = (
 HOPPER_WHITEPAPER_SMS = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 has 132 SMs"
 CUTLASS_TILES = ("CUTLASS 3.x Hopper GEMM examples / cuBLAS heuristics: 128x128 and 128x256 CTA tiles with "
                  "K-tiles of 64 (bf16) and 128 (fp8) elements are the common large-GEMM configurations")
+TORCHAO_RESCALE = (
+    "pytorch/ao issue #2184 and PR #1325 (text): with use_fast_accum=False (torchao's default for the two "
+    "backward GEMMs) the CUTLASS rowwise GEMM was so slow that torchao runs the cuBLAS tensorwise GEMM and "
+    "rescales the output by the row/column scales, which under torch.compile costs at least one extra Triton "
+    "kernel per GEMM; the forward GEMM (use_fast_accum=True) runs the CUTLASS rowwise kernel"
+)
+DIM1_CAST = (
+    "modelling assumption, fitted: a rowwise cast along dim1 reduces over rows and writes the fp8 tensor "
+    "transposed (strided reads or writes), so it reaches a lower share of HBM bandwidth than the dim0 cast; "
+    "torchao later added dedicated dim1 cast kernels for this reason (torchao/prototype/mx_formats)"
+)
 DEEPGEMM = ("deepseek-ai/DeepGEMM README: fine-grained (1x128 / 128x128) FP8 GEMM reaches up to ~1550 "
             "TFLOPS on H800, i.e. close to but below per-tensor FP8 because scales are applied in the "
             "main loop on CUDA cores")
@@ -90,7 +103,13 @@ class GemmConstants:
     achievable_gemm_frac: float = 0.78  # bf16: of the dense peak, large shapes
     fp8_gemm_frac: float = 0.78  # fp8 (tensorwise): of the dense peak, large shapes
     achievable_mem_frac: float = 0.92  # of HBM bandwidth, pointwise kernels
-    cast_mem_frac: float = 0.92  # of HBM bandwidth, FP8 amax/scale/cast kernels (strided transposed writes)
+    cast_mem_frac: float = 0.92  # of HBM bandwidth, FP8 amax/scale/cast kernels
+    dim1_cast_mem_frac: float = 0.5  # of HBM bandwidth, rowwise casts along dim1 (transposed), compile mode
+    # compile mode: the GPU time of a kernel cannot be shorter than the host needs to launch it
+    # (inductor's Python wrapper, no CUDA graphs); 0 = launches are always hidden
+    compile_launch_floor_s: float = 0.0
+    # torchao's rowwise recipes: backward GEMMs on cuBLAS tensorwise (fp32 out) + a rescale kernel
+    rowwise_bwd_rescale: bool = True
     kernel_overhead_s: float = 2e-6  # per kernel launch (GPU-side), pointwise kernels
     gemm_overhead_s: float = 2e-6  # per GEMM launch (GPU-side: prologue, epilogue, scheduling)
     eager_op_overhead_s: float = 6e-6  # per eager aten op: host dispatch + launch, hides nothing
@@ -114,6 +133,10 @@ class GemmConstants:
             "achievable_mem_frac": TORCHAO_ROOFLINE,
             "cast_mem_frac": TORCHAO_ROOFLINE + " (prior: the pointwise figure)",
             "kernel_overhead_s": TORCHAO_ROOFLINE,
+            "dim1_cast_mem_frac": DIM1_CAST,
+            "compile_launch_floor_s": "modelling assumption, fitted: inductor launches each kernel from Python "
+                                      "(a few us); kernels shorter than that leave the GPU idle",
+            "rowwise_bwd_rescale": TORCHAO_RESCALE,
             "gemm_overhead_s": TORCHAO_ROOFLINE + " (same launch overhead assumed for GEMMs)",
             "eager_op_overhead_s": "modelling assumption: ~5-10 us host dispatch per eager PyTorch op",
             "fp32_gemm_frac": "modelling assumption: SIMT fp32 GEMMs reach ~80% of the fp32 peak",
@@ -263,18 +286,27 @@ class _Builder:
         self.kernels: list[Kernel] = []
 
     def _floor(self, t: float) -> float:
-        return max(t, self.c.eager_op_overhead_s) if self.mode == "eager" else t
+        return max(t, self.c.eager_op_overhead_s if self.mode == "eager" else self.c.compile_launch_floor_s)
 
-    def mem(self, name: str, phase: str, kind: str, nbytes: float) -> None:
-        frac = self.c.cast_mem_frac if kind == "cast" else self.c.achievable_mem_frac
+    def mem(self, name: str, phase: str, kind: str, nbytes: float, frac: float | None = None) -> None:
+        if frac is None:
+            frac = self.c.cast_mem_frac if kind == "cast" else self.c.achievable_mem_frac
         t = nbytes / (self.device.hbm_bw * frac) + self.c.kernel_overhead_s
         self.kernels.append(Kernel(name, phase, kind, float(nbytes), 0.0, self._floor(t)))  # type: ignore[arg-type]
 
     def gemm(self, name: str, phase: str, gm: int, gk: int, gn: int, precision: str, recipe: str | None) -> None:
-        t = gemm_time_s(gm, gk, gn, precision, recipe, self.device, constants=self.c)  # type: ignore[arg-type]
-        eb = 4 if precision == "fp32" else 2
+        rescale = (precision == "fp8" and phase == "bwd" and recipe in ("rowwise", "rowwise_with_gw_hp")
+                   and self.c.rowwise_bwd_rescale)
+        if rescale:  # cuBLAS tensorwise GEMM writing fp32, then a rescale kernel (TORCHAO_RESCALE)
+            t = gemm_time_s(gm, gk, gn, precision, "tensorwise", self.device, constants=self.c)  # type: ignore[arg-type]
+            t += gm * gn * (BYTES["fp32"] - BYTES["bf16"]) / (self.device.hbm_bw * self.c.achievable_mem_frac)
+        else:
+            t = gemm_time_s(gm, gk, gn, precision, recipe, self.device, constants=self.c)  # type: ignore[arg-type]
+        eb = 4 if precision == "fp32" or rescale else 2
         nbytes = (gm * gk + gk * gn) * BYTES[precision] + gm * gn * eb
         self.kernels.append(Kernel(name, phase, "gemm", float(nbytes), 2.0 * gm * gk * gn, self._floor(t)))  # type: ignore[arg-type]
+        if rescale:
+            self.mem(f"{name}.rescale", phase, "cast", gm * gn * (BYTES["fp32"] + BYTES["bf16"]) + 4 * (gm + gn))
 
 
 def _layouts(role: str, recipe: str) -> tuple[str, ...]:
@@ -326,7 +358,8 @@ def _cast_kernels(b: _Builder, role: str, d0: int, d1: int, recipe: str, fused_r
             b.mem(f"{role}.transpose_dim1", phase, "cast", 2 * b8)
             continue
         read = 0 if (i == 0 and fused_read) else b16
-        b.mem(f"{role}.amax_scale_cast_{lay}", phase, "cast", read + b8 + scale_bytes * numel / scale_div)
+        frac = b.c.dim1_cast_mem_frac if (lay == "dim1" and recipe in ("rowwise", "rowwise_with_gw_hp")) else None
+        b.mem(f"{role}.amax_scale_cast_{lay}", phase, "cast", read + b8 + scale_bytes * numel / scale_div, frac)
 
 
 def linear_block_kernels(m: int, k: int, n: int, precision: Precision = "bf16", recipe: str | None = None, *,

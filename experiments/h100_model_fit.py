@@ -12,9 +12,11 @@ measurements* (nothing is measured on this machine).
   The rowwise GEMM factor has no kernel-only data and keeps its prior.
 - Block rows (fwd+bwd speedups of torchao's LN -> Linear -> Sigmoid, and of a plain Float8Linear:
   eager tensorwise from float8_experimental, compiled rowwise from pytorch/ao PR #2185): they fit
-  one more field, the cast kernels' achievable HBM bandwidth (``cast_mem_frac``), evaluated by
-  leave-one-out: each block's held-out prediction uses the value fitted on the other blocks; the
-  saved value is fitted on all of them.
+  the block fields ``cost_models.gpu_gemm.BLOCK_FIELDS`` (cast bandwidths, dim1 rowwise cast bandwidth,
+  compile-mode launch floor), evaluated leave-one-source-out: each source's blocks are predicted with
+  the fields fitted on the other sources; the saved values are fitted on all of them. The structure
+  around the GEMM (casts per layout, rescale kernels of torchao's rowwise backward GEMMs, norm and
+  activation) is in cost_models/gpu_gemm.py, each with its source.
 - Errors before (prior constants) and after (fitted): Spearman of times, MAPE, and fast/slow
   agreement (FP8 faster than bf16 at the same shape, or block speedup > 1).
 
@@ -38,17 +40,24 @@ import numpy as np  # noqa: E402
 from scipy import optimize  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
-from cost_models.gpu_gemm import FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants, block_speedup, gemm_time_s  # noqa: E402
+from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants, block_speedup, gemm_time_s  # noqa: E402
 from cost_models.hardware import H100_SXM, H200_SXM, DeviceSpec  # noqa: E402
 from experiments.common import RESULTS, png_path, run_context, write_result  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "cost_models" / "data" / "h100_measurements"
 LABEL = "modelled vs published H100 measurements"
 TARGETS = {"spearman": 0.97, "mape_pct": 15.0, "fast_slow_pct": 90.0}
+# the issue's block targets (issue 25, point 6), on blocks of a source the block fields were not fitted to
+BLOCK_TARGETS = {"mape_pct": 25.0, "fast_slow_pct": 85.0}
+# the shapes of torchao's README LN -> Linear -> Sigmoid rowwise table (published as an image only; its
+# values are not in this repository): our predictions for the owner's held-out check
+ROWWISE_GRID = [(m, k, n) for m in (1024, 2048, 4096, 8192, 16384) for k in (1024, 2048, 4096, 8192, 16384)
+                for n in (1024, 4096, 16384)]
 MIN_N_FOR_RANK = 5  # a rank correlation of fewer points says nothing
 # (lower, upper) bounds of the fitted fields
 BOUNDS = {"achievable_gemm_frac": (0.4, 1.0), "fp8_gemm_frac": (0.4, 1.0), "k_fill_tiles": (0.0, 12.0),
-          "gemm_overhead_s": (0.0, 20e-6), "rowwise_gemm_factor": (0.5, 1.0), "cast_mem_frac": (0.1, 1.0)}
+          "gemm_overhead_s": (0.0, 20e-6), "rowwise_gemm_factor": (0.5, 1.0), "cast_mem_frac": (0.1, 1.0),
+          "dim1_cast_mem_frac": (0.05, 1.0), "compile_launch_floor_s": (0.0, 20e-6)}
 
 
 def _read_csv(name: str) -> list[dict]:
@@ -155,16 +164,21 @@ def fast_slow(items: list[tuple[float, float]]) -> dict:
     return {"n": len(agree), "agreement_pct": 100.0 * sum(agree) / len(agree) if agree else None}
 
 
-def fit_cast_frac(blocks: list[dict], c: GemmConstants) -> GemmConstants:
-    """``c`` with ``cast_mem_frac`` fitted to the block speedups (least squares on log speedup)."""
+def fit_block_fields(blocks: list[dict], c: GemmConstants) -> GemmConstants:
+    """``c`` with ``BLOCK_FIELDS`` (cast bandwidths, compile launch floor) fitted to the block speedups
+    (bounded least squares on log speedup)."""
     meas = np.log([b["speedup"] for b in blocks])
+    names = list(BLOCK_FIELDS)
+    scale = np.array([1e-6 if k.endswith("_s") else 1.0 for k in names])
 
-    def loss(f: float) -> float:
-        cc = replace(c, cast_mem_frac=float(f))
-        return float(np.sum((np.log([predict_block(b, cc) for b in blocks]) - meas) ** 2))
+    def resid(z: np.ndarray) -> np.ndarray:
+        cc = _with(c, z * scale, names)
+        return np.log([predict_block(b, cc) for b in blocks]) - meas
 
-    sol = optimize.minimize_scalar(loss, bounds=BOUNDS["cast_mem_frac"], method="bounded")
-    return replace(c, cast_mem_frac=float(sol.x))
+    x0 = np.array([getattr(PRIOR_CONSTANTS, k) for k in names]) / scale
+    lo, hi = zip(*(BOUNDS[k] for k in names))
+    sol = optimize.least_squares(resid, x0, bounds=(np.array(lo) / scale, np.array(hi) / scale))
+    return _with(c, sol.x * scale, names)
 
 
 def evaluate(rows: list[dict], blocks: list[dict], c: GemmConstants, loo_blocks: bool = False) -> dict:
@@ -176,18 +190,19 @@ def evaluate(rows: list[dict], blocks: list[dict], c: GemmConstants, loo_blocks:
     out["gemm_fp8_vs_bf16_fast_slow_heldout"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs if p["heldout"]])
     out["gemm_fp8_vs_bf16_fast_slow_all"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs])
     out["gemm_fp8_vs_bf16_pairs"] = pairs
-    if loo_blocks:  # each block predicted with cast_mem_frac fitted on the others
-        bpred, fracs = [], []
-        for i, b in enumerate(blocks):
-            ci = fit_cast_frac(blocks[:i] + blocks[i + 1:], c)
-            fracs.append(ci.cast_mem_frac)
-            bpred.append(predict_block(b, ci))
+    if loo_blocks:  # leave one source out: each source's blocks predicted with the fields fitted on the others
+        bpred, fracs = [0.0] * len(blocks), [{}] * len(blocks)
+        for src in sorted({b["source"] for b in blocks}):
+            idx = [i for i, b in enumerate(blocks) if b["source"] == src]
+            ci = fit_block_fields([b for b in blocks if b["source"] != src], c)
+            for i in idx:
+                bpred[i], fracs[i] = predict_block(blocks[i], ci), {k: getattr(ci, k) for k in BLOCK_FIELDS}
     else:
-        bpred, fracs = [predict_block(b, c) for b in blocks], [c.cast_mem_frac] * len(blocks)
+        bpred, fracs = [predict_block(b, c) for b in blocks], [{k: getattr(c, k) for k in BLOCK_FIELDS}] * len(blocks)
     out["block_speedup"] = {**metrics([b["speedup"] for b in blocks], bpred),
                             **fast_slow([(b["speedup"], p) for b, p in zip(blocks, bpred)]),
                             "leave_one_out": loo_blocks,
-                            "rows": [{**b, "modelled": p, "cast_mem_frac": f} for b, p, f in zip(blocks, bpred, fracs)]}
+                            "rows": [{**b, "modelled": p, "fields_used": f} for b, p, f in zip(blocks, bpred, fracs)]}
     held = [r for r in rows if r["split"] == "heldout"]
     out["gemm_rows_heldout"] = [{k: r[k] for k in ("source", "precision", "recipe", "m", "k", "n", "time_s")}
                                 | {"modelled_s": predict_gemm(r, c)} for r in held]
@@ -205,18 +220,20 @@ def _target(what: str, value: float | None, target: float, higher_better: bool, 
 def main() -> None:
     rows, blocks = gemm_rows(), block_rows()
     # no rowwise kernel-only data; cast_mem_frac is fitted on the blocks (below)
-    names = [k for k in FITTED_FIELDS if k not in ("rowwise_gemm_factor", "cast_mem_frac")]
+    names = [k for k in FITTED_FIELDS if k != "rowwise_gemm_factor" and k not in BLOCK_FIELDS]
     gemm_fitted = fit(rows, names)
     before = evaluate(rows, blocks, PRIOR_CONSTANTS)
     after = evaluate(rows, blocks, gemm_fitted, loo_blocks=True)
-    fitted = fit_cast_frac(blocks, gemm_fitted)
-    names = names + ["cast_mem_frac"]
+    fitted = fit_block_fields(blocks, gemm_fitted)
+    names = names + list(BLOCK_FIELDS)
     a = after
     bs = a["block_speedup"]
-    block_note = ("torchao publishes its LN->Linear->Sigmoid M,K,N speedup tables as images; only its two "
-                  "tensorwise worked examples (compile), three float8_experimental eager tensorwise Linear "
-                  "speedups and four compiled rowwise Linear speedups (pytorch/ao PR #2185, recipe inferred from "
-                  "the PR text) exist as text; no rowwise_with_gw_hp block point")
+    block_note = ("leave one source out: each source's blocks are predicted with the block fields "
+                  "(cast_mem_frac, dim1_cast_mem_frac, compile_launch_floor_s) fitted on the other sources. Sources: "
+                  "torchao README's two tensorwise worked examples (compile), float8_experimental PR #273 (eager "
+                  "tensorwise Linear), pytorch/ao PR #2185 (compiled rowwise Linear, recipe inferred). torchao's "
+                  "LN->Linear->Sigmoid M,K,N tables are images only (not used; the rowwise one is the owner's held-out "
+                  "check); no rowwise_with_gw_hp block point exists as text")
     targets = {
         "gemm_time_heldout_spearman": _target("spearman", a["gemm_time_heldout"]["spearman"], TARGETS["spearman"], True,
                                               a["gemm_time_heldout"]["n"]),
@@ -227,9 +244,9 @@ def main() -> None:
             a["gemm_fp8_vs_bf16_fast_slow_heldout"]["n"]),
         "block_speedup_spearman": _target("block_speedup_spearman", bs["spearman"], TARGETS["spearman"], True, bs["n"],
                                           block_note),
-        "block_speedup_mape_pct": _target("mape", bs["mape_pct"], TARGETS["mape_pct"], False, bs["n"],
+        "block_speedup_mape_pct_leave_one_source_out": _target("mape", bs["mape_pct"], BLOCK_TARGETS["mape_pct"], False, bs["n"],
                                           block_note + "; met on 2 points is weak evidence" if bs["n"] < MIN_N_FOR_RANK else ""),
-        "block_speedup_fast_slow_pct": _target("fast_slow", bs["agreement_pct"], TARGETS["fast_slow_pct"], True, bs["n"],
+        "block_speedup_fast_slow_pct_leave_one_source_out": _target("fast_slow", bs["agreement_pct"], BLOCK_TARGETS["fast_slow_pct"], True, bs["n"],
                                                block_note + "; met on 2 points is weak evidence" if bs["n"] < MIN_N_FOR_RANK else ""),
     }
     sources = sorted({r["source"] for r in rows} | {b["source"] for b in blocks})
@@ -251,6 +268,12 @@ def main() -> None:
         "constants_after": {k: getattr(fitted, k) for k in names},
         "before": before, "after": after,
         "targets": targets,
+        "rowwise_ln_linear_sigmoid_grid": {
+            "label": "MODELLED (fitted constants); no published value here: torchao's README rowwise table is an "
+                     "image, kept out of the fit and of this repository so it stays a held-out check",
+            "rows": [{"m": m, "k": k, "n": n, "modelled_speedup": round(predict_block(
+                {"block": "LNLinearSigmoid", "recipe": "rowwise", "mode": "compile", "m": m, "k": k, "n": n}, fitted), 3)}
+                for m, k, n in ROWWISE_GRID]},
     }
     path = write_result("h100_model_fit", payload)
     _plot(rows, blocks, fitted, after["block_speedup"]["rows"])

@@ -9,6 +9,11 @@ so FP8 conversion still finds it. Function-preserving unless said otherwise:
   back (a normalization moved in front of the FP8 cast): one tensor scale then fits every row;
 - :func:`smooth_channels`: SmoothQuant-style migration of per-channel input outliers into the
   weight (``x / s``, ``W * s``), for inputs whose columns differ in scale;
+- :func:`split_outliers`: the input channels (columns) whose magnitude dwarfs the rest's go through a
+  high-precision GEMM of their own, the others through the FP8 GEMM (the outlier decomposition of
+  LLM.int8(), Dettmers et al. 2022, applied to FP8): exact in exact arithmetic, and the FP8 casts no
+  longer scale every row by the outlier channel's value (cubic's Mod; LoKA's paper names its Mods
+  only as "reusable model adaptations" in the abstracts we could read);
 - :func:`clamp_outliers`: a learned symmetric clamp (PACT, Choi et al. 2018) before the GEMM,
   initialised at a high percentile of |x|; *changes* the function on the clipped outliers;
 - :func:`keep_first_last`: the first and last FP8 sites (in execution order) go back to high
@@ -132,6 +137,46 @@ def smooth_channels(model: nn.Module, col_amax: Mapping[str, torch.Tensor | None
     return model
 
 
+class OutlierSplitLinear(nn.Module):
+    """``y = linear(x * keep) + x[:, out] W[:, out]^T``: the outlier input channels (``out``, chosen on the
+    first batch seen: column amax above ``ratio`` x the median column amax, at most ``max_frac`` of K,
+    largest first) skip the inner (FP8) GEMM and run in the input's precision against the same weight
+    columns; those columns get their gradients from that path (the inner GEMM sees zeros there)."""
+
+    def __init__(self, linear: nn.Linear, ratio: float = 16.0, max_frac: float = 0.125):
+        super().__init__()
+        self.linear, self.ratio, self.max_frac = linear, float(ratio), float(max_frac)
+        self.register_buffer("outlier", torch.zeros(linear.in_features, dtype=torch.bool, device=linear.weight.device))
+        self.register_buffer("calibrated", torch.tensor(False))
+
+    @torch.no_grad()
+    def calibrate(self, x: torch.Tensor) -> None:
+        col = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        big = col > self.ratio * col.median().clamp_min(1e-30)
+        cap = max(1, int(self.max_frac * col.numel()))
+        if int(big.sum()) > cap:
+            big = torch.zeros_like(big)
+            big[col.topk(cap).indices] = True
+        self.outlier.copy_(big)
+        self.calibrated.fill_(True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bool(self.calibrated):
+            self.calibrate(x)
+        if not bool(self.outlier.any()):
+            return self.linear(x)
+        keep = (~self.outlier).to(x.dtype)
+        idx = self.outlier.nonzero().squeeze(-1)
+        w = self.linear.weight  # the same parameter the inner GEMM uses (FP8 conversion keeps it)
+        return self.linear(x * keep) + nn.functional.linear(x.index_select(-1, idx), w.index_select(1, idx).to(x.dtype))
+
+
+def split_outliers(model: nn.Module, sites: Iterable[str], ratio: float = 16.0, max_frac: float = 0.125) -> nn.Module:
+    for name in list(sites):
+        replace_module(model, name, OutlierSplitLinear(_linear(model, name), ratio, max_frac))
+    return model
+
+
 class ClampedLinear(nn.Module):
     """A learned symmetric clamp ``[-alpha, alpha]`` before the GEMM (alpha gets gradients)."""
 
@@ -172,6 +217,11 @@ def suggest_mods(site: dict) -> list[str]:
     out = []
     if cuda_fp8_shape_problem(site["k"], site["n"]):
         out.append("pad_dims")
+    if x.get("col_spread_log2", 0.0) > SPLIT_COL_SPREAD_LOG2:
+        # a few channels dwarf the others: split them off (exact). The row spread, dynamic range and
+        # outliers the other Mods address were measured with those channels in; they are not stacked
+        out.append("split_outliers")
+        return out
     if x.get("row_spread_log2", 0.0) > 6.0:
         out.append("normalize_rows")
     if x.get("col_spread_log2", 0.0) > 5.0:
@@ -181,8 +231,11 @@ def suggest_mods(site: dict) -> list[str]:
     return out
 
 
-MOD_NAMES: tuple[str, ...] = ("pad_dims", "normalize_rows", "smooth_channels", "clamp_outliers")
-APPLY_ORDER: tuple[str, ...] = ("pad_dims", "clamp_outliers", "normalize_rows", "smooth_channels")
+MOD_NAMES: tuple[str, ...] = ("pad_dims", "normalize_rows", "smooth_channels", "clamp_outliers", "split_outliers")
+APPLY_ORDER: tuple[str, ...] = ("pad_dims", "clamp_outliers", "normalize_rows", "split_outliers", "smooth_channels")
+# column spread (log2 of max/median column amax) above which split_outliers replaces the other Mods:
+# modelling choice, 2^8 = the outlier channels are 256x the typical one (wukong-small's lcb.proj: 2^11.6)
+SPLIT_COL_SPREAD_LOG2 = 8.0
 CLAMP_MARGIN = 4.0  # modelling choice: clamp at 4x the Probe's p99.9 of |x| (clips only extreme outliers)
 
 
@@ -199,6 +252,8 @@ def site_mods(site: dict) -> list[dict[str, Any]]:
             params["alpha"] = float(max(CLAMP_MARGIN * x.get("p999", 0.0), 1e-6))
         elif name == "smooth_channels":
             params["alpha"] = 0.5
+        elif name == "split_outliers":
+            params.update(ratio=16.0, max_frac=0.125)
         out.append({"name": name, "params": params})
     return out
 
@@ -234,6 +289,9 @@ def apply_site_mods(model: nn.Module, mods: Mapping[str, Iterable[Any]]) -> dict
                 replace_module(model, inner, RowNormalizedLinear(lin))
             elif name == "smooth_channels":
                 replace_module(model, inner, SmoothedLinear(lin, None, float(params.get("alpha", 0.5))))
+            elif name == "split_outliers":
+                replace_module(model, inner, OutlierSplitLinear(lin, float(params.get("ratio", 16.0)),
+                                                                float(params.get("max_frac", 0.125))))
             else:
                 if "alpha" not in params:
                     raise ValueError(f"clamp_outliers at {site!r} needs params.alpha")

@@ -89,7 +89,7 @@ class SiteError(Frozen):
 class SiteMod(Frozen):
     """One Mod applied to a site (fp8.mods): its name and parameters."""
 
-    name: Literal["pad_dims", "normalize_rows", "smooth_channels", "clamp_outliers"]
+    name: Literal["pad_dims", "normalize_rows", "smooth_channels", "clamp_outliers", "split_outliers"]
     params: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")

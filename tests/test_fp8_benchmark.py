@@ -70,3 +70,58 @@ def test_quick_run_writes_the_targets_object(tmp_path, monkeypatch):
     assert out["context"]["code_version"] and "loadavg_1m_at_start" in out["context"]
     assert out["quality"][0]["seed_plan"]["seeds_planned"] >= out["quality"][0]["pilot_seeds"]
     assert (tmp_path / "fp8_benchmark_quick.png").is_file()
+
+
+def test_production_workload_is_wide_and_its_speed_is_modelled_at_the_production_batch():
+    from cubic.core.workloads import PRODUCTION_BATCH, load_workload
+
+    w = load_workload("dlrm-wide")
+    assert max(w.dense_arch.top_mlp) >= 2048 and PRODUCTION_BATCH["dlrm-wide"] > 16 * w.batch_size
+    site = {"m_target": PRODUCTION_BATCH["dlrm-wide"], "k": 2048, "n": 2048, "norm_before": False, "act_after": "relu"}
+    tiny = dict(site, m_target=256, k=164, n=64)
+    both = {"big": site, "tiny": tiny}
+    none = fb.step_speedup(both, {})
+    assert math.isclose(none["speedup"], 1.0) and "modelled" in none["label"]
+    big = fb.step_speedup(both, {"big": "rowwise"})
+    assert big["speedup"] > 1.0 > fb.step_speedup(both, {"tiny": "rowwise"})["speedup"]
+
+
+def test_production_target_and_torchao_hook():
+    pr = {"workload": "dlrm-wide", "production_batch": 16384, "recommended_sites": ["a"],
+          "sites_predicted_faster": {"a": 1.3}, "fast_sites_not_recommended": {},
+          "step": {"speedup": 1.2}, "ne_rel_diff": fb.paired([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])}
+    pr["target"] = fb.verdict(pr["ne_rel_diff"])
+    payload = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {
+        "production": pr, "torchao_parity": fb.torchao_parity()}
+    t = fb.targets(payload)
+    check_targets(t)
+    prod = [v for k, v in t.items() if k.startswith("dlrm-wide (production")]
+    assert prod and prod[0]["met"] and prod[0]["predicted_dense_speedup_h100"] == 1.2
+    assert [v for k, v in t.items() if "predicts faster" in k][0]["met"]
+    parity = [v for k, v in t.items() if k.startswith("torchao parity")][0]
+    if payload["torchao_parity"]["status"] == "not run":  # a hook, never a figure
+        assert parity["met"] is False and parity["measured"] is None and "no torchao parity function" in parity["reason"]
+    # a recommended site the model does not predict faster fails the placement target
+    t = fb.targets(payload | {"production": pr | {"sites_predicted_faster": {}}})
+    assert not [v for k, v in t.items() if "predicts faster" in k][0]["met"]
+
+
+def test_mods_rescue_target_needs_unsafe_without_and_safe_with():
+    base = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])])
+    rs = {"workload": "wukong-small", "site": "l", "mods": ["split_outliers"], "recipe_without_mods": None,
+          "recipe_with_mods": "rowwise", "best_without_mods": {}, "best_with_mods": {}, "reason": "r", "rescued": True}
+    key = "a Mod widens the safe set: a real site unsafe without its Mods and safe with them (measured)"
+    t = fb.targets(base | {"mods_rescue": rs})
+    check_targets(t)
+    assert t[key]["met"]
+    t = fb.targets(base | {"mods_rescue": rs | {"recipe_without_mods": "rowwise", "rescued": False}})
+    check_targets(t)
+    assert not t[key]["met"] and "without Mods rowwise" in t[key]["reason"]
+
+
+def test_new_sections_leave_the_dispatch_target_alone():
+    rs = {"workload": "w", "site": "l", "mods": [], "recipe_without_mods": None, "recipe_with_mods": None,
+          "best_without_mods": {}, "best_with_mods": {}, "reason": "r", "rescued": False}
+    t = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])], tie_share=0.5) | {"mods_rescue": rs})
+    (d,) = [v for k, v in t.items() if k.startswith("Dispatch")]
+    assert d["measured"] == 0.5 and "strict" in d

@@ -114,3 +114,27 @@ def test_fitted_constants_are_loaded_with_their_source():
     if FIT_PATH.is_file():
         assert "fitted" in c.sources["fp8_gemm_frac"]
     assert load_fitted_constants(FIT_PATH.with_name("absent.json")) == PRIOR_CONSTANTS
+
+
+def test_rowwise_backward_gemms_pay_torchao_rescale_and_dim1_casts_cost_more():
+    from dataclasses import replace
+
+    ks = linear_block_kernels(4096, 4096, 1024, "fp8", "rowwise", norm_before=True, act_after="sigmoid")
+    names = {k.name for k in ks}
+    # torchao's rowwise backward GEMMs: cuBLAS tensorwise + one rescale kernel each; the forward has none
+    assert {"gemm.grad_input.rescale", "gemm.grad_weight.rescale"} <= names and "gemm.fwd.rescale" not in names
+    gw_hp = {k.name for k in linear_block_kernels(4096, 4096, 1024, "fp8", "rowwise_with_gw_hp")}
+    assert "gemm.grad_input.rescale" in gw_hp and "gemm.grad_weight.rescale" not in gw_hp
+    assert not any(k.name.endswith(".rescale") for k in linear_block_kernels(4096, 4096, 1024, "fp8", "tensorwise"))
+    slow = replace(DEFAULT_CONSTANTS, dim1_cast_mem_frac=0.1)
+    fast = replace(DEFAULT_CONSTANTS, dim1_cast_mem_frac=1.0)
+    kw = dict(norm_before=True, act_after="sigmoid")
+    assert block_speedup(4096, 4096, 1024, "rowwise", constants=slow, **kw)["speedup"] < \
+        block_speedup(4096, 4096, 1024, "rowwise", constants=fast, **kw)["speedup"]
+    # tensorwise has no dim1 rowwise cast: unaffected
+    assert math.isclose(block_speedup(4096, 4096, 1024, "tensorwise", constants=slow, **kw)["speedup"],
+                        block_speedup(4096, 4096, 1024, "tensorwise", constants=fast, **kw)["speedup"])
+    # a compile-mode launch floor makes small blocks (many short FP8 kernels) slower relative to bf16
+    floor = replace(DEFAULT_CONSTANTS, compile_launch_floor_s=10e-6)
+    assert block_speedup(1024, 1024, 1024, "rowwise", constants=floor, **kw)["speedup"] < \
+        block_speedup(1024, 1024, 1024, "rowwise", **kw)["speedup"]

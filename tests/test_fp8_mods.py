@@ -281,3 +281,38 @@ def test_smooth_channels_must_wrap_the_linear_itself():
 
     assert [m["name"] for m in site_mods({"k": 13, "n": 8, "stats": stats})] == [
         "pad_dims", "clamp_outliers", "normalize_rows", "smooth_channels"]
+
+
+def test_split_outliers_is_exact_and_rescues_heavy_tailed_channels():
+    import torch
+    from torch import nn
+
+    from fp8.mods import OutlierSplitLinear, apply_site_mods, site_mods, suggest_mods
+    from fp8.recipes import scaled_matmul, sqnr_db
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 64, generator=g)
+    x[:, 3] *= 1e4  # one heavy channel, like wukong's dense-feature slot at lcb.proj
+    lin = nn.Linear(64, 32)
+    ref = lin(x).detach()
+    model = nn.Sequential(lin)
+    where = apply_site_mods(model, {"0": [{"name": "split_outliers", "params": {"ratio": 16.0, "max_frac": 0.125}}]})
+    assert where["0"] == "0.linear" and isinstance(model[0], OutlierSplitLinear)
+    y = model(x)
+    assert model[0].outlier.nonzero().flatten().tolist() == [3]
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-2)  # the same function (fp32)
+    y.sum().backward()  # the split-off column trains through the high-precision path
+    assert lin.weight.grad[:, 3].abs().sum() > 0
+    # in FP8 (rowwise): the GEMM that is left no longer scales every row by the outlier channel
+    w = lin.weight.detach()
+    plain = scaled_matmul(x, w, "rowwise")
+    keep = x.clone()
+    keep[:, 3] = 0
+    split = scaled_matmul(keep, w, "rowwise") + x[:, 3:4] @ w[:, 3:4].t()
+    exact = x @ w.t()
+    assert sqnr_db(exact, split) > sqnr_db(exact, plain) + 10
+    # the Probe statistics of such a site call for it (and not for the Mods it replaces)
+    site = {"k": 64, "n": 32, "stats": {"x": {"col_spread_log2": 11.6, "row_spread_log2": 9.7, "outlier_frac": 1e-3,
+                                              "dynamic_range_log2": 22.0, "p999": 400.0}}}
+    assert suggest_mods(site) == ["split_outliers"]
+    assert site_mods(site) == [{"name": "split_outliers", "params": {"ratio": 16.0, "max_frac": 0.125}}]

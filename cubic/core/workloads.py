@@ -83,6 +83,11 @@ def _small_tables(n: int, seed: int, dims: tuple[int, ...], num_groups: int = 1)
 HEAVY_TAIL_DF = 1.0
 
 
+# rows per GPU a production job trains a CPU-sized workload's dense part with: the batch the H100 speed
+# model is evaluated at when the workload is probed on this CPU at its own, reduced batch
+PRODUCTION_BATCH: dict[str, int] = {"dlrm-wide": 16384}
+
+
 def _defaults() -> dict[str, Workload]:
     cpu = Topology(world_size=1, ranks_per_node=1, memory_per_rank_gb=8.0, device="cpu")
     h100_64 = Topology(
@@ -119,6 +124,18 @@ def _defaults() -> dict[str, Workload]:
                 batch_size=512,
                 topology=cpu,
                 data=DataSpec(num_dense_features=13, seed=3),
+            ),
+            Workload(
+                name="dlrm-wide",
+                description=("Production-shaped DLRM dense part (2,048- and 1,024-wide top MLP, 1,024-wide bottom "
+                             "MLP, 128-dim embeddings) over 8 small tables, at a CPU batch of 256; its FP8 speed is "
+                             f"modelled at the production batch of {PRODUCTION_BATCH['dlrm-wide']:,} rows per GPU "
+                             "(experiments/fp8_benchmark.py, issue 25)."),
+                tables=_small_tables(8, seed=15, dims=(128,)),
+                dense_arch=DLRMArch(bottom_mlp=[1024, 128], top_mlp=[2048, 2048, 1024, 1]),
+                batch_size=256,
+                topology=cpu,
+                data=DataSpec(num_dense_features=13, seed=5, dense_tail_df=HEAVY_TAIL_DF),
             ),
             Workload(
                 name="wukong-large",
