@@ -89,10 +89,15 @@ class RunnerEvaluate:
         ok = self._local.get(config.content_hash(), [])
         if not ok:
             return Served(None, [])
-        from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
+        from cubic.core.stats import INTERVAL_METRICS, Repeat, contention, cores_available, noise_models, pool, \
+            pooled_result
+        from cubic.core.store import ASSUMED_NOISE_FLOOR
 
+        measured = getattr(self.runner, "source", "measured") == "measured"
+        noise = noise_models([[r.metrics for r in g] for g in self._local.values()]) if measured else None
+        floor = {k: ASSUMED_NOISE_FLOOR for k in INTERVAL_METRICS} if measured else None
         p = pool([Repeat(dict(r.metrics), contention(r.metrics, r.extra, cores_available(r.fingerprint)) is not None)
-                  for r in ok])
+                  for r in ok], noise, floor)
         return Served(pooled_result(ok, p), [], p)
 
     def _config(self, point: dict[str, Any]):
@@ -129,6 +134,38 @@ class RunnerEvaluate:
         m = served.result.metrics
         within = (m[lo], m[hi]) if len(vals) == 1 and lo in m and hi in m else None
         return estimate(vals, within)
+
+    def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
+        """Measure this machine's noise floor when it has none that is fresh (the store's
+        NOISE_FLOOR_MAX_AGE_DAYS / cubic release rule): ``point`` repeated in fresh processes up to
+        ``repeats`` uncontended repeats, their between-process spread stored per machine
+        fingerprint. Returns what it did in one line (None: nothing to do)."""
+        fp = self._fingerprint()
+        if self.store is None or fp is None or getattr(self.runner, "source", "measured") != "measured":
+            return None
+        floors, why = self.store.noise_floor(fp)
+        if floors:
+            return None
+        config = self._config(point)
+        served = self._stored(config)
+        have = served.good if served.result is not None and served.result.ok else 0
+        if repeats - have > 0:
+            out = self._measure(config, repeats - have, fresh=True)
+            if not out.ok:
+                return f"the noise floor's repeats failed ({out.failure_kind}); intervals use an assumed floor"
+        from cubic.core.stats import INTERVAL_METRICS
+
+        served = self._stored(config)
+        used = set(served.pooled.trial_ids) if served.pooled else set()
+        vals = {k: [t.result.metrics[k] for t in served.trials if t.id in used and k in t.result.metrics]
+                for k in INTERVAL_METRICS}
+        got = self.store.record_noise_floor(fp, vals, {"workload": self.workload.name, "config_hash": config.content_hash(),
+                                                       "steps": self.steps, "warmup": self.warmup})
+        m = got.get("examples_per_s")
+        if m is None:
+            return "the noise floor could not be measured (no two good repeats); intervals use an assumed floor"
+        return (f"measured this machine's noise floor ({why}): {m.df + 1} fresh runs of the baseline, "
+                f"examples/s spread {m.sd * 100:.1f}% between processes")
 
     def _measure(self, config, repeats: int, fresh: bool) -> Result:
         served = self._stored(config)
