@@ -171,12 +171,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                      workers=args.workers, featurize=featurize, context=context,
                      warm_start=args.warm_start or (), listener=_listener(space))
         evaluate.attach(c)
+        base_pair = None
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
-                _measure_baseline(c, evaluate, space, baseline)
+                base_pair = _measure_baseline(c, evaluate, space, baseline)
+                _ensure_noise_floor(base_pair)
             s = c.run()
-        if evaluate.store is not None:  # a job campaign (--objective) has no trial store to confirm from
-            s.confirm = c.confirm(args.confirm_repeats)
+            # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
+            s.confirm = c.confirm(args.confirm_repeats, baseline=base_pair[:2] if base_pair and base_pair[2] else None)
+        if evaluate.store is not None:
             evaluate.store.set_campaign_status(name, "finished")
         summaries.append(s)
         if space.shape_knobs and not args.json:
@@ -376,14 +379,10 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
             con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")
         c = s.confirm
         if c and c.get("winner"):
-            def iv(x):
-                return f"{x['value']:,.0f} [{x['lo']:,.0f}, {x['hi']:,.0f}] ({x['repeats']} repeats)"
+            from cubic.codesign.answer import confirm_lines
 
-            ru = c.get("runner_up")
-            sep = {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
-            con.print(f"  confirmed {c['metric']} (95% intervals): winner {iv(c['winner'])} at {c['winner']['point']}"
-                      + (f"; runner-up {iv(ru)}" if ru else "")
-                      + f"; {sep} after {c['repeats_spent']} of {c['repeat_budget']} extra repeats")
+            for line in confirm_lines(c):
+                con.print("  " + line, markup=False)
 
 
 # the trial store keeps a campaign's name in 200 characters (Optuna allows 512), and the baselines
@@ -601,8 +600,11 @@ class _JobEvaluate:
         return self.runner(point)
 
 
-def _job_build(name: str, ctx: dict[str, Any], space) -> _JobEvaluate:
-    return _JobEvaluate(_job_runner(ctx["job"], space, space.primary.metric, name))
+def _job_build(name: str, ctx: dict[str, Any], space):
+    from cubic.codesign.evaluate import KeptRepeats
+
+    # its repeats kept: the same intervals and confirm step as cubic's own campaigns
+    return KeptRepeats(_JobEvaluate(_job_runner(ctx["job"], space, space.primary.metric, name)))
 
 
 def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
@@ -633,15 +635,33 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
                                       f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
 
 
-def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> None:
+def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
+    """Measure the baseline; returns (its evaluate, its point, ok) for the noise floor and the
+    confirm step's speedup."""
     if spec.get("config") is None:
-        _said(c.measure_baseline(spec["point"], spec["label"]), space)
-        return
+        doc = c.measure_baseline(spec["point"], spec["label"])
+        _said(doc, space)
+        return evaluate, spec["point"], bool(doc.get("ok"))
+    from cubic.codesign.campaign import BASELINE_KEY
     from cubic.codesign.evaluate import RunnerEvaluate
 
     ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                         store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
-    _said(c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"]), space)
+    doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
+    if "config" not in doc:  # winner.yaml is this config when nothing beats it
+        doc = {**doc, "config": spec["config"].model_dump(mode="json")}
+        c.study.set_user_attr(BASELINE_KEY, doc)
+    _said(doc, space)
+    return ev, {}, bool(doc.get("ok"))
+
+
+def _ensure_noise_floor(base) -> None:
+    """This machine's noise floor (or the job's), measured from the baseline when missing or stale."""
+    ev, point, ok = base
+    if ok and callable(getattr(ev, "ensure_noise_floor", None)):
+        said = ev.ensure_noise_floor(point)
+        if said:
+            print(f"cubic: {said}", file=sys.stderr, flush=True)
 
 
 def _said(doc: dict[str, Any], space) -> None:

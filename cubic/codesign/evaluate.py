@@ -212,3 +212,85 @@ class RunnerEvaluate:
         return self.store.record(self.workload, config, result, campaign=self.campaign, attempt=attempt,
                                  steps=self.steps, warmup=self.warmup, fingerprint_hash=self._fingerprint())
 
+
+
+class KeptRepeats:
+    """A user's job (``--objective``) as an evaluate that keeps its repeats, so its runs get the
+    same intervals and its campaign the same confirm step as cubic's own: each point's successful
+    runs (one fresh process each) are pooled by cubic.core.stats.estimate with the job's own
+    between-repeat noise on this machine (every point with two runs or more), else the job's noise
+    floor (its baseline repeated, :meth:`ensure_noise_floor`), else the ASSUMED floor, labelled so.
+    Everything else (``store``, ``attach``, ``runner``) is the wrapped evaluate's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._reps: dict[str, list[Result]] = {}
+        self._floor = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    @staticmethod
+    def _key(point: dict[str, Any]) -> str:
+        import json
+
+        return json.dumps(point, sort_keys=True, default=str)
+
+    def __call__(self, point: dict[str, Any]) -> Result:
+        from cubic.core.stats import ci_names
+
+        out = self.inner(point)
+        if not out.ok:
+            return out
+        self._reps.setdefault(self._key(point), []).append(out)
+        metrics = dict(out.metrics)
+        for metric, v in out.metrics.items():  # each figure's interval as the confirm step sees it
+            if isinstance(v, (int, float)) and not metric.endswith(("_ci_lo", "_ci_hi")) and v > 0:
+                e = self.estimate(point, metric)
+                lo, hi = ci_names(metric)
+                if e is not None and e.hi > e.lo:
+                    metrics[lo], metrics[hi] = e.lo, e.hi
+        return out.model_copy(update={"metrics": metrics, "extra": {**out.extra, "repeats": len(
+            self._reps[self._key(point)])}})
+
+    def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
+        out = None
+        for _ in range(n):
+            out = self(point)
+        return out
+
+    def _noise(self, metric: str):
+        from cubic.core.stats import noise_model
+        from cubic.core.store import ASSUMED_NOISE_FLOOR
+
+        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics] for g in self._reps.values()])
+        if m is not None:
+            m.label = "this job's between-repeat noise on this machine"
+            return m
+        return (self._floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
+
+    def estimate(self, point: dict[str, Any], metric: str):
+        from cubic.core.stats import estimate
+
+        vals = [r.metrics[metric] for r in self._reps.get(self._key(point), []) if metric in r.metrics]
+        return estimate(vals, noise=self._noise(metric)) if vals else None
+
+    def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
+        """The job's noise floor on this machine: ``point`` (the baseline) run up to ``repeats``
+        times in fresh processes, before the campaign."""
+        from cubic.core.stats import noise_model
+
+        have = len(self._reps.get(self._key(point), []))
+        if not have:
+            return None  # the baseline failed: nothing to repeat
+        for _ in range(repeats - have):
+            if not self(point).ok:
+                return "the job's noise floor could not be measured (a repeat failed); intervals use an assumed floor"
+        runs = self._reps[self._key(point)]
+        self._floor = {}
+        for metric in runs[0].metrics:
+            m = noise_model([[r.metrics[metric] for r in runs if metric in r.metrics]])
+            if m is not None:
+                m.label = "this job's noise floor on this machine"
+                self._floor[metric] = m
+        return f"measured the job's noise floor: its baseline run {len(runs)} times in fresh processes"
