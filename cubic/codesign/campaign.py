@@ -96,6 +96,9 @@ class CampaignListener:
     def started(self, campaign: str, runs: int, budget: int) -> None:
         """``run()`` or ``work()`` begins; ``runs`` of ``budget`` are already done."""
 
+    def started_run(self, campaign: str, trial: int, point: dict[str, Any], runs: int, budget: int) -> None:
+        """A run begins (by this process): its trial number and knobs; ``runs`` finished so far."""
+
     def finished_run(self, event: RunEvent) -> None:
         """A run was told to the campaign (by this process)."""
 
@@ -331,6 +334,8 @@ class Campaign:
     def _run_one(self, t: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], Result]:
         st = self.study._storage
         point = dict(t.system_attrs.get("fixed_params") or t.params)
+        if type(self.listener).started_run is not CampaignListener.started_run:  # (no storage read otherwise)
+            self.listener.started_run(self.name, t.number, point, len(self._runs()), self.budget)
         stop = threading.Event()
         beat = None
         if heartbeat_interval(st):
