@@ -16,6 +16,8 @@ import random
 
 # true median qps by knob value: two near-ties at the top (4 vs 5: 3% apart), so "separated" is tested
 TABLES = {"default": {1: 60.0, 2: 80.0, 3: 92.0, 4: 100.0, 5: 97.0, 6: 70.0},
+          # a clear winner (100 vs 80): a confirm step should separate it
+          "clear": {1: 60.0, 2: 80.0, 3: 70.0, 4: 100.0, 5: 75.0, 6: 50.0},
           # the space's default point (a=1) is the best: the answer must say keep the baseline
           "baseline_best": {1: 100.0, 2: 80.0, 3: 92.0, 4: 70.0, 5: 60.0, 6: 50.0}}
 
