@@ -716,7 +716,9 @@ class TrialStore:
         if rows[-1].status != "ok":
             return Served(rows[-1].result, [rows[-1]])
         ok = [r for r in rows if r.status == "ok"]
-        return Served(*pooled_trials(ok, self.noise(fingerprint_hash, source, steps=steps, warmup=warmup),
+        # the machine's noise from the OTHER configs: this one's own repeats are already in its spread
+        return Served(*pooled_trials(ok, self.noise(fingerprint_hash, source, steps=steps, warmup=warmup,
+                                                    exclude=(workload_hash, config_hash)),
                                      self.floor_for(fingerprint_hash, source)))
 
     # ---- the machine's noise floor --------------------------------------------------------------
@@ -777,7 +779,7 @@ class TrialStore:
         return {k: floors.get(k, ASSUMED_NOISE_FLOOR) for k in INTERVAL_METRICS}
 
     def noise(self, fingerprint_hash: str, source: Source = "measured", *, steps: int | None = None,
-              warmup: int | None = None) -> dict[str, NoiseModel]:
+              warmup: int | None = None, exclude: tuple[str, str] | None = None) -> dict[str, NoiseModel]:
         """The machine's between-repeat noise (cubic.core.stats.NoiseModel of examples/s and step
         time) from every config with two or more ok repeats on this fingerprint (and run length,
         when given), each config's repeats chosen as pooling chooses them (the uncontended ones, or
@@ -794,6 +796,7 @@ class TrialStore:
             for wh, ch, metrics, contended in conn.execute(q):
                 groups.setdefault((wh, ch), []).append(
                     (bool(contended), {k: v for k, v in (metrics or {}).items() if v is not None}))
+        groups.pop(exclude, None)  # (workload hash, config hash) whose repeats the caller pools itself
         used = ([m for c, m in g if not c] or [m for _, m in g] for g in groups.values())
         return noise_models(used)
 
