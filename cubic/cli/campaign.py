@@ -31,7 +31,8 @@ DEFAULT_SPACES = {"local": DATA / "space-default.yaml", "distributed": DATA / "s
 # be evaluated there (every run would be "ok" and none feasible: best nan at None)
 REPORTED_METRICS = {
     "local": {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes", "loss_start",
-              "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size"},
+              "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size",
+              "ne_at_budget", "loss_at_budget", "examples_budget"},
     "distributed": {"examples_per_s", "step_time_median_ms", "comm_time_median_ms", "loss_start", "loss_end"},
     "simulated": {"examples_per_s", "examples_per_s_per_gpu", "step_time_median_ms", "step_time_p90_ms",
                   "peak_mem_bytes", "ne_cost_rel", "ne_cost_rel_ci_hi"},
@@ -96,7 +97,25 @@ def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None
     r = RunSpec.from_context(meta_context)
     evaluate = RunnerEvaluate(workload, runner, space, steps=r.steps, warmup=r.warmup, store=store, campaign=name,
                               repeats=r.repeats, remeasure=r.remeasure, base_config=_base_config(r.kind))
+    if r.kind == "local":  # NE and loss also at the campaign's equal training budget (examples seen)
+        from cubic.codesign.evaluate import equal_budget
+
+        evaluate.budget_examples = equal_budget(space, workload, r.steps, r.warmup)
     return evaluate, cubic_featurizer(space)
+
+
+def _at_equal_budget(space, kind: str):
+    """The space with its NE / loss constraints read at the campaign's equal training budget
+    (cubic.codesign.evaluate.AT_BUDGET: ne_end -> ne_at_budget) for local runs, whose trajectory
+    gives NE at any number of examples seen: a larger batch does not pass a quality bar by having
+    seen more examples in the same steps."""
+    from cubic.codesign.evaluate import AT_BUDGET
+
+    if kind != "local" or not any(c.metric in AT_BUDGET for c in space.constraints):
+        return space
+    cons = [c.model_copy(update={"metric": AT_BUDGET[c.metric]}) if c.metric in AT_BUDGET else c
+            for c in space.constraints]
+    return space.model_copy(update={"constraints": cons})
 
 
 def _base_config(kind: str):
@@ -124,6 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     space = _with_objective(space, args.metric, args.direction)
     if not args.objective:  # a job's metrics are whatever its command prints
         check_space_fits_runner(space, kind, space_path)
+        space = _at_equal_budget(space, kind)
     baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
     report_dir = Path(args.report) if args.report else None
     if report_dir is not None and not report_dir.parent.is_dir():
@@ -150,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ne = _reference_ne(context, space, args.store, kind)
         if ne is None:
             return 1
-        space = space.with_ne_ceiling(ne)
+        space = _at_equal_budget(space.with_ne_ceiling(ne), kind)
         print(f"cubic: tuning the model's shape ({', '.join(space.shape_knobs)}) under the {space.constraints[-1].name}: "
               f"NE <= {space.constraints[-1].max:.4f}", file=sys.stderr)
     summaries = []
@@ -239,8 +259,9 @@ def _reference_ne(context: dict[str, Any], space, store_url: str | None, kind: s
     ref = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                          store=evaluate.store, campaign=None, base_config=_base_config(kind),
                          repeats=evaluate.repeats)
+    ref.budget_examples = evaluate.budget_examples  # the ceiling is on NE at the equal budget too
     ev = ref({})
-    ne = ev.metrics.get("ne_end")
+    ne = ev.metrics.get("ne_at_budget", ev.metrics.get("ne_end"))
     if not ev.ok or not isinstance(ne, (int, float)):
         print(f"cubic: the default config's run, whose NE bounds shape tuning, failed ({ev.failure_kind}: "
               f"{ev.reason}); no campaign started", file=sys.stderr)
@@ -257,7 +278,7 @@ def _print_ne_per_run(c, space) -> None:
     con = stdout_console()
     con.print(f"{c.name}: NE per run ({ceiling.name}: NE <= {ceiling.max:.4f})")
     for o in c.observations():
-        ne = o.metrics.get("ne_end")
+        ne = o.metrics.get(ceiling.metric, o.metrics.get("ne_end"))
         flag = "" if not o.ok else (" over the NE ceiling: not eligible" if ne is not None and ne > ceiling.max else "")
         shown = "failed: " + str(o.failure_kind) if not o.ok else f"NE {ne:.4f}" if ne is not None else "NE -"
         con.print(f"  {shown}, {space.primary.metric} {fmt(o.metrics.get(space.primary.metric))}{flag} at {o.point}")
@@ -647,6 +668,7 @@ def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
 
     ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                         store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
+    ev.budget_examples = evaluate.budget_examples  # its NE at the same equal budget as every run's
     doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
     if "config" not in doc:  # winner.yaml is this config when nothing beats it
         doc = {**doc, "config": spec["config"].model_dump(mode="json")}

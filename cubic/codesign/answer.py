@@ -303,7 +303,16 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.rows.append((m, fmt(bm[m]), fmt(wm[m]), f"{fmt(ans.ratio)}× {'better' if ans.ratio >= 1 else 'worse'}"))
     elif wm.get(m) is not None:
         ans.rows.append((m, "–", fmt(wm[m]), ""))
-    ne = next((k for k in NE_METRICS if k in wm), None)
+    ne = next((k for k in NE_METRICS if k in wm and (not bm or k in bm)), None) or \
+        next((k for k in NE_METRICS if k in wm), None)
+    if ne == "ne_at_budget":
+        ans.notes.append(f"NE is compared at an equal training budget: {fmt(wm.get('examples_budget'))} examples "
+                         "seen (the space's smallest batch x the run's steps), read from each run's evaluation "
+                         "trajectory, so a larger batch is not credited for having seen more examples; the "
+                         "campaign's NE constraints use the same rule")
+    elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
+        ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
+                         "larger batch saw more examples)")
     if ne:
         if ne in bm:
             ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), _pct(wm[ne], bm[ne])))

@@ -16,6 +16,47 @@ if TYPE_CHECKING:
 from cubic.runners.local import expected_fingerprint_hash  # noqa: E402,F401  (the one implementation)
 
 
+# NE and loss compared at an EQUAL TRAINING BUDGET (examples seen), not after equal steps: batch 4096
+# after 10 steps has seen 8x the examples of batch 512. The budget of a campaign is its smallest
+# batch x its steps (warm-up included); a larger batch's NE/loss at that budget is read from its
+# evaluation trajectory (linear in examples seen between evaluation points).
+AT_BUDGET = {"ne_end": "ne_at_budget", "loss_end": "loss_at_budget"}
+
+
+def at_examples(trajectory: list[dict[str, float]], batch_size: int, examples: float, key: str) -> float | None:
+    """``key`` (ne, loss) of a run's trajectory ([{step, loss, ne}], step = training steps done) at
+    ``examples`` examples seen, linearly interpolated; None past the trajectory's end or without it."""
+    pts = sorted((float(p["step"]) * batch_size, float(p[key])) for p in trajectory or [] if key in p and "step" in p)
+    if not pts or examples > pts[-1][0] * (1 + 1e-9):
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= examples <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (examples - x0) / (x1 - x0)
+    return pts[0][1] if examples <= pts[0][0] else pts[-1][1]
+
+
+def budget_metrics(result: Result, batch_size: int | None, examples: float | None) -> dict[str, float]:
+    """``ne_at_budget`` / ``loss_at_budget`` of ``result`` at ``examples`` examples seen (and the
+    budget itself as ``examples_budget``); empty when either is unknown."""
+    if not examples or not batch_size or not result.ok:
+        return {}
+    out = {"examples_budget": float(examples)}
+    for key, name in (("ne", "ne_at_budget"), ("loss", "loss_at_budget")):
+        v = at_examples(result.trajectory, batch_size, examples, key)
+        if v is not None:
+            out[name] = v
+    return out if len(out) > 1 else {}
+
+
+def equal_budget(space: Space, workload, steps: int, warmup: int) -> float:
+    """The campaign's training budget in examples: the smallest batch the space can run x the
+    steps (warm-up included)."""
+    p = next((p for p in space.parameters if p.name == "batch_size"), None)
+    sizes = [int(c) for c in p.choices] if p is not None and p.type == "categorical" else \
+        ([int(p.low)] if p is not None else [int(workload.batch_size)])
+    return float(min(sizes) * (steps + warmup))
+
+
 def _noted(result: Result, default_metrics: dict[str, float] | None = None, **notes: Any) -> Result:
     """A copy of ``result`` with the campaign's notes (RUN_NOTES) in its extra and metrics it lacks
     added; the stored or served Result itself is left as it is."""
@@ -51,6 +92,7 @@ class RunnerEvaluate:
         self.steps, self.warmup = steps, warmup
         self.store, self.campaign, self.base_config = store, campaign, base_config
         self.repeats, self.remeasure = repeats, remeasure
+        self.budget_examples: float | None = None  # set: NE/loss also at this equal budget (AT_BUDGET)
         self.served = 0  # evaluations served from the store without a run
         self.runs = 0  # repeats run
         self._fp: tuple[str | None] | None = None
@@ -171,7 +213,7 @@ class RunnerEvaluate:
         served = self._stored(config)
         if not fresh and served.satisfies(repeats):
             self.served += 1
-            return _noted(served.result, served_from_store=True,
+            return _noted(served.result, self._budget(config, served.result), served_from_store=True,
                           trial_id=served.trials[-1].id if served.trials else None,
                           trial_ids=[t.id for t in served.trials])
         need = repeats if (fresh or served.result is None or served.failure) else max(1, repeats - served.good)
@@ -182,8 +224,18 @@ class RunnerEvaluate:
             if not result.ok:  # a failed repeat is the answer: deterministic ones are served from now on
                 return _noted(result, trial_id=tid)
         served = self._stored(config)
-        return _noted(served.result, {"wall_time_s": wall}, trial_id=served.trials[-1].id if served.trials else None,
+        return _noted(served.result, {"wall_time_s": wall, **self._budget(config, served.result)},
+                      trial_id=served.trials[-1].id if served.trials else None,
                       trial_ids=[t.id for t in served.trials], repeats_run=need)
+
+    def _budget(self, config, result: Result) -> dict[str, float]:
+        if self.budget_examples is None or result is None:
+            return {}
+        try:
+            batch = config.apply(self.workload).batch_size
+        except SpecError:
+            return {}
+        return budget_metrics(result, batch, self.budget_examples)
 
     def _run_once(self, config):
         """One repeat: run, record (with its attempt number), return (Result, trial id)."""
