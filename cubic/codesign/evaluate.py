@@ -295,15 +295,19 @@ class KeptRepeats:
         if not out.ok:
             return out
         self._reps.setdefault(self._key(point), []).append(out)
-        metrics = dict(out.metrics)
+        from dataclasses import asdict
+
+        metrics, estimates = dict(out.metrics), {}
         for metric, v in out.metrics.items():  # each figure's interval as the confirm step sees it
             if isinstance(v, (int, float)) and not metric.endswith(("_ci_lo", "_ci_hi")) and v > 0:
                 e = self.estimate(point, metric)
                 lo, hi = ci_names(metric)
                 if e is not None and e.hi > e.lo:
                     metrics[lo], metrics[hi] = e.lo, e.hi
-        return out.model_copy(update={"metrics": metrics, "extra": {**out.extra, "repeats": len(
-            self._reps[self._key(point)])}})
+                    estimates[metric] = asdict(e)
+        n = len(self._reps[self._key(point)])
+        return out.model_copy(update={"metrics": metrics, "extra": {**out.extra, "repeats": n,
+                                                                    "pooled": {"n_used": n, "estimates": estimates}}})
 
     def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
         out = None

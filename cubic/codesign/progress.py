@@ -78,7 +78,11 @@ def format_result(ev: Result, space: Space, violation: float = 0.0) -> str:
         reason = " ".join((ev.reason or "").split())[:500]
         return f"FAILED {ev.failure_kind or 'error'}" + (f": {reason}" if reason else "")
     primary = space.primary.metric
-    parts = [p for p in (_metric(m, primary),) if p]
+    shown = _metric(m, primary)
+    basis = (((ev.extra or {}).get("pooled") or {}).get("estimates") or {}).get(primary, {}).get("basis")
+    if shown and basis and "[" in shown:  # what the interval rests on, as every view says it
+        shown += f" ({basis})"
+    parts = [p for p in (shown,) if p]
     ne = first_metric(m, NE_METRICS)
     if ne is not None and primary not in NE_METRICS:
         parts.append(f"NE {ne:.4f}")
