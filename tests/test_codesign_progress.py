@@ -45,6 +45,8 @@ def test_one_line_per_run_labelled_measured_then_served_from_the_store(tmp_path)
         assert head.startswith(f"first run {i}/4 (trial ") and head.endswith("; measured")
         assert "batch_size=" in head and "kernels.dense_dtype=" in head and "seed=" in head
         assert "examples/s " in head or "FAILED oom" in head
+        if "examples/s " in head:  # the interval says what it rests on: one run + the machine's noise
+            assert "(1 repeat + " in head
         # best so far, runs left, ETA
         assert tail.startswith("best so far ") and f"; {4 - i} runs left" in tail and ("ETA" in tail) == (i < 4)
     # the same points again (same seed): every one is served from the trial store, and counted
