@@ -136,7 +136,8 @@ class RunnerEvaluate:
         from cubic.core.store import ASSUMED_NOISE_FLOOR
 
         measured = getattr(self.runner, "source", "measured") == "measured"
-        noise = noise_models([[r.metrics for r in g] for g in self._local.values()]) if measured else None
+        key = config.content_hash()  # the machine's noise from the other configs (this one's spread is its own)
+        noise = noise_models([[r.metrics for r in g] for k, g in self._local.items() if k != key]) if measured else None
         floor = {k: ASSUMED_NOISE_FLOOR for k in INTERVAL_METRICS} if measured else None
         p = pool([Repeat(dict(r.metrics), contention(r.metrics, r.extra, cores_available(r.fingerprint)) is not None)
                   for r in ok], noise, floor)
@@ -315,11 +316,12 @@ class KeptRepeats:
             out = self(point)
         return out
 
-    def _noise(self, metric: str):
+    def _noise(self, metric: str, point_key: str | None = None):
         from cubic.core.stats import noise_model
         from cubic.core.store import ASSUMED_NOISE_FLOOR
 
-        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics] for g in self._reps.values()])
+        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics]
+                         for k, g in self._reps.items() if k != point_key])
         if m is not None:
             m.label = "this job's between-repeat noise on this machine"
             return m
@@ -329,7 +331,7 @@ class KeptRepeats:
         from cubic.core.stats import estimate
 
         vals = [r.metrics[metric] for r in self._reps.get(self._key(point), []) if metric in r.metrics]
-        return estimate(vals, noise=self._noise(metric)) if vals else None
+        return estimate(vals, noise=self._noise(metric, self._key(point))) if vals else None
 
     def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
         """The job's noise floor on this machine: ``point`` (the baseline) run up to ``repeats``
