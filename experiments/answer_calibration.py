@@ -123,7 +123,8 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
         metric = "examples_per_s"
     load0 = os.getloadavg()[0]
     rc, out, err, wall = _cli(argv)
-    row = {"kind": kind, "seed": seed, "table": _table(seed) if kind == "objective" else None, "rc": rc, "campaign_wall_s": wall, "load_1m_start": load0,
+    row = {"kind": kind, "seed": seed, "table": _table(seed) if kind == "objective" else None, "rc": rc,
+           "campaign_wall_s": wall, "load_1m_start": load0,
            "load_1m_end": os.getloadavg()[0]}
     if rc != 0:
         row["error"] = err[-800:]
@@ -169,6 +170,11 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
     return row
 
 
+def _say(what: str, row: dict) -> None:
+    shown = {k: row.get(k) for k in ("covered", "claimed_separated", "flipped", "error")}
+    print(f"{what}: {json.dumps(shown)}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -188,12 +194,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="answer_calibration_") as tmp:
         for i in range(args.objective_campaigns):
             rows.append(one_campaign("objective", 100 + i, Path(tmp), budget=6, steps=0, warmup=0))
-            print(f"objective {i}: {json.dumps({k: rows[-1].get(k) for k in ('covered', 'claimed_separated', 'flipped')})}",
-                  file=sys.stderr, flush=True)
+            _say(f"objective {i}", rows[-1])
         for i in range(args.dlrm_campaigns):
             rows.append(one_campaign("dlrm", 200 + i, Path(tmp), budget=3, steps=args.steps, warmup=args.warmup))
-            print(f"dlrm {i}: {json.dumps({k: rows[-1].get(k) for k in ('covered', 'claimed_separated', 'flipped', 'error')})}",
-                  file=sys.stderr, flush=True)
+            _say(f"dlrm {i}", rows[-1])
     done = [r for r in rows if "covered" in r]
     claims = [r for r in done if r["claimed_separated"]]
     coverage = sum(r["covered"] for r in done) / len(done) if done else math.nan

@@ -200,5 +200,6 @@ def test_a_one_repeat_interval_takes_the_machines_noise_floor_measured_and_store
     # the same trial's interval: from the machine's repeats now (the floor's runs are repeats too)
     e2 = ev.estimate({"batch_size": 128}, "examples_per_s")
     assert e2.basis.startswith("1 repeat + this machine's")
-    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=store_mod.NOISE_FLOOR_MAX_AGE_DAYS + 1)
-    assert store.noise_floor(fp, now=later) == ({}, f"the noise floor is {store_mod.NOISE_FLOOR_MAX_AGE_DAYS + 1} days old (> 7)")
+    days = store_mod.NOISE_FLOOR_MAX_AGE_DAYS + 1
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)
+    assert store.noise_floor(fp, now=later) == ({}, f"the noise floor is {days} days old (> 7)")

@@ -415,7 +415,8 @@ def write_answer(out_dir: str | Path, ans: Answer) -> None:
         head = [f"# winner of campaign {ans.campaign}: {ans.metric} {fmt(m)} ({ans.source}), "
                 f"run #{ans.winner['number']}"]
     if ans.config is not None:
-        head.append(f"# a cubic job config: {ans.run_command or 'cubic run --workload <workload> --config winner.yaml'}")
+        shown = ans.run_command or "cubic run --workload <workload> --config winner.yaml"
+        head.append(f"# a cubic job config: {shown}")
         body = ans.config
     else:
         if ans.command:

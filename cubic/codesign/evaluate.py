@@ -202,8 +202,9 @@ class RunnerEvaluate:
         used = set(served.pooled.trial_ids) if served.pooled else set()
         vals = {k: [t.result.metrics[k] for t in served.trials if t.id in used and k in t.result.metrics]
                 for k in INTERVAL_METRICS}
-        got = self.store.record_noise_floor(fp, vals, {"workload": self.workload.name, "config_hash": config.content_hash(),
-                                                       "steps": self.steps, "warmup": self.warmup})
+        how = {"workload": self.workload.name, "config_hash": config.content_hash(), "steps": self.steps,
+               "warmup": self.warmup}
+        got = self.store.record_noise_floor(fp, vals, how)
         m = got.get("examples_per_s")
         if m is None:
             return "the noise floor could not be measured (no two good repeats); intervals use an assumed floor"

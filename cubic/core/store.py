@@ -722,7 +722,8 @@ class TrialStore:
                                      self.floor_for(fingerprint_hash, source)))
 
     # ---- the machine's noise floor --------------------------------------------------------------
-    def record_noise_floor(self, fingerprint_hash: str, values: dict[str, list[float]], how: dict[str, Any]) -> dict[str, NoiseModel]:
+    def record_noise_floor(self, fingerprint_hash: str, values: dict[str, list[float]],
+                           how: dict[str, Any]) -> dict[str, NoiseModel]:
         """Store the noise floor of this machine from one config's repeats in fresh processes
         (``values``: metric -> the repeats' values); returns the floors recorded."""
         from cubic import __version__
@@ -741,7 +742,8 @@ class TrialStore:
                     how={**how, "values": [float(v) for v in vals]}, cubic_version=__version__, created_at=_utcnow()))
         return out
 
-    def noise_floor(self, fingerprint_hash: str, now: datetime | None = None) -> tuple[dict[str, NoiseModel], str | None]:
+    def noise_floor(self, fingerprint_hash: str,
+                    now: datetime | None = None) -> tuple[dict[str, NoiseModel], str | None]:
         """(metric -> the newest noise floor of this machine that is not stale, why the floor is
         missing or stale or None). Stale: older than NOISE_FLOOR_MAX_AGE_DAYS days, or measured by
         another cubic release."""
