@@ -32,10 +32,13 @@ def test_ne_is_read_at_the_smallest_batchs_examples_from_the_trajectory():
 def test_the_campaigns_ne_constraint_uses_the_same_rule():
     from cubic.cli.campaign import REPORTED_METRICS, _at_equal_budget
 
-    local = _at_equal_budget(SPACE, "local")
-    assert [c.metric for c in local.constraints] == ["ne_at_budget", "peak_mem_bytes"]
-    assert local.constraints[0].max == 1.3 and "ne_at_budget" in REPORTED_METRICS["local"]
-    assert _at_equal_budget(SPACE, "simulated") is SPACE  # no trajectory there: unchanged
+    ceiling = SPACE.with_ne_ceiling(1.0)  # shape tuning's NE ceiling: a comparison with the default config
+    local = _at_equal_budget(ceiling, "local")
+    assert [c.metric for c in local.constraints] == ["ne_end", "peak_mem_bytes", "ne_at_budget"]
+    assert local.constraints[2].max == ceiling.constraints[2].max and "ne_at_budget" in REPORTED_METRICS["local"]
+    # the absolute sanity floor ("did training go wrong") stays on the run's own end NE
+    assert _at_equal_budget(SPACE, "local") is SPACE
+    assert _at_equal_budget(ceiling, "simulated") is ceiling  # no trajectory there: unchanged
 
 
 def test_a_runner_evaluate_reports_ne_at_the_budget_and_the_answer_says_the_rule(tmp_path):
@@ -76,11 +79,5 @@ def test_a_runner_evaluate_reports_ne_at_the_budget_and_the_answer_says_the_rule
 
 
 def _space():
-    return _at_equal_budget_space()
-
-
-def _at_equal_budget_space():
-    from cubic.cli.campaign import _at_equal_budget
-
-    return _at_equal_budget(Space.model_validate({**SPACE.to_json(), "constraints": [
-        {"name": "minimum quality", "metric": "ne_end", "max": 1.3}]}), "local")
+    return Space.model_validate({**SPACE.to_json(), "constraints": [
+        {"name": "minimum quality", "metric": "ne_end", "max": 1.3}]})

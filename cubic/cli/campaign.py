@@ -105,16 +105,21 @@ def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None
 
 
 def _at_equal_budget(space, kind: str):
-    """The space with its NE / loss constraints read at the campaign's equal training budget
+    """The space with its COMPARATIVE NE constraint -- shape tuning's NE ceiling, relative to the
+    default config's NE -- read at the campaign's equal training budget
     (cubic.codesign.evaluate.AT_BUDGET: ne_end -> ne_at_budget) for local runs, whose trajectory
-    gives NE at any number of examples seen: a larger batch does not pass a quality bar by having
-    seen more examples in the same steps."""
+    gives NE at any number of examples seen: a larger batch does not pass the ceiling by having seen
+    more examples in the same steps. An absolute sanity floor ("minimum quality": did training go
+    wrong) stays on the run's own end NE: at a short campaign's equal budget (e.g. 4 steps of batch
+    256) every config is still near its initial NE, and such a floor would reject them all."""
     from cubic.codesign.evaluate import AT_BUDGET
+    from search.space import NE_CEILING_NAME
 
-    if kind != "local" or not any(c.metric in AT_BUDGET for c in space.constraints):
+    if kind != "local" or not any(c.metric in AT_BUDGET and c.name.startswith(NE_CEILING_NAME)
+                                  for c in space.constraints):
         return space
-    cons = [c.model_copy(update={"metric": AT_BUDGET[c.metric]}) if c.metric in AT_BUDGET else c
-            for c in space.constraints]
+    cons = [c.model_copy(update={"metric": AT_BUDGET[c.metric]})
+            if c.metric in AT_BUDGET and c.name.startswith(NE_CEILING_NAME) else c for c in space.constraints]
     return space.model_copy(update={"constraints": cons})
 
 

@@ -308,8 +308,8 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     if ne == "ne_at_budget":
         ans.notes.append(f"NE is compared at an equal training budget: {fmt(wm.get('examples_budget'))} examples "
                          "seen (the space's smallest batch x the run's steps), read from each run's evaluation "
-                         "trajectory, so a larger batch is not credited for having seen more examples; the "
-                         "campaign's NE constraints use the same rule")
+                         "trajectory, so a larger batch is not credited for having seen more examples; shape "
+                         "tuning's NE ceiling uses the same rule (a sanity floor stays on each run's end NE)")
     elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
         ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
                          "larger batch saw more examples)")
