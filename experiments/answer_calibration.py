@@ -105,6 +105,14 @@ def _remeasure_dlrm(point: dict, n: int, steps: int, warmup: int, tmp: Path) -> 
     return [t.result.metrics["examples_per_s"] for t in served.trials if t.id in used]
 
 
+def _runs(path: Path) -> list[dict]:
+    from cubic.core.store import TrialStore
+
+    keys = ("examples_per_s", "batch_size", "steps_preempted_frac", "cpu_util", "load_avg_1m_start", "load_avg_1m_end")
+    return [{"config": t.config_hash[:8], "contended": t.contended, **{k: t.metrics.get(k) for k in keys}}
+            for t in TrialStore(f"sqlite:///{path}").trials() if t.status == "ok"]
+
+
 def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmup: int) -> dict:
     from cubic.core.stats import estimate, separated
 
@@ -158,15 +166,18 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
     row["flipped"] = ew is not None and er is not None and er.value > ew.value
     row["flipped_and_apart"] = ew is not None and er is not None and separated(er, ew)
     row["confirm_wall_s"] = c.get("wall_s")
+    if kind == "dlrm":  # every run's figures, for a miss to be explained from data rather than guessed
+        row["runs"] = {db: _runs(d / f"{db}.db") for db in ("t", "remeasure")}
     if not row["covered"] and ew is not None:
         cores = os.cpu_count() or 1
         loads = [row[k] for k in ("load_1m_start", "load_1m_end", "load_1m_remeasure_start", "load_1m_remeasure_end")]
         row["miss_reason"] = (f"re-measured median {ew.value:,.0f} vs claimed [{w['lo']:,.0f}, {w['hi']:,.0f}] "
                               f"({ew.value / w['value']:.2f}x the claimed value)"
                               + (f"; the machine was overloaded (1-min load {min(loads):.1f}-{max(loads):.1f} on "
-                                 f"{cores} cores, shared with other jobs): the campaign and the re-measurement ran "
-                                 "under different loads, a shift no interval from the campaign's own runs can "
-                                 "foresee" if max(loads) > cores else ""))
+                                 f"{cores} cores, shared with other jobs), and a load change between the campaign "
+                                 "and the re-measurement is the likely cause (not isolated by this run: see each "
+                                 "run's load, cpu_util and preempted steps under 'runs')" if max(loads) > cores
+                                 else ""))
     return row
 
 
