@@ -63,3 +63,135 @@ def test_a_campaign_whose_store_fails_stops_with_a_store_error(tmp_path, monkeyp
     assert f"imported {len(kept)} pending result" in out.err
     (s,) = json.loads(out.out)
     assert s["runs"] == 3 and s["served_from_store"] >= 1  # the pending runs serve the resumed campaign
+
+
+JOB_SPACE = """
+version: 1
+name: noisy
+objectives: [{metric: qps, direction: maximize}]
+parameters:
+  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
+"""
+
+
+def _job_campaign(tmp_path, capsys, table: str, *extra: str):
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parent.parent / "experiments" / "noisy_job.py"
+    (tmp_path / "space.yaml").write_text(JOB_SPACE)
+    rc = main(["campaign", "run", "--objective", f"{sys.executable} {job} --a {{a}} --noise 0.03 --table {table}",
+               "--space", "space.yaml", "--name", "j", "--strategy", "random", "--budget", "6", "--batch", "6",
+               "--confirm-repeats", "6", "--storage", f"sqlite:///{tmp_path}/c.db", "--report", "rep", *extra])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out, (tmp_path / "rep" / "answer.md").read_text()
+
+
+def test_an_objective_campaign_is_confirmed_by_the_same_rule(tmp_path, monkeypatch, capsys):
+    """--objective winners get confirm repeats (not '(single sample)'); separated only with >= 2
+    processes each; the speedup has a between-process interval; progress shows intervals."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    out, answer = _job_campaign(tmp_path, capsys, "default")
+    c = optuna.load_study(study_name="j", storage=f"sqlite:///{tmp_path}/c.db").user_attrs["confirm"]
+    assert c["winner"]["repeats"] >= 2 and c["runner_up"]["repeats"] >= 2 and c["repeats_spent"] >= 1
+    assert c["winner"]["point"]["a"] in (4, 5) and "single sample" not in answer
+    assert c["verdict"].startswith(("separated after", "tied within the repeat budget"))
+    assert c["speedup"]["lo"] < c["speedup"]["ratio"] < c["speedup"]["hi"] and c["speedup"]["baseline_repeats"] >= 2
+    assert "Confirm step:" in answer and "95% CI" in answer
+    assert "measured the job's noise floor" in out.err  # the baseline repeated before the campaign
+
+
+def test_when_nothing_beats_the_baseline_the_answer_says_keep_it(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    out, answer = _job_campaign(tmp_path, capsys, "baseline_best")
+    assert answer.splitlines()[2].startswith("**Keep the baseline")
+    assert yaml.safe_load((tmp_path / "rep" / "winner.yaml").read_text()) == {"a": 1}
+    assert "--a 1 " in answer  # the baseline's command line
+
+
+class _FakeLocal:
+    """A local runner stand-in: throughput by batch size x a cycling 'process' noise factor."""
+
+    source = "measured"
+    threads = None
+
+    def __init__(self, speed):
+        import itertools
+
+        self.speed, self.noise, self.calls = speed, itertools.cycle((1.0, 1.03, 0.97, 1.01, 0.99)), 0
+
+    def fingerprint_hash(self):
+        return "fake-fp"
+
+    def run(self, workload, config, *, steps=50, warmup=5, progress=None):
+        from cubic.core.result import Result
+
+        self.calls += 1
+        b = config.apply(workload).batch_size
+        eps = self.speed(b) * next(self.noise)
+        traj = [{"step": float(s), "ne": 1.0 - 0.01 * s * b / 256, "loss": 0.7} for s in range(steps + warmup + 1)]
+        return Result(status="ok", metrics={"examples_per_s": eps, "step_time_median_ms": 1e3 * b / eps,
+                                            "ne_end": traj[-1]["ne"], "peak_mem_bytes": 1e8, "load_avg_1m": 0.0},
+                      trajectory=traj, fingerprint={"cpu_count": 2}, fingerprint_hash="fake-fp", wall_time_s=0.1)
+
+
+def _workload_campaign(tmp_path, monkeypatch, capsys, speed):
+    from cubic.cli import common as cli_common
+
+    runner = _FakeLocal(speed)
+    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: runner)
+    (tmp_path / "space.yaml").write_text("""
+version: 1
+name: b
+objectives: [{metric: examples_per_s}]
+constraints: [{name: minimum quality, metric: ne_end, max: 1.3}]
+parameters:
+  - {name: batch_size, type: categorical, choices: [256, 1024, 4096]}
+""")
+    store = f"sqlite:///{tmp_path}/t.db"
+    rc = main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--name", "w", "--strategy",
+               "random", "--budget", "3", "--batch", "3", "--steps", "4", "--warmup", "1", "--storage",
+               f"sqlite:///{tmp_path}/c.db", "--store", store, "--report", "rep"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return runner, out, store
+
+
+def test_a_workload_campaign_measures_the_noise_floor_and_prints_a_command_that_works(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from cubic.cli.app import main as cubic
+    from cubic.core.store import TrialStore
+
+    monkeypatch.chdir(tmp_path)
+    runner, out, store = _workload_campaign(tmp_path, monkeypatch, capsys, lambda b: 100.0 * b ** 0.5)
+    assert "measured this machine's noise floor" in out.err
+    floors, why = TrialStore(store).noise_floor("fake-fp")
+    assert why is None and floors["examples_per_s"].df >= 3
+    answer = (tmp_path / "rep" / "answer.md").read_text()
+    assert "The winner is" in answer and "Confirm step:" in answer
+    # NE compared at an equal budget: 5 steps of the smallest batch (256) = 1,280 examples
+    assert "equal training budget: 1,280 examples" in answer
+    printed = next(x for x in answer.splitlines() if "cubic run --workload" in x).split("`")[3]
+    argv = shlex.split(printed)
+    assert argv[:4] == ["cubic", "run", "--workload", "dlrm-small"] and ["--steps", "4"] == argv[6:8]
+    assert cubic(argv[1:] + ["--store", store]) == 0  # as printed
+
+
+def test_a_workload_campaign_that_cannot_beat_its_baseline_says_keep_it(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from cubic.core.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    base = Config().apply(__import__("cubic.core.workloads", fromlist=["x"]).DEFAULT_WORKLOADS["dlrm-small"]).batch_size
+    _workload_campaign(tmp_path, monkeypatch, capsys, lambda b: 1000.0 if b == base else 500.0)
+    answer = (tmp_path / "rep" / "answer.md").read_text()
+    assert "**Keep the baseline" in answer
+    doc = yaml.safe_load((tmp_path / "rep" / "winner.yaml").read_text())
+    assert Config.model_validate(doc) == Config()  # the baseline's own config

@@ -70,7 +70,7 @@ def test_interval_from_both_runs_and_none_when_the_baseline_failed(tmp_path):
     ans = campaign_answer(space, meta, study, trials)
     lo, hi = ans.interval
     assert lo == pytest.approx(ans.ratio * 0.9 / 1.1) and hi == pytest.approx(ans.ratio * 1.1 / 0.9)
-    assert "95% interval" in ans.headline()
+    assert "95% CI" in ans.headline()
 
     def failing_baseline(point):
         if point["batch"] == 64 and point["lr"] == 0.01:
@@ -122,8 +122,13 @@ def test_cubic_winner_yaml_is_the_config_cubic_run_takes(tmp_path, monkeypatch, 
     page = open("rep/index.html").read()
     assert page.index("Answer") < page.index('id="fig-best_so_far"')
     assert "Kendall" not in page.split("<h2>Campaign</h2>")[1].split("</table>")[0]  # 3 points: no tau
-    assert main(["run", "--workload", "dlrm-small", "--config", "rep/winner.yaml", "--simulate", "h100x8",
-                 "--store", f"sqlite:///{tmp_path}/t.db"]) == 0
+    # the command the answer prints works as printed (workload, run length, cluster included)
+    import shlex
+
+    printed = next(line for line in out.splitlines() if "cubic run --workload" in line).split("`")[3]
+    argv = shlex.split(printed)
+    assert argv[:2] == ["cubic", "run"] and "--simulate" in argv and "rep/winner.yaml" in argv
+    assert main(argv[1:] + ["--store", f"sqlite:///{tmp_path}/t.db"]) == 0
 
 
 @pytest.mark.slow  # a real local training run: ~10-30 s on a busy 2-core machine

@@ -34,16 +34,25 @@ def test_one_line_per_run_labelled_measured_then_served_from_the_store(tmp_path)
     store = TrialStore(f"sqlite:///{tmp_path}/t.db")
     first = io.StringIO()  # not a terminal: plain lines, no bar
     s = _campaign("first", store, first).run()
-    lines = first.getvalue().splitlines()
-    assert s.runs == 4 and s.served == 0 and len(lines) == 4
+    every = first.getvalue().splitlines()
+    starts = [x for x in every if " starts: " in x]
+    lines = [x for x in every if " starts: " not in x]
+    assert s.runs == 4 and s.served == 0 and len(lines) == 4 and len(starts) == 4
+    for line in starts:  # a line when a run starts: its knobs
+        assert line.startswith("first run ") and "batch_size=" in line and "seed=" in line
     for i, line in enumerate(lines, 1):
-        assert line.startswith(f"first run {i}/4 (trial ") and line.endswith("; measured")
-        assert "batch_size=" in line and "kernels.dense_dtype=" in line and "seed=" in line
-        assert "examples/s " in line or "FAILED oom" in line
+        head, tail = line.split(" | ")
+        assert head.startswith(f"first run {i}/4 (trial ") and head.endswith("; measured")
+        assert "batch_size=" in head and "kernels.dense_dtype=" in head and "seed=" in head
+        assert "examples/s " in head or "FAILED oom" in head
+        if "examples/s " in head:  # the interval says what it rests on: one run + the machine's noise
+            assert "(1 repeat + " in head
+        # best so far, runs left, ETA
+        assert tail.startswith("best so far ") and f"; {4 - i} runs left" in tail and ("ETA" in tail) == (i < 4)
     # the same points again (same seed): every one is served from the trial store, and counted
     again = io.StringIO()
     s2 = _campaign("again", store, again).run()
-    lines = again.getvalue().splitlines()
+    lines = [x.split(" | ")[0] for x in again.getvalue().splitlines() if " starts: " not in x]
     assert s2.served == 4 and len(lines) == 4
     assert all(line.endswith("; served from the trial store") for line in lines)
 
@@ -84,5 +93,6 @@ def test_a_line_shows_the_interval_and_the_prediction():
     line = format_run(e, sp)
     assert line.startswith("c run 3/12 (trial 7): batch_size=512 kernels.embedding=torch kernels.dense_dtype=bf16 seed=1")
     assert "examples/s 1,230 [1,200, 1,260]" in line and "NE 0.9123" in line and "peak memory 6.98 GiB" in line
-    assert "INFEASIBLE (memory per device)" in line  # 7.5 GB > the space's 6 GB
+    # constrained values shown with their limit: 7.5 GB > the space's 6 GB
+    assert "INFEASIBLE: peak_mem_bytes 6.98 GiB > 5.59 GiB (memory per device)" in line
     assert line.endswith("; measured; predicted examples/s 1,100 by the proxy (gbm, P(feasible) 0.93)")

@@ -125,7 +125,7 @@ def test_ctrl_c_records_the_run_as_killed_and_stops_the_campaign(store):
     assert [t.state for t in c.study.get_trials(states=(optuna.trial.TrialState.WAITING,))]  # re-enqueued
 
 
-def test_confirm_phase_remeasures_the_leaders_until_their_intervals_separate(store, tmp_path):
+def test_confirm_phase_remeasures_the_leaders_until_their_ratio_separates(store, tmp_path):
     runner = Fake()
     ev = RunnerEvaluate(W, runner, SPACE, steps=3, warmup=1, store=store, repeats=2)
     c = Campaign(SPACE, ev, strategy="random", budget=4, batch_size=4, name="conf")
@@ -135,10 +135,18 @@ def test_confirm_phase_remeasures_the_leaders_until_their_intervals_separate(sto
     assert out["winner"]["point"] == {"batch_size": 256} and out["runner_up"]["point"] == {"batch_size": 512}
     assert out["repeats_spent"] == len(store.trials()) - before <= 12
     w, r = out["winner"], out["runner_up"]
+    from cubic.core.stats import Estimate, separated
+
+    def e(x):
+        return Estimate(x["value"], x["lo"], x["hi"], x["repeats"], x["mean_log"], x["sd"], x["df"])
+
+    # separated is between-process evidence: the ratio's interval above 1, each side in >= 2 processes
+    assert out["separated"] == separated(e(w), e(r))
     if out["separated"]:
-        assert w["lo"] > r["hi"]
+        assert out["lead"]["lo"] > 1 and min(w["repeats"], r["repeats"]) >= 2
+        assert out["verdict"].startswith("separated after")
     else:
-        assert out["repeats_spent"] == 12 and w["lo"] <= r["hi"]
+        assert out["repeats_spent"] == 12 and out["verdict"].startswith("tied within the repeat budget")
     assert c.summary().confirm == out
     # well-apart leaders separate without spending the whole budget
     ev2 = RunnerEvaluate(W, Fake(noise=(1.0, 1.01, 0.99)), SPACE, store=TrialStore(f"sqlite:///{tmp_path}/b.db"),
@@ -149,15 +157,16 @@ def test_confirm_phase_remeasures_the_leaders_until_their_intervals_separate(sto
     c2.run()
     out2 = c2.confirm(10)
     assert out2["separated"] is True and out2["repeats_spent"] == 0
-    # leaders 10% apart with 4% noise: overlapping after 2 repeats each, separated after a few more
+    # leaders 10% apart with 4% noise, one run each: never separated on one run (no second look);
+    # each gets a second process, then they separate
     sp3 = Space.model_validate({**SPACE.to_json(), "parameters": [
         {"name": "batch_size", "type": "categorical", "choices": [128, 256]}]})
-    c3 = Campaign(sp3, RunnerEvaluate(W, Fake(), sp3, store=TrialStore(f"sqlite:///{tmp_path}/c.db"), repeats=2),
+    c3 = Campaign(sp3, RunnerEvaluate(W, Fake(), sp3, store=TrialStore(f"sqlite:///{tmp_path}/c.db"), repeats=1),
                   strategy="random", budget=2, batch_size=2)
     c3.run()
     out3 = c3.confirm(10)
-    assert out3["separated"] is True and 0 < out3["repeats_spent"] < 10
-    assert out3["winner"]["lo"] > out3["runner_up"]["hi"] and out3["winner"]["point"] == {"batch_size": 256}
+    assert out3["separated"] is True and 2 <= out3["repeats_spent"] < 10
+    assert out3["lead"]["lo"] > 1 and out3["winner"]["point"] == {"batch_size": 256}
 
     from cubic.codesign.report import write_report
 
@@ -167,3 +176,30 @@ def test_confirm_phase_remeasures_the_leaders_until_their_intervals_separate(sto
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "confirmed winner (95% interval)" in page and "winner separated from runner-up" in page
     assert json.loads((tmp_path / "rep" / "winner.json").read_text())["interval_95"]["repeats"] >= 2
+
+
+def test_a_one_repeat_interval_takes_the_machines_noise_floor_measured_and_stored_per_fingerprint(store):
+    """Before the floor: an ASSUMED one, labelled so. ensure_noise_floor repeats the baseline in
+    fresh processes and stores the floor per machine; one-repeat intervals then say so. Stale
+    (another cubic release, or older than NOISE_FLOOR_MAX_AGE_DAYS): measured again."""
+    import datetime
+
+    from cubic.core import store as store_mod
+
+    runner = Fake()
+    ev = RunnerEvaluate(W, runner, SPACE, steps=3, warmup=1, store=store)
+    ev({"batch_size": 128})
+    e = ev.estimate({"batch_size": 128}, "examples_per_s")
+    assert e.n == 1 and e.lo < 0.9 * e.value and "ASSUMED" in e.basis  # never zero width, never windows only
+    said = ev.ensure_noise_floor({"batch_size": 256}, repeats=4)
+    assert said.startswith("measured this machine's noise floor") and len(runner.calls) == 5
+    assert ev.ensure_noise_floor({"batch_size": 256}) is None  # fresh: nothing to do
+    fp = ev._fingerprint()
+    floors, why = store.noise_floor(fp)
+    assert why is None and floors["examples_per_s"].df == 3
+    # the same trial's interval: from the machine's repeats now (the floor's runs are repeats too)
+    e2 = ev.estimate({"batch_size": 128}, "examples_per_s")
+    assert e2.basis.startswith("1 repeat + this machine's")
+    days = store_mod.NOISE_FLOOR_MAX_AGE_DAYS + 1
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)
+    assert store.noise_floor(fp, now=later) == ({}, f"the noise floor is {days} days old (> 7)")

@@ -52,7 +52,7 @@ def test_the_page_is_self_contained_with_the_answer_first_and_interactive_figure
     answer = page.index("<section id='answer'>")
     assert answer < page.index("<section id='figures'>") < page.index("<section id='campaign'>")
     section = page[answer:page.index("</section>", answer)]
-    assert "faster than the baseline (95% interval" in section and "today&#x27;s job (batch 64)" in section
+    assert "faster than the baseline (95% CI" in section and "today&#x27;s job (batch 64)" in section
     assert "ne (lower is better)" in section and "peak memory (GiB" in section and "winner.yaml" in section
     # hover: a run's config, result, NE, memory, measured/served; failed runs say why
     hover = page.replace("\\u003c", "<").replace("\\u003e", ">").replace("\\u0026", "&")  # JSON in <script>

@@ -23,7 +23,7 @@ def test_report_renders_in_headless_chromium_with_the_answer_and_the_figures(tmp
 
     answer = re.search(r'<section id="answer">(.*?)</section>', dom, re.S)
     assert answer is not None, "no answer section in the rendered page"
-    assert "The winner is 2.00× faster than the baseline (95% interval" in answer.group(1)
+    assert "The winner is 2.00× faster than the baseline (95% CI" in answer.group(1)
     assert "peak memory (GiB" in answer.group(1) and "winner.yaml" in answer.group(1)
     # plotly drew every figure: its container and SVG exist only after plotly.js ran
     for f in figures:

@@ -9,31 +9,68 @@ from cubic.core.result import Result
 from cubic.core.stats import Repeat, contention, estimate, pool, pool_results
 
 
-def test_estimate_is_the_median_with_a_t_interval_on_logs():
+def test_estimate_is_the_median_with_a_prediction_interval_on_logs():
+    """The 95% interval is for what a FRESH run will measure: t x s x sqrt(1 + 1/n) on logs."""
     vals = [100.0, 130.0, 90.0, 105.0]
     e = estimate(vals)
     assert e.value == pytest.approx(102.5) and e.n == 4  # the median, not the mean
     logs = [math.log(v) for v in vals]
     m, s = sum(logs) / 4, math.sqrt(sum((x - sum(logs) / 4) ** 2 for x in logs) / 3)
-    half = sps.t.ppf(0.975, 3) * s / 2
+    half = sps.t.ppf(0.975, 3) * s * math.sqrt(1 + 1 / 4)
     assert e.lo == pytest.approx(math.exp(m - half)) and e.hi == pytest.approx(math.exp(m + half))
-    # more repeats of the same spread narrow it
-    assert estimate(vals * 4).rel_width < e.rel_width
+    # more repeats of the same spread narrow it, but never below one run's own spread
+    many = estimate(vals * 25)
+    assert many.rel_width < e.rel_width and many.hi / many.lo > math.exp(2 * 1.9 * many.sd)
+    assert e.basis == "4 repeats" and e.sd == pytest.approx(s) and e.df == 3
 
 
-def test_one_repeat_uses_the_runs_own_interval_or_none():
+def test_prediction_interval_covers_fresh_runs_at_its_level():
+    """Calibration of the meaning: with lognormal noise, a fresh run falls in the interval of n
+    earlier repeats (pooled with a machine model) about 95% of the time."""
+    import random
+
+    from cubic.core.stats import NoiseModel
+
+    rng = random.Random(3)
+    floor = NoiseModel(0.065, 12, "this machine's noise floor")
+    hits = 0
+    for _ in range(2000):
+        reps = [100 * math.exp(rng.gauss(0, 0.065)) for _ in range(rng.choice((1, 2, 4)))]
+        e = estimate(reps, noise=floor)
+        hits += e.lo <= 100 * math.exp(rng.gauss(0, 0.065)) <= e.hi
+    assert 0.92 <= hits / 2000 <= 0.98
+
+
+def test_one_repeat_takes_the_noise_floor_never_only_its_windows():
+    from cubic.core.stats import NoiseModel
+
+    # no noise at all (a deterministic source): zero width, and the basis says so
     assert (estimate([50.0]).lo, estimate([50.0]).hi) == (50.0, 50.0)
-    e = estimate([50.0], within=(45.0, 56.0))
-    assert (e.value, e.lo, e.hi) == (50.0, 45.0, 56.0)
+    assert "zero width" in estimate([50.0]).basis
+    e = estimate([50.0], within=(49.5, 50.5), noise=NoiseModel(0.065, 8, "this machine's noise floor"))
+    assert e.lo < 45.0 and e.hi > 56.0  # the floor's between-process spread, not the windows'
+    assert e.basis == "1 repeat + this machine's noise floor 6.7%"
     with pytest.raises(ValueError):
         estimate([float("nan")])
 
 
-def test_separation_needs_disjoint_intervals():
+def test_separation_needs_between_process_evidence():
+    from cubic.core.stats import NoiseModel, ratio_interval, separated
+
     a, b = estimate([100.0, 101.0, 99.0]), estimate([90.0, 91.0, 89.0])
     assert a.separated_above(b) and not b.separated_above(a)
     noisy = estimate([100.0, 60.0, 95.0])
     assert not noisy.separated_above(b)
+    # one run each is never separated, however far apart (no second look)
+    floor = NoiseModel(0.01, 20, "this machine's noise floor")
+    one_a, one_b = estimate([200.0], noise=floor), estimate([100.0], noise=floor)
+    assert not separated(one_a, one_b)
+    # the ratio: exp(difference of log-means) with a Welch interval
+    r, lo, hi = ratio_interval(a, b)
+    assert r == pytest.approx(math.exp(a.mean_log - b.mean_log)) and 1 < lo < r < hi
+    va, vb = a.sd ** 2 / 3, b.sd ** 2 / 3
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    assert hi == pytest.approx(r * math.exp(sps.t.ppf(0.975, df) * math.sqrt(va + vb)))
 
 
 def test_contention_rule():
@@ -94,5 +131,5 @@ def test_the_machines_noise_is_pooled_into_a_configs_few_repeats():
     pooled = estimate([100.0, 104.0], noise=m)  # t(9) with the machine's spread
     assert pooled.rel_width < own.rel_width / 5 and pooled.lo < 100.0 and pooled.hi > 104.0
     one = estimate([100.0], within=(99.0, 101.0), noise=m)  # one repeat: the machine's spread, not the run's
-    assert one.lo < 99.0 and one.hi > 101.0
+    assert one.lo < 99.0 and one.hi > 101.0 and one.basis.startswith("1 repeat + this machine")
     assert noise_model([[1.0], [2.0]]) is None

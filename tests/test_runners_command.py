@@ -176,8 +176,10 @@ def test_cli_tunes_the_example_job_end_to_end(tmp_path, monkeypatch, capsys):
         from search.space import load_space
 
         assert read_baseline_point(str(rep / "winner.yaml"), load_space(EXAMPLE / "space.yaml"))
-    # the job's logs are kept per run
-    assert len(list((tmp_path / ".cubic" / "jobs" / "own").iterdir())) == 4
+    # the job's logs are kept per run: the baseline, its 4 repeats for the job's noise floor, the 3
+    # runs and the confirm step's repeats
+    spent = (study.user_attrs.get("confirm") or {}).get("repeats_spent", 0)
+    assert len(list((tmp_path / ".cubic" / "jobs" / "own").iterdir())) == 1 + 4 + 3 + spent
     # bad input: a placeholder that is not a parameter, refused before any run
     assert main(["campaign", "run", "--objective", "python x.py --lr {lrr}", "--space", str(EXAMPLE / "space.yaml"),
                  "--name", "bad", "--storage", storage]) == 2

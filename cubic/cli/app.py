@@ -143,8 +143,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         reps = [Repeat(dict(t.result.metrics), bool(t.contended), t.id) for t in have]
         reps += [Repeat(dict(r.metrics), contention(r.metrics, r.extra, cores_available(r.fingerprint)) is not None)
                  for r in fresh]
-        noise = store.noise(fp_hash, source, **length) if fp_hash is not None else None
-        result = pooled_result([t.result for t in have] + fresh, pool(reps, noise))
+        # as the store will serve it (TrialStore.serve): the other configs' noise, else the floor
+        noise = store.noise(fp_hash, source, **length, exclude=key[:2]) if fp_hash is not None else None
+        floor = store.floor_for(fp_hash or "", source)
+        result = pooled_result([t.result for t in have] + fresh, pool(reps, noise, floor))
     # the result is out (screen and --json) before anything is written to the store
     print_result(result, console)
     _print_pooled(console, result)
@@ -198,15 +200,11 @@ def _record_repeats(store: Any, workload: Any, config: Any, new: list[tuple[Any,
 
 
 def _print_pooled(console: Any, result: Any) -> None:
-    p = (result.extra or {}).get("pooled")
-    est = (p or {}).get("estimates", {}).get("examples_per_s")
-    if not p or not est:
-        return
-    cont = p["n_contended"]
-    how = "" if not cont else (f", {cont} contended (all used)" if p["contended"]
-                               else f", {cont} contended (excluded)")
-    console.print(f"examples/s {est['value']:,.0f}, 95% interval [{est['lo']:,.0f}, {est['hi']:,.0f}] "
-                  f"pooled over {p['n_used']} repeat{'s' if p['n_used'] != 1 else ''}{how}")
+    from cubic.cli.run_report import interval_line
+
+    line = interval_line(result)
+    if line:
+        console.print(line, markup=False)
 
 
 def _add_run(sub: Any) -> None:
@@ -290,6 +288,12 @@ def cmd_trials_show(args: argparse.Namespace) -> int:
         return 0
     console = stdout_console()
     print_result(trial.result, console, trial_id=trial.id)
+    if trial.status == "ok":  # the configuration's interval: the same one `cubic run` serves for it
+        served = open_store(args).serve(trial.workload_hash, trial.config_hash, trial.fingerprint_hash,
+                                        trial.source, steps=trial.steps, warmup=trial.warmup,
+                                        threads=(trial.result.extra or {}).get("threads"))
+        if served.result is not None and served.result.ok:
+            _print_pooled(console, served.result)
     console.print(f"recorded {trial.created_at:%Y-%m-%d %H:%M:%S} UTC | code {trial.code_version} | "
                   f"attempt {trial.attempt} | steps {trial.steps} warm-up {trial.warmup} | "
                   f"fingerprint {trial.fingerprint_hash}")

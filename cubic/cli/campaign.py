@@ -31,7 +31,8 @@ DEFAULT_SPACES = {"local": DATA / "space-default.yaml", "distributed": DATA / "s
 # be evaluated there (every run would be "ok" and none feasible: best nan at None)
 REPORTED_METRICS = {
     "local": {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes", "loss_start",
-              "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size"},
+              "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size",
+              "ne_at_budget", "loss_at_budget", "examples_budget"},
     "distributed": {"examples_per_s", "step_time_median_ms", "comm_time_median_ms", "loss_start", "loss_end"},
     "simulated": {"examples_per_s", "examples_per_s_per_gpu", "step_time_median_ms", "step_time_p90_ms",
                   "peak_mem_bytes", "ne_cost_rel", "ne_cost_rel_ci_hi"},
@@ -96,7 +97,30 @@ def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None
     r = RunSpec.from_context(meta_context)
     evaluate = RunnerEvaluate(workload, runner, space, steps=r.steps, warmup=r.warmup, store=store, campaign=name,
                               repeats=r.repeats, remeasure=r.remeasure, base_config=_base_config(r.kind))
+    if r.kind == "local":  # NE and loss also at the campaign's equal training budget (examples seen)
+        from cubic.codesign.evaluate import equal_budget
+
+        evaluate.budget_examples = equal_budget(space, workload, r.steps, r.warmup)
     return evaluate, cubic_featurizer(space)
+
+
+def _at_equal_budget(space, kind: str):
+    """The space with its COMPARATIVE NE constraint -- shape tuning's NE ceiling, relative to the
+    default config's NE -- read at the campaign's equal training budget
+    (cubic.codesign.evaluate.AT_BUDGET: ne_end -> ne_at_budget) for local runs, whose trajectory
+    gives NE at any number of examples seen: a larger batch does not pass the ceiling by having seen
+    more examples in the same steps. An absolute sanity floor ("minimum quality": did training go
+    wrong) stays on the run's own end NE: at a short campaign's equal budget (e.g. 4 steps of batch
+    256) every config is still near its initial NE, and such a floor would reject them all."""
+    from cubic.codesign.evaluate import AT_BUDGET
+    from search.space import NE_CEILING_NAME
+
+    if kind != "local" or not any(c.metric in AT_BUDGET and c.name.startswith(NE_CEILING_NAME)
+                                  for c in space.constraints):
+        return space
+    cons = [c.model_copy(update={"metric": AT_BUDGET[c.metric]})
+            if c.metric in AT_BUDGET and c.name.startswith(NE_CEILING_NAME) else c for c in space.constraints]
+    return space.model_copy(update={"constraints": cons})
 
 
 def _base_config(kind: str):
@@ -124,6 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     space = _with_objective(space, args.metric, args.direction)
     if not args.objective:  # a job's metrics are whatever its command prints
         check_space_fits_runner(space, kind, space_path)
+        space = _at_equal_budget(space, kind)
     baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
     report_dir = Path(args.report) if args.report else None
     if report_dir is not None and not report_dir.parent.is_dir():
@@ -150,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ne = _reference_ne(context, space, args.store, kind)
         if ne is None:
             return 1
-        space = space.with_ne_ceiling(ne)
+        space = _at_equal_budget(space.with_ne_ceiling(ne), kind)
         print(f"cubic: tuning the model's shape ({', '.join(space.shape_knobs)}) under the {space.constraints[-1].name}: "
               f"NE <= {space.constraints[-1].max:.4f}", file=sys.stderr)
     summaries = []
@@ -171,12 +196,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                      workers=args.workers, featurize=featurize, context=context,
                      warm_start=args.warm_start or (), listener=_listener(space))
         evaluate.attach(c)
+        base_pair = None
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
-                _measure_baseline(c, evaluate, space, baseline)
+                base_pair = _measure_baseline(c, evaluate, space, baseline)
+                _ensure_noise_floor(base_pair)
             s = c.run()
-        if evaluate.store is not None:  # a job campaign (--objective) has no trial store to confirm from
-            s.confirm = c.confirm(args.confirm_repeats)
+            # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
+            s.confirm = c.confirm(args.confirm_repeats, baseline=base_pair[:2] if base_pair and base_pair[2] else None)
+        if evaluate.store is not None:
             evaluate.store.set_campaign_status(name, "finished")
         summaries.append(s)
         if space.shape_knobs and not args.json:
@@ -236,8 +264,9 @@ def _reference_ne(context: dict[str, Any], space, store_url: str | None, kind: s
     ref = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                          store=evaluate.store, campaign=None, base_config=_base_config(kind),
                          repeats=evaluate.repeats)
+    ref.budget_examples = evaluate.budget_examples  # the ceiling is on NE at the equal budget too
     ev = ref({})
-    ne = ev.metrics.get("ne_end")
+    ne = ev.metrics.get("ne_at_budget", ev.metrics.get("ne_end"))
     if not ev.ok or not isinstance(ne, (int, float)):
         print(f"cubic: the default config's run, whose NE bounds shape tuning, failed ({ev.failure_kind}: "
               f"{ev.reason}); no campaign started", file=sys.stderr)
@@ -254,7 +283,7 @@ def _print_ne_per_run(c, space) -> None:
     con = stdout_console()
     con.print(f"{c.name}: NE per run ({ceiling.name}: NE <= {ceiling.max:.4f})")
     for o in c.observations():
-        ne = o.metrics.get("ne_end")
+        ne = o.metrics.get(ceiling.metric, o.metrics.get("ne_end"))
         flag = "" if not o.ok else (" over the NE ceiling: not eligible" if ne is not None and ne > ceiling.max else "")
         shown = "failed: " + str(o.failure_kind) if not o.ok else f"NE {ne:.4f}" if ne is not None else "NE -"
         con.print(f"  {shown}, {space.primary.metric} {fmt(o.metrics.get(space.primary.metric))}{flag} at {o.point}")
@@ -376,14 +405,10 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
             con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")
         c = s.confirm
         if c and c.get("winner"):
-            def iv(x):
-                return f"{x['value']:,.0f} [{x['lo']:,.0f}, {x['hi']:,.0f}] ({x['repeats']} repeats)"
+            from cubic.codesign.answer import confirm_lines
 
-            ru = c.get("runner_up")
-            sep = {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
-            con.print(f"  confirmed {c['metric']} (95% intervals): winner {iv(c['winner'])} at {c['winner']['point']}"
-                      + (f"; runner-up {iv(ru)}" if ru else "")
-                      + f"; {sep} after {c['repeats_spent']} of {c['repeat_budget']} extra repeats")
+            for line in confirm_lines(c):
+                con.print("  " + line, markup=False)
 
 
 # the trial store keeps a campaign's name in 200 characters (Optuna allows 512), and the baselines
@@ -601,8 +626,11 @@ class _JobEvaluate:
         return self.runner(point)
 
 
-def _job_build(name: str, ctx: dict[str, Any], space) -> _JobEvaluate:
-    return _JobEvaluate(_job_runner(ctx["job"], space, space.primary.metric, name))
+def _job_build(name: str, ctx: dict[str, Any], space):
+    from cubic.codesign.evaluate import KeptRepeats
+
+    # its repeats kept: the same intervals and confirm step as cubic's own campaigns
+    return KeptRepeats(_JobEvaluate(_job_runner(ctx["job"], space, space.primary.metric, name)))
 
 
 def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
@@ -633,15 +661,34 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
                                       f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
 
 
-def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> None:
+def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
+    """Measure the baseline; returns (its evaluate, its point, ok) for the noise floor and the
+    confirm step's speedup."""
     if spec.get("config") is None:
-        _said(c.measure_baseline(spec["point"], spec["label"]), space)
-        return
+        doc = c.measure_baseline(spec["point"], spec["label"])
+        _said(doc, space)
+        return evaluate, spec["point"], bool(doc.get("ok"))
+    from cubic.codesign.campaign import BASELINE_KEY
     from cubic.codesign.evaluate import RunnerEvaluate
 
     ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                         store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
-    _said(c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"]), space)
+    ev.budget_examples = evaluate.budget_examples  # its NE at the same equal budget as every run's
+    doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
+    if "config" not in doc:  # winner.yaml is this config when nothing beats it
+        doc = {**doc, "config": spec["config"].model_dump(mode="json")}
+        c.study.set_user_attr(BASELINE_KEY, doc)
+    _said(doc, space)
+    return ev, {}, bool(doc.get("ok"))
+
+
+def _ensure_noise_floor(base) -> None:
+    """This machine's noise floor (or the job's), measured from the baseline when missing or stale."""
+    ev, point, ok = base
+    if ok and callable(getattr(ev, "ensure_noise_floor", None)):
+        said = ev.ensure_noise_floor(point)
+        if said:
+            print(f"cubic: {said}", file=sys.stderr, flush=True)
 
 
 def _said(doc: dict[str, Any], space) -> None:

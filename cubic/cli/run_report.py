@@ -94,7 +94,10 @@ def result_renderable(result: Result, *, trial_id: int | None = None, served_fro
     ]
     known = {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes",
              "loss_start", "loss_end", "ne_start", "ne_end"}
-    rows += [(k, f"{int(v):,}" if float(v).is_integer() else fmt_num(v)) for k, v in sorted(m.items()) if k not in known]
+    # a metric's _ci_lo/_ci_hi are left to interval_line, the one interval shown (one run's timing
+    # windows are not an interval of what a fresh run measures)
+    rows += [(k, f"{int(v):,}" if float(v).is_integer() else fmt_num(v)) for k, v in sorted(m.items())
+             if k not in known and not k.endswith(("_ci_lo", "_ci_hi", "_ci_lo_ms", "_ci_hi_ms"))]
     for name, value in rows:
         if value is not None:
             table.add_row(name, value)
@@ -117,6 +120,22 @@ def result_renderable(result: Result, *, trial_id: int | None = None, served_fro
     if not result.ok:
         parts.append(Text(f"failure ({result.failure_kind}): {result.reason or 'no reason given'}", style="red"))
     return Group(*parts)
+
+
+def interval_line(result: Result) -> str | None:
+    """A configuration's throughput as every view shows it (``cubic run``, ``cubic trials show``;
+    the campaign's lines, summary, answer and report show the same cubic.core.stats.estimate): the
+    median with the 95% interval of what a fresh run measures and what it rests on."""
+    p = (result.extra or {}).get("pooled")
+    est = (p or {}).get("estimates", {}).get("examples_per_s")
+    if not p or not est:
+        return None
+    cont = p["n_contended"]
+    how = "" if not cont else (f", {cont} contended (all used)" if p["contended"]
+                               else f", {cont} contended (excluded)")
+    basis = est.get("basis") or f"{p['n_used']} repeat{'s' if p['n_used'] != 1 else ''}"
+    return (f"examples/s {est['value']:,.0f}, 95% interval of a fresh run [{est['lo']:,.0f}, {est['hi']:,.0f}] "
+            f"({basis}){how}")
 
 
 def print_result(result: Result, console: Console | None = None, **kw: Any) -> None:

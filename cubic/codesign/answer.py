@@ -72,6 +72,32 @@ def default_point(space: Space) -> dict[str, Any]:
     return point
 
 
+def interval_text(x: dict[str, Any]) -> str:
+    """One configuration's figure as every view shows it: value [95% interval of a fresh run] and
+    what the interval rests on ("2 repeats", "1 repeat + this machine's noise floor 6.5%")."""
+    basis = x.get("basis") or f"{x.get('repeats', '?')} repeats"
+    return f"{fmt(x['value'])} [{fmt(x['lo'])}, {fmt(x['hi'])}] ({basis})"
+
+
+def confirm_lines(c: dict[str, Any]) -> list[str]:
+    """The confirm step in a few lines: the winner and runner-up with their intervals, the verdict
+    (separated by between-process evidence, or tied within the repeat budget), the speedup."""
+    out = [f"confirmed {c['metric']} (95% interval of a fresh run): winner {interval_text(c['winner'])} "
+           f"at {c['winner']['point']}"]
+    if c.get("runner_up"):
+        out.append(f"runner-up {interval_text(c['runner_up'])} at {c['runner_up']['point']}")
+    lead = c.get("lead")
+    verdict = c.get("verdict") or {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
+    out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, 95% CI {fmt(lead['lo'])}-{fmt(lead['hi'])}x)"
+                          if lead else ""))
+    sp = c.get("speedup")
+    if sp:
+        out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; baseline "
+                   f"{sp['baseline_repeats']} repeats)" + ("" if sp["beats_baseline"] else
+                                                           ": does NOT beat the baseline by the evidence"))
+    return out
+
+
 @dataclass
 class Answer:
     campaign: str
@@ -89,6 +115,9 @@ class Answer:
     notes: list[str] = field(default_factory=list)
     command: str | None = None  # a user's job: the winner's command line
     config: dict[str, Any] | None = None  # cubic's campaigns: the winner's Config document
+    keep_baseline: bool = False  # nothing beat the baseline by the evidence: winner.yaml is the baseline
+    run_command: str | None = None  # the command that runs winner.yaml, as printed (and tested)
+    confirm: dict[str, Any] | None = None  # Campaign.confirm's outcome
 
     @property
     def throughput(self) -> bool:
@@ -97,13 +126,18 @@ class Answer:
     def headline(self) -> str:
         if self.winner is None:
             return f"No run of {self.runs} met the space's constraints, so there is no winner."
+        if self.keep_baseline:
+            best = (f"the best, {fmt(self.ratio)}× (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)"
+                    if self.ratio is not None and self.interval else "the best")
+            return (f"Keep the baseline: no configuration beats it by the evidence on {self.metric} ({best}); "
+                    f"winner.yaml is the baseline, {self.source}.")
         if self.ratio is None:
             return (f"Best {self.metric}: {fmt(self.winner['metrics'].get(self.metric))} ({self.source}); "
                     "no baseline to compare with.")
         word = ("faster" if self.throughput else "better") if self.ratio >= 1 else \
             ("slower" if self.throughput else "worse")
         size = self.ratio if self.ratio >= 1 else 1 / self.ratio
-        iv = (f" (95% interval {fmt(self.interval[0])}–{fmt(self.interval[1])}×)" if self.interval
+        iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)" if self.interval
               else f" ({self.interval_note})")
         return f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}."
 
@@ -114,10 +148,13 @@ class Answer:
         for head, rows in self._tables():
             out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             out += ["| " + " | ".join(r) + " |" for r in rows]
+        if self.confirm and self.confirm.get("winner"):
+            out += ["", "Confirm step:"] + [f"- {line}" for line in confirm_lines(self.confirm)]
         if self.command:
-            out += ["", f"Winner's command line: `{self.command}`"]
-        if self.config is not None:
-            out += ["", "Winner's job config: `winner.yaml` (`cubic run --config winner.yaml`)."]
+            out += ["", f"{'Baseline' if self.keep_baseline else 'Winner'}'s command line: `{self.command}`"]
+        if self.run_command:
+            out += ["", f"{'Baseline' if self.keep_baseline else 'Winner'}'s job config: `winner.yaml`; run it with "
+                        f"`{self.run_command}`."]
         out += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(out).rstrip() + "\n"
 
@@ -144,11 +181,14 @@ class Answer:
             out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
             out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
             out.append("</table>")
+        if self.confirm and self.confirm.get("winner"):
+            out.append("<p>Confirm step:</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in confirm_lines(self.confirm))
+                       + "</ul>")
         if self.command:
             out.append(f"<p>Winner's command line: <code>{e(self.command)}</code></p>")
-        if self.config is not None:
-            out.append("<p>Winner's job config: <a href='winner.yaml'>winner.yaml</a> "
-                       "(<code>cubic run --config winner.yaml</code>).</p>")
+        if self.run_command:
+            out.append(f"<p>Job config: <a href='winner.yaml'>winner.yaml</a> "
+                       f"(<code>{e(self.run_command)}</code>).</p>")
         if self.notes:
             out.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
         return "\n".join(out)
@@ -213,7 +253,17 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
             kinds[k] = kinds.get(k, 0) + 1
         ans.notes.append("runs by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         return ans
+    confirm = study.user_attrs.get("confirm") if study is not None else None
+    ans.confirm = confirm if confirm and confirm.get("winner") else None
+    if ans.confirm:  # the confirm step re-ranked on re-measured estimates: its winner is the answer's
+        key = space.key(confirm["winner"]["point"])
+        best = next((t for t in trials if space.key(dict(t.params)) == key), best)
     wm = dict(best.user_attrs.get("metrics") or {})
+    if ans.confirm and confirm.get("metric") == m:  # the one interval: the confirm step's estimate
+        from cubic.core.stats import ci_names
+
+        lo, hi = ci_names(m)
+        wm.update({m: confirm["winner"]["value"], lo: confirm["winner"]["lo"], hi: confirm["winner"]["hi"]})
     ans.winner = {"number": best.number, "point": dict(best.params), "metrics": wm}
     if winner_doc and winner_doc.get("config") is not None:
         ans.config = _runnable(space, dict(best.params), winner_doc["config"])
@@ -229,17 +279,40 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.notes.append(f"the baseline run failed ({base.get('failure_kind')}: {base.get('reason')}), so no "
                          "speedup is shown")
     bm = dict(base.get("metrics") or {}) if base and base.get("ok") else {}
-    if bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:
+    sp = (ans.confirm or {}).get("speedup")
+    if sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
+        bm[m] = sp["baseline_value"]
+        ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
+        ans.notes.append(f"the speedup is the ratio of typical {m} (geometric means over repeats in fresh "
+                         f"processes: winner {confirm['winner']['repeats']}, baseline {sp['baseline_repeats']}); "
+                         f"its 95% CI: {sp['method']}")
+        if not sp["beats_baseline"]:
+            _keep_baseline(ans, space, base, ctx)
+    elif bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:
         ans.ratio = wm[m] / bm[m] if direction == "maximize" else bm[m] / wm[m]
         ans.interval, ans.interval_note = _interval(m, direction, wm, bm)
+        ans.notes.append("not confirmed: no confirm step compared the winner with the baseline (the interval "
+                         "is from the two runs' intervals of a fresh run, conservative)")
         if ans.interval_note and ans.interval is not None:
             ans.notes.append(ans.interval_note)
+        if ans.ratio < 1 or (ans.interval is not None and ans.interval[0] <= 1):
+            _keep_baseline(ans, space, base, ctx)
+    if bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:
         if ans.interval is not None and ans.interval[0] <= 1 <= ans.interval[1]:
             ans.notes.append("the interval includes 1×: the difference may be noise (longer runs narrow it)")
         ans.rows.append((m, fmt(bm[m]), fmt(wm[m]), f"{fmt(ans.ratio)}× {'better' if ans.ratio >= 1 else 'worse'}"))
     elif wm.get(m) is not None:
         ans.rows.append((m, "–", fmt(wm[m]), ""))
-    ne = next((k for k in NE_METRICS if k in wm), None)
+    ne = next((k for k in NE_METRICS if k in wm and (not bm or k in bm)), None) or \
+        next((k for k in NE_METRICS if k in wm), None)
+    if ne == "ne_at_budget":
+        ans.notes.append(f"NE is compared at an equal training budget: {fmt(wm.get('examples_budget'))} examples "
+                         "seen (the space's smallest batch x the run's steps), read from each run's evaluation "
+                         "trajectory, so a larger batch is not credited for having seen more examples; shape "
+                         "tuning's NE ceiling uses the same rule (a sanity floor stays on each run's end NE)")
+    elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
+        ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
+                         "larger batch saw more examples)")
     if ne:
         if ne in bm:
             ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), _pct(wm[ne], bm[ne])))
@@ -251,7 +324,36 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.rows.append((f"peak memory (GiB, {mem})", "–" if b is None else fmt(b / GIB), fmt(wm[mem] / GIB),
                          "" if b is None else _pct(wm[mem], b)))
     _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(1 for t in trials if t.values))
+    if ctx.get("workload") and ans.config is not None:
+        ans.run_command = run_command(ctx)
     return ans
+
+
+def run_command(ctx: dict[str, Any], config_path: str = "winner.yaml") -> str:
+    """The ``cubic run`` command that re-measures winner.yaml as the campaign measured its runs
+    (workload, run length, threads, simulated cluster): what the answer prints, tested as printed."""
+    import shlex
+
+    r = ctx.get("runner") or {}
+    parts = ["cubic", "run", "--workload", str(ctx["workload"]), "--config", config_path]
+    if r.get("simulate"):
+        parts += ["--simulate", str(r["simulate"])]
+    for flag in ("steps", "warmup", "threads"):
+        if r.get(flag) is not None:
+            parts += [f"--{flag}", str(r[flag])]
+    return shlex.join(parts)
+
+
+def _keep_baseline(ans: Answer, space: Space, base: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """Nothing beat the baseline by the evidence: the answer says keep it, and winner.yaml is it."""
+    ans.keep_baseline = True
+    job = ctx.get("job")
+    if job:
+        from cubic.runners.command import render
+
+        ans.command = render(job["objective"], dict(base.get("point") or {}), job.get("launcher"), job.get("nproc", 1))
+    elif base.get("config") is not None:
+        ans.config = dict(base["config"])
 
 
 def _runnable(space: Space, point: dict[str, Any], used: dict[str, Any]) -> dict[str, Any]:
@@ -298,21 +400,29 @@ def write_answer(out_dir: str | Path, ans: Answer) -> None:
     import yaml
 
     out = Path(out_dir)
+    if ans.run_command:  # the path as the user gave it, so the printed command works from where they are
+        ans.run_command = ans.run_command.replace("--config winner.yaml", f"--config {out / 'winner.yaml'}")
     (out / "answer.md").write_text(ans.markdown())
     target = out / "winner.yaml"
     if ans.winner is None:
         target.unlink(missing_ok=True)  # a stale winner of an earlier report must not pass for this one
         return
     m = ans.winner["metrics"].get(ans.metric)
-    head = [f"# winner of campaign {ans.campaign}: {ans.metric} {fmt(m)} ({ans.source}), run #{ans.winner['number']}"]
+    if ans.keep_baseline:
+        head = [f"# campaign {ans.campaign}: KEEP THE BASELINE ({ans.baseline['label']}): no configuration beat it "
+                f"by the evidence (best run #{ans.winner['number']}, {ans.metric} {fmt(m)}, {ans.source})"]
+    else:
+        head = [f"# winner of campaign {ans.campaign}: {ans.metric} {fmt(m)} ({ans.source}), "
+                f"run #{ans.winner['number']}"]
     if ans.config is not None:
-        head.append("# a cubic job config: cubic run --workload <workload> --config winner.yaml")
+        shown = ans.run_command or "cubic run --workload <workload> --config winner.yaml"
+        head.append(f"# a cubic job config: {shown}")
         body = ans.config
     else:
         if ans.command:
             head.append(f"# command line: {ans.command}")
-        head.append("# the winning parameter values (campaign run --baseline takes this file)")
-        body = ans.winner["point"]
+        head.append("# the parameter values (campaign run --baseline takes this file)")
+        body = dict((ans.baseline or {}).get("point") or {}) if ans.keep_baseline else ans.winner["point"]
     target.write_text("\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False))
 
 

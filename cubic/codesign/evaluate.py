@@ -16,6 +16,47 @@ if TYPE_CHECKING:
 from cubic.runners.local import expected_fingerprint_hash  # noqa: E402,F401  (the one implementation)
 
 
+# NE and loss compared at an EQUAL TRAINING BUDGET (examples seen), not after equal steps: batch 4096
+# after 10 steps has seen 8x the examples of batch 512. The budget of a campaign is its smallest
+# batch x its steps (warm-up included); a larger batch's NE/loss at that budget is read from its
+# evaluation trajectory (linear in examples seen between evaluation points).
+AT_BUDGET = {"ne_end": "ne_at_budget", "loss_end": "loss_at_budget"}
+
+
+def at_examples(trajectory: list[dict[str, float]], batch_size: int, examples: float, key: str) -> float | None:
+    """``key`` (ne, loss) of a run's trajectory ([{step, loss, ne}], step = training steps done) at
+    ``examples`` examples seen, linearly interpolated; None past the trajectory's end or without it."""
+    pts = sorted((float(p["step"]) * batch_size, float(p[key])) for p in trajectory or [] if key in p and "step" in p)
+    if not pts or examples > pts[-1][0] * (1 + 1e-9):
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= examples <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (examples - x0) / (x1 - x0)
+    return pts[0][1] if examples <= pts[0][0] else pts[-1][1]
+
+
+def budget_metrics(result: Result, batch_size: int | None, examples: float | None) -> dict[str, float]:
+    """``ne_at_budget`` / ``loss_at_budget`` of ``result`` at ``examples`` examples seen (and the
+    budget itself as ``examples_budget``); empty when either is unknown."""
+    if not examples or not batch_size or not result.ok:
+        return {}
+    out = {"examples_budget": float(examples)}
+    for key, name in (("ne", "ne_at_budget"), ("loss", "loss_at_budget")):
+        v = at_examples(result.trajectory, batch_size, examples, key)
+        if v is not None:
+            out[name] = v
+    return out if len(out) > 1 else {}
+
+
+def equal_budget(space: Space, workload, steps: int, warmup: int) -> float:
+    """The campaign's training budget in examples: the smallest batch the space can run x the
+    steps (warm-up included)."""
+    p = next((p for p in space.parameters if p.name == "batch_size"), None)
+    sizes = [int(c) for c in p.choices] if p is not None and p.type == "categorical" else \
+        ([int(p.low)] if p is not None else [int(workload.batch_size)])
+    return float(min(sizes) * (steps + warmup))
+
+
 def _noted(result: Result, default_metrics: dict[str, float] | None = None, **notes: Any) -> Result:
     """A copy of ``result`` with the campaign's notes (RUN_NOTES) in its extra and metrics it lacks
     added; the stored or served Result itself is left as it is."""
@@ -51,6 +92,7 @@ class RunnerEvaluate:
         self.steps, self.warmup = steps, warmup
         self.store, self.campaign, self.base_config = store, campaign, base_config
         self.repeats, self.remeasure = repeats, remeasure
+        self.budget_examples: float | None = None  # set: NE/loss also at this equal budget (AT_BUDGET)
         self.served = 0  # evaluations served from the store without a run
         self.runs = 0  # repeats run
         self._fp: tuple[str | None] | None = None
@@ -89,10 +131,16 @@ class RunnerEvaluate:
         ok = self._local.get(config.content_hash(), [])
         if not ok:
             return Served(None, [])
-        from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
+        from cubic.core.stats import INTERVAL_METRICS, Repeat, contention, cores_available, noise_models, pool, \
+            pooled_result
+        from cubic.core.store import ASSUMED_NOISE_FLOOR
 
+        measured = getattr(self.runner, "source", "measured") == "measured"
+        key = config.content_hash()  # the machine's noise from the other configs (this one's spread is its own)
+        noise = noise_models([[r.metrics for r in g] for k, g in self._local.items() if k != key]) if measured else None
+        floor = {k: ASSUMED_NOISE_FLOOR for k in INTERVAL_METRICS} if measured else None
         p = pool([Repeat(dict(r.metrics), contention(r.metrics, r.extra, cores_available(r.fingerprint)) is not None)
-                  for r in ok])
+                  for r in ok], noise, floor)
         return Served(pooled_result(ok, p), [], p)
 
     def _config(self, point: dict[str, Any]):
@@ -130,11 +178,44 @@ class RunnerEvaluate:
         within = (m[lo], m[hi]) if len(vals) == 1 and lo in m and hi in m else None
         return estimate(vals, within)
 
+    def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
+        """Measure this machine's noise floor when it has none that is fresh (the store's
+        NOISE_FLOOR_MAX_AGE_DAYS / cubic release rule): ``point`` repeated in fresh processes up to
+        ``repeats`` uncontended repeats, their between-process spread stored per machine
+        fingerprint. Returns what it did in one line (None: nothing to do)."""
+        fp = self._fingerprint()
+        if self.store is None or fp is None or getattr(self.runner, "source", "measured") != "measured":
+            return None
+        floors, why = self.store.noise_floor(fp)
+        if floors:
+            return None
+        config = self._config(point)
+        served = self._stored(config)
+        have = served.good if served.result is not None and served.result.ok else 0
+        if repeats - have > 0:
+            out = self._measure(config, repeats - have, fresh=True)
+            if not out.ok:
+                return f"the noise floor's repeats failed ({out.failure_kind}); intervals use an assumed floor"
+        from cubic.core.stats import INTERVAL_METRICS
+
+        served = self._stored(config)
+        used = set(served.pooled.trial_ids) if served.pooled else set()
+        vals = {k: [t.result.metrics[k] for t in served.trials if t.id in used and k in t.result.metrics]
+                for k in INTERVAL_METRICS}
+        how = {"workload": self.workload.name, "config_hash": config.content_hash(), "steps": self.steps,
+               "warmup": self.warmup}
+        got = self.store.record_noise_floor(fp, vals, how)
+        m = got.get("examples_per_s")
+        if m is None:
+            return "the noise floor could not be measured (no two good repeats); intervals use an assumed floor"
+        return (f"measured this machine's noise floor ({why}): {m.df + 1} fresh runs of the baseline, "
+                f"examples/s spread {m.sd * 100:.1f}% between processes")
+
     def _measure(self, config, repeats: int, fresh: bool) -> Result:
         served = self._stored(config)
         if not fresh and served.satisfies(repeats):
             self.served += 1
-            return _noted(served.result, served_from_store=True,
+            return _noted(served.result, self._budget(config, served.result), served_from_store=True,
                           trial_id=served.trials[-1].id if served.trials else None,
                           trial_ids=[t.id for t in served.trials])
         need = repeats if (fresh or served.result is None or served.failure) else max(1, repeats - served.good)
@@ -145,8 +226,18 @@ class RunnerEvaluate:
             if not result.ok:  # a failed repeat is the answer: deterministic ones are served from now on
                 return _noted(result, trial_id=tid)
         served = self._stored(config)
-        return _noted(served.result, {"wall_time_s": wall}, trial_id=served.trials[-1].id if served.trials else None,
+        return _noted(served.result, {"wall_time_s": wall, **self._budget(config, served.result)},
+                      trial_id=served.trials[-1].id if served.trials else None,
                       trial_ids=[t.id for t in served.trials], repeats_run=need)
+
+    def _budget(self, config, result: Result) -> dict[str, float]:
+        if self.budget_examples is None or result is None:
+            return {}
+        try:
+            batch = config.apply(self.workload).batch_size
+        except SpecError:
+            return {}
+        return budget_metrics(result, batch, self.budget_examples)
 
     def _run_once(self, config):
         """One repeat: run, record (with its attempt number), return (Result, trial id)."""
@@ -175,3 +266,90 @@ class RunnerEvaluate:
         return self.store.record(self.workload, config, result, campaign=self.campaign, attempt=attempt,
                                  steps=self.steps, warmup=self.warmup, fingerprint_hash=self._fingerprint())
 
+
+
+class KeptRepeats:
+    """A user's job (``--objective``) as an evaluate that keeps its repeats, so its runs get the
+    same intervals and its campaign the same confirm step as cubic's own: each point's successful
+    runs (one fresh process each) are pooled by cubic.core.stats.estimate with the job's own
+    between-repeat noise on this machine (every point with two runs or more), else the job's noise
+    floor (its baseline repeated, :meth:`ensure_noise_floor`), else the ASSUMED floor, labelled so.
+    Everything else (``store``, ``attach``, ``runner``) is the wrapped evaluate's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._reps: dict[str, list[Result]] = {}
+        self._floor = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    @staticmethod
+    def _key(point: dict[str, Any]) -> str:
+        import json
+
+        return json.dumps(point, sort_keys=True, default=str)
+
+    def __call__(self, point: dict[str, Any]) -> Result:
+        from cubic.core.stats import ci_names
+
+        out = self.inner(point)
+        if not out.ok:
+            return out
+        self._reps.setdefault(self._key(point), []).append(out)
+        from dataclasses import asdict
+
+        metrics, estimates = dict(out.metrics), {}
+        for metric, v in out.metrics.items():  # each figure's interval as the confirm step sees it
+            if isinstance(v, (int, float)) and not metric.endswith(("_ci_lo", "_ci_hi")) and v > 0:
+                e = self.estimate(point, metric)
+                lo, hi = ci_names(metric)
+                if e is not None and e.hi > e.lo:
+                    metrics[lo], metrics[hi] = e.lo, e.hi
+                    estimates[metric] = asdict(e)
+        n = len(self._reps[self._key(point)])
+        return out.model_copy(update={"metrics": metrics, "extra": {**out.extra, "repeats": n,
+                                                                    "pooled": {"n_used": n, "estimates": estimates}}})
+
+    def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
+        out = None
+        for _ in range(n):
+            out = self(point)
+        return out
+
+    def _noise(self, metric: str, point_key: str | None = None):
+        from cubic.core.stats import noise_model
+        from cubic.core.store import ASSUMED_NOISE_FLOOR
+
+        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics]
+                         for k, g in self._reps.items() if k != point_key])
+        if m is not None:
+            m.label = "this job's between-repeat noise on this machine"
+            return m
+        return (self._floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
+
+    def estimate(self, point: dict[str, Any], metric: str):
+        from cubic.core.stats import estimate
+
+        vals = [r.metrics[metric] for r in self._reps.get(self._key(point), []) if metric in r.metrics]
+        return estimate(vals, noise=self._noise(metric, self._key(point))) if vals else None
+
+    def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
+        """The job's noise floor on this machine: ``point`` (the baseline) run up to ``repeats``
+        times in fresh processes, before the campaign."""
+        from cubic.core.stats import noise_model
+
+        have = len(self._reps.get(self._key(point), []))
+        if not have:
+            return None  # the baseline failed: nothing to repeat
+        for _ in range(repeats - have):
+            if not self(point).ok:
+                return "the job's noise floor could not be measured (a repeat failed); intervals use an assumed floor"
+        runs = self._reps[self._key(point)]
+        self._floor = {}
+        for metric in runs[0].metrics:
+            m = noise_model([[r.metrics[metric] for r in runs if metric in r.metrics]])
+            if m is not None:
+                m.label = "this job's noise floor on this machine"
+                self._floor[metric] = m
+        return f"measured the job's noise floor: its baseline run {len(runs)} times in fresh processes"

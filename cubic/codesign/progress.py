@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
 from cubic.codesign.answer import fmt
@@ -77,7 +78,11 @@ def format_result(ev: Result, space: Space, violation: float = 0.0) -> str:
         reason = " ".join((ev.reason or "").split())[:500]
         return f"FAILED {ev.failure_kind or 'error'}" + (f": {reason}" if reason else "")
     primary = space.primary.metric
-    parts = [p for p in (_metric(m, primary),) if p]
+    shown = _metric(m, primary)
+    basis = (((ev.extra or {}).get("pooled") or {}).get("estimates") or {}).get(primary, {}).get("basis")
+    if shown and basis and "[" in shown:  # what the interval rests on, as every view says it
+        shown += f" ({basis})"
+    parts = [p for p in (shown,) if p]
     ne = first_metric(m, NE_METRICS)
     if ne is not None and primary not in NE_METRICS:
         parts.append(f"NE {ne:.4f}")
@@ -87,10 +92,19 @@ def format_result(ev: Result, space: Space, violation: float = 0.0) -> str:
     if isinstance(m.get("repeats"), (int, float)) and m["repeats"] > 1:
         parts.append(f"{int(m['repeats'])} repeats")
     result = ", ".join(parts) or "ok"
-    broken = [c.name or c.metric for c in space.constraints if c.violation(m) > 0]
+    broken = [_broken(c, m) for c in space.constraints if c.violation(m) > 0]
     if violation > 0 and broken:
-        result += f"; INFEASIBLE ({', '.join(broken)})"
+        result += f"; INFEASIBLE: {'; '.join(broken)}"
     return result
+
+
+def _broken(c, m: dict[str, float]) -> str:
+    """A broken constraint with its value and limit: ``loss 0.71 > 0.6``."""
+    v = float(m[c.metric])
+    show = fmt_gib if c.metric in MEMORY_METRICS else fmt
+    bound = f"> {show(c.max)}" if c.max is not None and v > c.max else f"< {show(c.min)}"
+    name = f" ({c.name})" if c.name and c.name != c.metric else ""
+    return f"{c.metric} {show(v)} {bound}{name}"
 
 
 def _prediction(p: dict[str, Any] | None, space: Space) -> str | None:
@@ -152,6 +166,41 @@ class ProgressLines(CampaignListener):
         self._lock = threading.Lock()
         self._bar = None
         self._closed = False
+        self._t0: float | None = None  # when this process started running points
+        self._done = 0  # runs finished by this process (what the ETA is paced on)
+        self._best: tuple[float, str] | None = None  # (objective value, text) of the best feasible run so far
+
+    def _print(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.print(line)
+        elif not self._closed:
+            try:
+                print(line, file=self.stream or sys.stderr, flush=True)
+            except (BrokenPipeError, ValueError):  # the reader went away (`| head`): the campaign goes on
+                self._closed = True
+
+    def started_run(self, campaign: str, trial: int, point: dict[str, Any], runs: int, budget: int) -> None:
+        config = " ".join(f"{k}={_value(point[k])}" for k in self.knobs if k in point) or "(default point)"
+        with self._lock:
+            if self._t0 is None:
+                self._t0 = time.monotonic()
+            self._print(sanitize(f"{campaign} run {min(runs + 1, budget)}/{budget} (trial {trial}) starts: {config}"))
+
+    def _tail(self, event: RunEvent) -> str:
+        """Best so far, runs left and the ETA (this process's pace), after a run's line."""
+        ev, primary = event.evaluation, self.space.primary
+        v = ev.metrics.get(primary.metric) if ev.ok else None
+        if event.violation <= 0 and isinstance(v, (int, float)):
+            score = float(v) if primary.direction == "maximize" else -float(v)
+            if self._best is None or score > self._best[0]:
+                self._best = (score, (_metric(ev.metrics, primary.metric) or fmt(float(v))) + f" (trial {event.trial})")
+        self._done += 1
+        left = max(0, event.budget - event.runs)
+        parts = [f"best so far {self._best[1] if self._best else 'none feasible'}", f"{left} runs left"]
+        if left and self._t0 is not None:
+            eta = (time.monotonic() - self._t0) / self._done * left
+            parts.append(f"ETA {eta / 60:.1f} min" if eta >= 90 else f"ETA {eta:.0f} s")
+        return " | " + "; ".join(parts)
 
     def started(self, campaign: str, runs: int, budget: int) -> None:
         with self._lock:
@@ -161,16 +210,11 @@ class ProgressLines(CampaignListener):
                 self._bar.update(min(runs, budget), budget)
 
     def finished_run(self, event: RunEvent) -> None:
-        line = sanitize(format_run(event, self.space, self.knobs))
         with self._lock:
+            line = sanitize(format_run(event, self.space, self.knobs) + self._tail(event))
+            self._print(line)
             if self._bar is not None:
-                self._bar.print(line)
                 self._bar.update(min(event.runs, event.budget), event.budget)
-            elif not self._closed:
-                try:
-                    print(line, file=self.stream or sys.stderr, flush=True)
-                except (BrokenPipeError, ValueError):  # the reader went away (`| head`): the campaign goes on
-                    self._closed = True
 
     def stopped(self, campaign: str, reason: str) -> None:
         with self._lock:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from cubic.codesign.answer import campaign_answer, feasible_best, fmt, write_answer
+from cubic.codesign.answer import campaign_answer, feasible_best, fmt, interval_text, write_answer
 from cubic.codesign.storage import load_meta, open_storage
 from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, trial_observation
 from cubic.core.units import GIB
@@ -426,9 +426,15 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     if winner is not None:
         wm = winner.get("metrics", {})
         winner["interval_95"] = {"metric": m, "value": wm.get(m), "lo": wm.get(lo_name, wm.get(m)),
-                                 "hi": wm.get(hi_name, wm.get(m)), "repeats": wm.get("repeats", 1.0)}
+                                 "hi": wm.get(hi_name, wm.get(m)), "repeats": wm.get("repeats", 1.0),
+                                 "meaning": "what a fresh run measures"}
         if confirm:
             winner["confirm"] = confirm
+            cw = confirm.get("winner")
+            if cw and confirm.get("metric") == m and space.key(cw["point"]) == space.key(winner.get("point") or {}):
+                # the one interval of this configuration: the confirm step's estimate over every repeat
+                winner["interval_95"].update(value=cw["value"], lo=cw["lo"], hi=cw["hi"], repeats=cw["repeats"],
+                                             basis=cw.get("basis"))
         (out / "winner.json").write_text(json.dumps(winner, indent=2, default=str) + "\n")
     else:
         (out / "winner.json").unlink(missing_ok=True)  # a stale winner of an earlier report must not pass for this one
@@ -443,18 +449,20 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
                "warm start from": ", ".join(meta.get("warm_start") or []) or "-"}
     if winner is not None:
         iv = winner["interval_95"]
-        summary[f"best {m} (95% interval, repeats)"] = (
-            f"{fmt(iv['value'])} [{fmt(iv['lo'])}, {fmt(iv['hi'])}] ({iv['repeats']:.0f})" if iv["lo"] != iv["hi"]
-            else f"{fmt(iv['value'])} (single sample: no interval)")
+        summary[f"best {m} (95% interval of a fresh run, repeats)"] = (
+            f"{fmt(iv['value'])} [{fmt(iv['lo'])}, {fmt(iv['hi'])}] ({iv.get('basis') or format(iv['repeats'], '.0f')})"
+            if iv["lo"] != iv["hi"] else f"{fmt(iv['value'])} (deterministic source: no interval)")
     if confirm and confirm.get("winner"):
+
         def _iv(x):
             point = ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in x["point"].items())
-            return f"{fmt(x['value'])} [{fmt(x['lo'])}, {fmt(x['hi'])}] ({x['repeats']} repeats) at {point}"
+            return f"{interval_text(x)} at {point}"
 
         summary["confirmed winner (95% interval)"] = _iv(confirm["winner"])
         summary["confirmed runner-up (95% interval)"] = _iv(confirm["runner_up"]) if confirm.get("runner_up") else "-"
         summary["winner separated from runner-up"] = {True: "yes", False: "no", None: "-"}[confirm["separated"]] + \
-            f" (after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra repeats)"
+            f" ({confirm.get('verdict') or ''}; after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra " \
+            "repeats)"
 
     page = out / "index.html"
     page.write_text(_page(name, ctx, label, answer, out, figures, skipped, summary, runs, space, mem))

@@ -63,7 +63,9 @@ def trial_attrs(point: dict[str, Any], result: Result, *, attempts: int, violati
             "finished_at": time.time()}
 
 
-NE_METRICS = ("ne_end", "ne")  # cubic's runs report ne_end; a user's job usually ne
+# cubic's runs: NE at the campaign's equal training budget (cubic.codesign.evaluate.AT_BUDGET) where
+# it was read, else ne_end; a user's job usually reports ne
+NE_METRICS = ("ne_at_budget", "ne_end", "ne")
 
 
 MEMORY_METRICS = ("peak_mem_bytes", "peak_rss_bytes")  # what the job reports, else what the runner saw

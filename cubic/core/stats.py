@@ -5,16 +5,26 @@ One run of a config on a shared machine is one sample of a noisy quantity (a run
 and what a campaign's proxy trains on, is their pooled estimate from :func:`pool`:
 
 - **centre**: the median of the repeats' values (robust to one slow outlier);
-- **95% interval**: a Student-t interval of the mean of log(value) across repeats, exponentiated
-  (throughput noise is multiplicative). Its spread is the config's own between-repeat variance
-  pooled with the machine's (:class:`NoiseModel`: the between-repeat variance of log(value) over
-  every config measured on the same fingerprint and run length, as one-way ANOVA pools a residual
-  variance), with the degrees of freedom of both: three repeats alone would give t(2) = 4.3 and an
-  interval too wide to rank anything, while the noise of a machine is much the same for all its
-  configs. With no machine model, the config's own variance alone (R >= 2); with one repeat and no
-  model, the run's own within-run interval (``<metric>_ci_lo`` / ``<metric>_ci_hi`` from the
-  runner) when it reported one, else zero width (a deterministic source, e.g. the simulator). A
-  one-repeat interval is never narrower than the run's within-run one;
+- **95% interval: what a FRESH run of this config will measure** (a prediction interval, one
+  meaning everywhere: ``cubic run``, ``cubic trials show``, a campaign's progress lines, its
+  summary, answer and report all show :func:`estimate`'s). On log(value) (throughput noise is
+  multiplicative): mean of the repeats' logs +- t(df) x s x sqrt(1 + 1/n), exponentiated. ``s`` is
+  between-PROCESS spread: the config's own between-repeat variance pooled with the machine's
+  (:class:`NoiseModel`: the between-repeat variance of log(value) over every config measured on the
+  same fingerprint and run length, as one-way ANOVA pools a residual variance), with the degrees of
+  freedom of both (three repeats alone would give t(2) = 4.3). With one repeat and no config of the
+  machine repeated, the machine's **noise floor** (:class:`NoiseModel` measured by repeating one
+  config in fresh processes, stored per machine fingerprint by :mod:`cubic.core.store`) stands in,
+  and the estimate's ``basis`` says so ("1 repeat + this machine's noise floor 6.5%"). The timing
+  windows inside one process never make an interval on their own (they cannot see between-process
+  noise: 283,545 [279,433, 285,243] from windows was [233,668, 344,070] across processes); a
+  one-repeat interval is never narrower than them either. Zero width only where the caller passes
+  no noise at all (a deterministic source, e.g. the simulator);
+- **separated / a ratio** (:func:`ratio_interval`, :func:`separated`): the 95% confidence interval of
+  the ratio of two configs' typical (geometric-mean) throughputs, from the difference of their
+  log-means with Welch's standard error and degrees of freedom, each side's spread between-process
+  as above. "Separated" needs that interval to exclude 1 AND each side to have been measured in at
+  least two processes (a second look), so one lucky run never separates;
 - **contended repeats are excluded**, not down-weighted, whenever at least one uncontended repeat
   exists: contention only ever slows a run down, so any weight > 0 biases the estimate low, and a
   weight cannot be chosen without knowing how much slower the contended run was. When every repeat
@@ -102,6 +112,7 @@ class NoiseModel:
 
     sd: float  # standard deviation of log(value) about each config's mean
     df: int  # degrees of freedom: sum over configs of (repeats - 1)
+    label: str = ""  # where it comes from, for an estimate's basis ("this machine's noise floor")
 
 
 def noise_model(groups: Iterable[Iterable[float]]) -> NoiseModel | None:
@@ -120,26 +131,53 @@ def noise_model(groups: Iterable[Iterable[float]]) -> NoiseModel | None:
 
 @dataclass
 class Estimate:
-    """One metric pooled over repeats: centre (median) and a 95% interval."""
+    """One metric pooled over repeats: centre (median) and the 95% interval of a fresh run."""
 
     value: float
     lo: float
     hi: float
     n: int  # repeats pooled
+    mean_log: float = math.nan  # mean of log(value) (of value for a non-rate), the interval's centre
+    sd: float = math.nan  # between-process sd of one run's log(value), pooled with the machine's
+    df: int = 0  # its degrees of freedom
+    basis: str = ""  # where the spread comes from, in words
 
     def separated_above(self, other: "Estimate") -> bool:
-        """This interval lies wholly above ``other``'s."""
-        return self.lo > other.hi
+        """This config's typical value is above ``other``'s by between-process evidence
+        (:func:`separated`)."""
+        return separated(self, other)
 
     @property
     def rel_width(self) -> float:
         return (self.hi - self.lo) / abs(self.value) if self.value else math.inf
 
+    @property
+    def rel_sd(self) -> float:
+        """One run's between-process spread as a fraction (exp(sd) - 1), nan when unknown."""
+        return math.expm1(self.sd) if math.isfinite(self.sd) else math.nan
+
+
+def _t(df: float, confidence: float) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2, df))
+
+
+def describe_basis(n: int, own_df: int, noise: NoiseModel | None) -> str:
+    """Where an interval's spread comes from, in words ("3 repeats", "1 repeat + this machine's
+    noise floor 6.5%")."""
+    head = f"{n} repeat{'s' if n != 1 else ''}"
+    if noise is None or noise.df <= 0:
+        return head if own_df else head + " (no between-process spread known: zero width)"
+    label = noise.label or "this machine's between-repeat noise"
+    return f"{head} + {label} {math.expm1(noise.sd):.1%}"
+
 
 def estimate(values: Iterable[float], within: tuple[float, float] | None = None,
              noise: NoiseModel | None = None, confidence: float = CONFIDENCE) -> Estimate:
-    """Median and interval of one metric's repeats (see the module docstring); ``noise`` is the
-    machine's :class:`NoiseModel` for this metric, pooled into the repeats' own spread."""
+    """Median and the 95% interval of a fresh run from one metric's repeats (see the module
+    docstring); ``noise`` is the machine's :class:`NoiseModel` for this metric (or its noise floor),
+    pooled into the repeats' own spread."""
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not vals:
         raise ValueError("no finite values to pool")
@@ -154,18 +192,51 @@ def estimate(values: Iterable[float], within: tuple[float, float] | None = None,
         xs, back, noise = vals, (lambda x: x), None
     mean = sum(xs) / n
     ss, df = sum((x - mean) ** 2 for x in xs), n - 1
+    own_df = df
     if noise is not None and noise.df > 0:
         ss, df = ss + noise.df * noise.sd ** 2, df + noise.df
+    basis = describe_basis(n, own_df, noise if positive else None)
     if df == 0:
         lo, hi = within or (mid, mid)
-        return Estimate(mid, min(lo, mid), max(hi, mid), 1)
-    from scipy.stats import t
-
-    half = float(t.ppf(0.5 + confidence / 2, df)) * math.sqrt(ss / df) / math.sqrt(n)
+        return Estimate(mid, min(lo, mid), max(hi, mid), 1, mean, 0.0, 0, basis)
+    sd = math.sqrt(ss / df)
+    half = _t(df, confidence) * sd * math.sqrt(1 + 1 / n)  # a fresh run: its own spread + the mean's
     lo, hi = back(mean - half), back(mean + half)
     if n == 1 and within is not None:
         lo, hi = min(lo, within[0]), max(hi, within[1])
-    return Estimate(mid, min(lo, mid), max(hi, mid), n)
+    return Estimate(mid, min(lo, mid), max(hi, mid), n, mean, sd, df, basis)
+
+
+def ratio_interval(a: Estimate, b: Estimate, confidence: float = CONFIDENCE) -> tuple[float, float, float] | None:
+    """(ratio, low, high): ``a``'s typical value over ``b``'s (geometric means: exp of the
+    difference of log-means) with the 95% confidence interval of that ratio (Welch: each side's
+    between-process variance over its repeats, Welch-Satterthwaite degrees of freedom). None when a
+    side has no log-mean (a non-positive metric or an old stored estimate)."""
+    if not (math.isfinite(a.mean_log) and math.isfinite(b.mean_log)):
+        return None
+    r = math.exp(a.mean_log - b.mean_log)
+    va = (a.sd ** 2 / a.n) if math.isfinite(a.sd) else math.nan
+    vb = (b.sd ** 2 / b.n) if math.isfinite(b.sd) else math.nan
+    if not (math.isfinite(va) and math.isfinite(vb)):
+        return None
+    v = va + vb
+    if v == 0:
+        return r, r, r
+    parts = [x ** 2 / d for x, d in ((va, a.df), (vb, b.df)) if x > 0]
+    if any(d <= 0 for x, d in ((va, a.df), (vb, b.df)) if x > 0):
+        return None
+    df = v ** 2 / sum(parts)
+    half = _t(df, confidence) * math.sqrt(v)
+    return r, r * math.exp(-half), r * math.exp(half)
+
+
+def separated(a: Estimate, b: Estimate, confidence: float = CONFIDENCE) -> bool:
+    """``a``'s typical value is above ``b``'s by between-process evidence: each measured in at least
+    two processes and the 95% interval of their ratio (:func:`ratio_interval`) wholly above 1."""
+    if a.n < 2 or b.n < 2:
+        return False
+    iv = ratio_interval(a, b, confidence)
+    return iv is not None and iv[1] > 1.0
 
 
 @dataclass
@@ -199,9 +270,11 @@ class Pooled:
                 "trial_ids": self.trial_ids, "estimates": {k: asdict(v) for k, v in self.estimates.items()}}
 
 
-def pool(repeats: list[Repeat], noise: Mapping[str, NoiseModel] | None = None) -> Pooled:
+def pool(repeats: list[Repeat], noise: Mapping[str, NoiseModel] | None = None,
+         floor: Mapping[str, NoiseModel] | None = None) -> Pooled:
     """Pool ok repeats of one config (see the module docstring). ``repeats`` must be non-empty;
-    ``noise`` maps a metric to the machine's :class:`NoiseModel` of it (see :func:`noise_models`)."""
+    ``noise`` maps a metric to the machine's :class:`NoiseModel` of it (see :func:`noise_models`),
+    ``floor`` to the machine's noise floor, used where ``noise`` has nothing for the metric."""
     if not repeats:
         raise ValueError("nothing to pool")
     clean = [r for r in repeats if not r.contended]
@@ -220,7 +293,10 @@ def pool(repeats: list[Repeat], noise: Mapping[str, NoiseModel] | None = None) -
         within = None
         if len(used) == 1 and lo_name in used[0].metrics and hi_name in used[0].metrics:
             within = (float(used[0].metrics[lo_name]), float(used[0].metrics[hi_name]))
-        est = estimate(vals, within, (noise or {}).get(k) if k in INTERVAL_METRICS else None)
+        model = None
+        if k in INTERVAL_METRICS:
+            model = (noise or {}).get(k) or (floor or {}).get(k)
+        est = estimate(vals, within, model)
         metrics[k] = est.value
         if k in INTERVAL_METRICS or within is not None:
             estimates[k] = est
@@ -239,6 +315,7 @@ def noise_models(groups: Iterable[Iterable[Mapping[str, float]]]) -> dict[str, N
     for k in INTERVAL_METRICS:
         m = noise_model([[r[k] for r in g if k in r] for g in groups])
         if m is not None:
+            m.label = "this machine's between-repeat noise"
             out[k] = m
     return out
 

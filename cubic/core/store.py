@@ -48,6 +48,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     Column,
+    Float,
     DateTime,
     ForeignKey,
     Index,
@@ -147,6 +148,26 @@ sharding_samples_table = Table(
     Column("code_version", String(64), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
+# a machine's noise floor (NOISE_FLOOR_*): the between-process spread of one config repeated in
+# fresh processes, per machine fingerprint; what a one-repeat interval is widened by when no config
+# measured on the machine at that run length has two repeats yet. A new table, created where missing.
+noise_floors_table = Table(
+    "cubic_noise_floors",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("fingerprint_hash", String(64), nullable=False, index=True),
+    Column("metric", String(64), nullable=False),
+    Column("sd", Float, nullable=False),  # sd of log(value) between fresh processes
+    Column("df", Integer, nullable=False),
+    Column("how", JSON, nullable=False),  # workload, config hash, steps, the repeats' values
+    Column("cubic_version", String(32), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+# stale (re-measured by the next campaign): older than this, or measured by another cubic release
+NOISE_FLOOR_MAX_AGE_DAYS = 7
+# before this machine's floor is measured: the project's measurement_noise study's repeat-to-repeat
+# noise (6.5%), labelled as assumed wherever it is used
+ASSUMED_NOISE_FLOOR = NoiseModel(0.063, 10, "an ASSUMED noise floor (not yet measured on this machine)")
 _OLD_NAMES = {"schema_version": "cubic_schema_version", "campaigns": "cubic_campaigns", "trials": "cubic_trials"}
 
 
@@ -695,10 +716,72 @@ class TrialStore:
         if rows[-1].status != "ok":
             return Served(rows[-1].result, [rows[-1]])
         ok = [r for r in rows if r.status == "ok"]
-        return Served(*pooled_trials(ok, self.noise(fingerprint_hash, source, steps=steps, warmup=warmup)))
+        # the machine's noise from the OTHER configs: this one's own repeats are already in its spread
+        return Served(*pooled_trials(ok, self.noise(fingerprint_hash, source, steps=steps, warmup=warmup,
+                                                    exclude=(workload_hash, config_hash)),
+                                     self.floor_for(fingerprint_hash, source)))
+
+    # ---- the machine's noise floor --------------------------------------------------------------
+    def record_noise_floor(self, fingerprint_hash: str, values: dict[str, list[float]],
+                           how: dict[str, Any]) -> dict[str, NoiseModel]:
+        """Store the noise floor of this machine from one config's repeats in fresh processes
+        (``values``: metric -> the repeats' values); returns the floors recorded."""
+        from cubic import __version__
+        from cubic.core.stats import noise_model
+
+        out = {}
+        with self._write() as conn:
+            for metric, vals in values.items():
+                m = noise_model([vals])
+                if m is None:
+                    continue
+                m.label = "this machine's noise floor"
+                out[metric] = m
+                conn.execute(insert(noise_floors_table).values(
+                    fingerprint_hash=fingerprint_hash, metric=metric, sd=m.sd, df=m.df,
+                    how={**how, "values": [float(v) for v in vals]}, cubic_version=__version__, created_at=_utcnow()))
+        return out
+
+    def noise_floor(self, fingerprint_hash: str,
+                    now: datetime | None = None) -> tuple[dict[str, NoiseModel], str | None]:
+        """(metric -> the newest noise floor of this machine that is not stale, why the floor is
+        missing or stale or None). Stale: older than NOISE_FLOOR_MAX_AGE_DAYS days, or measured by
+        another cubic release."""
+        from cubic import __version__
+
+        t = noise_floors_table.c
+        q = select(t.metric, t.sd, t.df, t.cubic_version, t.created_at).where(
+            t.fingerprint_hash == fingerprint_hash).order_by(t.id.desc())
+        with self._read() as conn:
+            rows = conn.execute(q).all()
+        if not rows:
+            return {}, "no noise floor measured on this machine"
+        now = now or _utcnow()
+        out, why = {}, None
+        for metric, sd, df, version, created in rows:
+            if metric in out:
+                continue
+            age = (now - _as_utc(created)).total_seconds() / 86400
+            if version != __version__:
+                why = why or f"the noise floor was measured by cubic {version}, this is {__version__}"
+            elif age > NOISE_FLOOR_MAX_AGE_DAYS:
+                why = why or f"the noise floor is {age:.0f} days old (> {NOISE_FLOOR_MAX_AGE_DAYS})"
+            else:
+                out[metric] = NoiseModel(float(sd), int(df), "this machine's noise floor")
+        return out, (None if out else why)
+
+    def floor_for(self, fingerprint_hash: str, source: Source = "measured") -> dict[str, NoiseModel] | None:
+        """What widens a one-repeat interval where no config was repeated: the fresh noise floor,
+        else the assumed one (labelled so); nothing for a deterministic source (the simulator)."""
+        if source != "measured":
+            return None
+        floors, _ = self.noise_floor(fingerprint_hash)
+        from cubic.core.stats import INTERVAL_METRICS
+
+        return {k: floors.get(k, ASSUMED_NOISE_FLOOR) for k in INTERVAL_METRICS}
 
     def noise(self, fingerprint_hash: str, source: Source = "measured", *, steps: int | None = None,
-              warmup: int | None = None) -> dict[str, NoiseModel]:
+              warmup: int | None = None, exclude: tuple[str, str] | None = None) -> dict[str, NoiseModel]:
         """The machine's between-repeat noise (cubic.core.stats.NoiseModel of examples/s and step
         time) from every config with two or more ok repeats on this fingerprint (and run length,
         when given), each config's repeats chosen as pooling chooses them (the uncontended ones, or
@@ -715,6 +798,7 @@ class TrialStore:
             for wh, ch, metrics, contended in conn.execute(q):
                 groups.setdefault((wh, ch), []).append(
                     (bool(contended), {k: v for k, v in (metrics or {}).items() if v is not None}))
+        groups.pop(exclude, None)  # (workload hash, config hash) whose repeats the caller pools itself
         used = ([m for c, m in g if not c] or [m for _, m in g] for g in groups.values())
         return noise_models(used)
 
@@ -894,9 +978,10 @@ def _rename_old_tables(conn) -> None:
                 conn.exec_driver_sql(f'ALTER TABLE "{old}" RENAME TO "{new}"')
 
 
-def pooled_trials(ok: list[Trial], noise: dict[str, NoiseModel] | None = None) -> tuple[Result, list[Trial], Pooled]:
+def pooled_trials(ok: list[Trial], noise: dict[str, NoiseModel] | None = None,
+                  floor: dict[str, NoiseModel] | None = None) -> tuple[Result, list[Trial], Pooled]:
     """Pool stored ok trials (repeats of one config): the pooled Result, its rows, the pooling."""
-    p = pool([Repeat(dict(t.result.metrics), bool(t.contended), t.id) for t in ok], noise)
+    p = pool([Repeat(dict(t.result.metrics), bool(t.contended), t.id) for t in ok], noise, floor)
     return pooled_result([t.result for t in ok], p), ok, p
 
 

@@ -1,0 +1,300 @@
+"""Does the campaign's answer survive a second look? Small campaigns from fresh stores, then each
+winner and runner-up re-measured in fresh processes (MEASURED on this machine).
+
+Two kinds of campaign, each from a fresh trial store and Optuna storage, with different seeds:
+
+- ``objective``: ``cubic campaign run --objective`` on experiments/noisy_job.py, whose throughput
+  is a KNOWN function of its knob times lognormal noise drawn per process (sd 5%); half the
+  campaigns with a near-tie at the top (100 vs 97: should be called tied), half with a clear
+  winner (100 vs 80: should be separated): the answer's logic on noise of a known size;
+- ``dlrm``: ``cubic campaign run --workload dlrm-small`` on the default space with few steps (real
+  training runs on this shared machine: few of them, they take ~20-30 s each under load).
+
+Each campaign runs as a user would run it (baseline, noise floor, search, confirm with
+--confirm-repeats 4). Afterwards the confirmed winner and runner-up are each re-measured with
+REMEASURE fresh repeats, and the re-measured median is compared with the campaign's claim:
+
+- coverage: the claimed 95% interval of the winner's throughput (an interval for what a fresh run
+  measures) contains the re-measured median (target >= 90% of campaigns);
+- wrong "separated": a campaign claimed separated and the re-measured order flips with the
+  re-measured evidence separated the other way (cubic.core.stats.separated on the re-measured
+  repeats; target <= 5% of claims); plain flips are reported too;
+- the cost of that honesty: the wall time of the confirm step and of the noise floor, against the
+  campaign's.
+
+Writes results/answer_calibration.json and .png. ``--quick``: fewer campaigns (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.noisy_job import true_qps  # noqa: E402
+
+JOB = Path(__file__).resolve().parent / "noisy_job.py"
+REMEASURE = 4
+JOB_NOISE = 0.05
+JOB_SPACE = """
+version: 1
+name: noisy
+objectives: [{metric: qps, direction: maximize}]
+parameters:
+  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
+"""
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str, float]:
+    from cubic.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue(), time.monotonic() - t0
+
+
+def _job_command(table: str) -> str:
+    return f"{sys.executable} {JOB} --a {{a}} --noise {JOB_NOISE} --table {table}"
+
+
+def _table(seed: int) -> str:
+    """Half the job campaigns have a near-tie at the top (100 vs 97), half a clear winner (100 vs 80)."""
+    return "default" if seed % 2 == 0 else "clear"
+
+
+def _remeasure_job(point: dict, n: int, table: str) -> list[float]:
+    from cubic.runners.command import CommandRunner
+
+    r = CommandRunner(_job_command(table), ["a"], metric="qps")
+    out = []
+    for _ in range(n):
+        res = r(point)
+        if res.ok:
+            out.append(res.metrics["qps"])
+    return out
+
+
+def _remeasure_dlrm(point: dict, n: int, steps: int, warmup: int, tmp: Path) -> list[float]:
+    from cubic.codesign.evaluate import RunnerEvaluate
+    from cubic.core.store import TrialStore
+    from cubic.core.workloads import load_workload
+    from cubic.runners.local import LocalRunner
+    from search.space import load_space
+
+    from cubic.cli.campaign import DEFAULT_SPACES
+
+    w = load_workload("dlrm-small")
+    space = load_space(DEFAULT_SPACES["local"]).for_workload(w)
+    ev = RunnerEvaluate(w, LocalRunner(), space, steps=steps, warmup=warmup,
+                        store=TrialStore(f"sqlite:///{tmp}/remeasure.db"))
+    ev.add_repeat(point, n)
+    served = ev._stored(ev._config(point))
+    used = set(served.pooled.trial_ids) if served.pooled else set()
+    return [t.result.metrics["examples_per_s"] for t in served.trials if t.id in used]
+
+
+def _runs(path: Path) -> list[dict]:
+    from cubic.core.store import TrialStore
+
+    keys = ("examples_per_s", "batch_size", "steps_preempted_frac", "cpu_util", "load_avg_1m_start", "load_avg_1m_end")
+    return [{"config": t.config_hash[:8], "contended": t.contended, **{k: t.metrics.get(k) for k in keys}}
+            for t in TrialStore(f"sqlite:///{path}").trials() if t.status == "ok"]
+
+
+def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmup: int) -> dict:
+    from cubic.core.stats import estimate, separated
+
+    d = tmp / f"{kind}-{seed}"
+    d.mkdir(parents=True)
+    common = ["--name", f"{kind}{seed}", "--seed", str(seed), "--budget", str(budget), "--confirm-repeats", "4",
+              "--storage", f"sqlite:///{d}/c.db", "--json"]
+    if kind == "objective":
+        (d / "space.yaml").write_text(JOB_SPACE)
+        argv = ["campaign", "run", "--objective", _job_command(_table(seed)),
+                "--space", str(d / "space.yaml"), "--batch", "2", *common]
+        metric = "qps"
+    else:
+        argv = ["campaign", "run", "--workload", "dlrm-small", "--steps", str(steps), "--warmup", str(warmup),
+                "--batch", "1", "--store", f"sqlite:///{d}/t.db", *common]
+        metric = "examples_per_s"
+    load0 = os.getloadavg()[0]
+    rc, out, err, wall = _cli(argv)
+    row = {"kind": kind, "seed": seed, "table": _table(seed) if kind == "objective" else None, "rc": rc,
+           "campaign_wall_s": wall, "load_1m_start": load0,
+           "load_1m_end": os.getloadavg()[0]}
+    if rc != 0:
+        row["error"] = err[-800:]
+        return row
+    (s,) = json.loads(out)
+    c = s.get("confirm") or {}
+    row["confirm"] = c
+    row["floor_line"] = next((x for x in err.splitlines() if "noise floor" in x), None)
+    if not c.get("winner") or not c.get("runner_up"):
+        row["error"] = "no winner and runner-up to confirm"
+        return row
+    re = {}
+    row["load_1m_remeasure_start"] = os.getloadavg()[0]
+    for who in ("winner", "runner_up"):
+        point = c[who]["point"]
+        t0 = time.monotonic()
+        vals = (_remeasure_job(point, REMEASURE, _table(seed)) if kind == "objective"
+                else _remeasure_dlrm(point, REMEASURE, steps, warmup, d))
+        e = estimate(vals) if vals else None
+        re[who] = {"point": point, "values": vals, "median": e.value if e else None, "lo": e.lo if e else None,
+                   "hi": e.hi if e else None, "wall_s": time.monotonic() - t0, "_e": e,
+                   "true": true_qps(point["a"], _table(seed)) if kind == "objective" else None}
+    row["load_1m_remeasure_end"] = os.getloadavg()[0]
+    w, r = c["winner"], c["runner_up"]
+    ew, er = re["winner"].pop("_e"), re["runner_up"].pop("_e")
+    row["remeasured"] = re
+    row["covered"] = ew is not None and w["lo"] <= ew.value <= w["hi"]
+    if kind == "objective":
+        row["covered_true"] = w["lo"] <= re["winner"]["true"] <= w["hi"]
+    row["claimed_separated"] = bool(c.get("separated"))
+    row["flipped"] = ew is not None and er is not None and er.value > ew.value
+    row["flipped_and_apart"] = ew is not None and er is not None and separated(er, ew)
+    row["confirm_wall_s"] = c.get("wall_s")
+    if kind == "dlrm":  # every run's figures, for a miss to be explained from data rather than guessed
+        row["runs"] = {db: _runs(d / f"{db}.db") for db in ("t", "remeasure")}
+    if not row["covered"] and ew is not None:
+        cores = os.cpu_count() or 1
+        loads = [row[k] for k in ("load_1m_start", "load_1m_end", "load_1m_remeasure_start", "load_1m_remeasure_end")]
+        row["miss_reason"] = (f"re-measured median {ew.value:,.0f} vs claimed [{w['lo']:,.0f}, {w['hi']:,.0f}] "
+                              f"({ew.value / w['value']:.2f}x the claimed value)"
+                              + (f"; the machine was overloaded (1-min load {min(loads):.1f}-{max(loads):.1f} on "
+                                 f"{cores} cores, shared with other jobs), and a load change between the campaign "
+                                 "and the re-measurement is the likely cause (not isolated by this run: see each "
+                                 "run's load, cpu_util and preempted steps under 'runs')" if max(loads) > cores
+                                 else ""))
+    return row
+
+
+def _say(what: str, row: dict) -> None:
+    shown = {k: row.get(k) for k in ("covered", "claimed_separated", "flipped", "error")}
+    print(f"{what}: {json.dumps(shown)}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--objective-campaigns", type=int, default=12)
+    ap.add_argument("--dlrm-campaigns", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    args = ap.parse_args()
+    if args.quick:
+        args.objective_campaigns, args.dlrm_campaigns = 3, 0
+    payload = {**run_context("measured"), "benchmark": "answer_calibration",
+               "settings": {"objective_campaigns": args.objective_campaigns, "dlrm_campaigns": args.dlrm_campaigns,
+                            "remeasure_repeats": REMEASURE, "job_noise_sd_log": JOB_NOISE, "confirm_repeats": 4,
+                            "dlrm_steps": args.steps, "dlrm_warmup": args.warmup, "quick": args.quick}}
+    rows = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="answer_calibration_") as tmp:
+        for i in range(args.objective_campaigns):
+            rows.append(one_campaign("objective", 100 + i, Path(tmp), budget=6, steps=0, warmup=0))
+            _say(f"objective {i}", rows[-1])
+        for i in range(args.dlrm_campaigns):
+            rows.append(one_campaign("dlrm", 200 + i, Path(tmp), budget=3, steps=args.steps, warmup=args.warmup))
+            _say(f"dlrm {i}", rows[-1])
+    done = [r for r in rows if "covered" in r]
+    claims = [r for r in done if r["claimed_separated"]]
+    coverage = sum(r["covered"] for r in done) / len(done) if done else math.nan
+    by_kind = {k: {"campaigns": sum(r["kind"] == k for r in done),
+                   "covered": sum(r["covered"] for r in done if r["kind"] == k),
+                   "separated_claims": sum(r["claimed_separated"] for r in done if r["kind"] == k),
+                   "wrong_separated_claims": sum(r["flipped_and_apart"] for r in claims if r["kind"] == k)}
+               for k in ("objective", "dlrm")}
+    wrong = sum(r["flipped_and_apart"] for r in claims) / len(claims) if claims else 0.0
+    confirm_s = sum(r.get("confirm_wall_s") or 0 for r in done)
+    campaign_s = sum(r["campaign_wall_s"] for r in done)
+    loads = [x for r in rows for x in (r["load_1m_start"], r["load_1m_end"])]
+    busy = max(loads) > (os.cpu_count() or 1) if loads else False
+    cov_reason = None
+    if done and coverage < 0.9:
+        missed = [r for r in done if not r["covered"]]
+        cov_reason = (f"{len(missed)} of {len(done)} winners' intervals missed the re-measured median"
+                      + (f"; the machine was busy (1-min load up to {max(loads):.1f} on {os.cpu_count()} cores): "
+                         "a re-measurement under a different load is a different distribution" if busy else ""))
+    payload.update({
+        "label": "MEASURED: every figure from real runs on this machine (objective: a known-noise job; dlrm: "
+                 "dlrm-small training runs)",
+        "campaigns": rows,
+        "analysis": {
+            "campaigns_completed": len(done), "campaigns_failed": len(rows) - len(done),
+            "coverage_of_remeasured_median": coverage, "by_kind": by_kind,
+            "misses": [r.get("miss_reason") for r in done if not r["covered"]],
+            "coverage_of_true_median_objective": (sum(r["covered_true"] for r in done if r["kind"] == "objective")
+                                                   / max(1, sum(r["kind"] == "objective" for r in done))),
+            "separated_claims": len(claims), "wrong_separated_claims": sum(r["flipped_and_apart"] for r in claims),
+            "plain_flips_among_claims": sum(r["flipped"] for r in claims),
+            "ties_declared": sum(1 for r in done if not r["claimed_separated"]),
+            "confirm_wall_s_total": confirm_s, "campaign_wall_s_total": campaign_s,
+            "confirm_share_of_campaign_wall": confirm_s / campaign_s if campaign_s else math.nan,
+            "confirm_repeats_total": sum((r.get("confirm") or {}).get("repeats_spent", 0) for r in done),
+            "machine_busy": busy, "load_1m_max": max(loads) if loads else None,
+            "benchmark_wall_s": time.monotonic() - t0,
+        },
+        "notes": ["The claimed interval is a 95% interval for what ONE fresh run measures; the re-measured "
+                  f"median of {REMEASURE} fresh runs varies less than one run, so coverage above 95% is expected "
+                  "when the noise is stationary; the winner's curse (the best of several noisy runs is biased "
+                  "up) and load that changes between the campaign and the re-measurement lower it.",
+                  "'Separated' = the 95% CI of the winner/runner-up ratio of geometric means above 1 with each "
+                  "measured in >= 2 processes (cubic.core.stats.separated); a wrong claim = the re-measured "
+                  "runner-up separated above the re-measured winner by the same test."],
+    })
+    payload["targets"] = {
+        "winner_interval_covers_remeasured_median": {"measured": coverage, "target": 0.9,
+                                                     "met": bool(done) and coverage >= 0.9,
+                                                     **({"reason": cov_reason} if cov_reason else {})},
+        "wrong_separated_claims": {"measured": wrong, "target": 0.05, "met": wrong <= 0.05,
+                                   **({"reason": "no separated claim was made"} if not claims else {})},
+        "campaigns": {"measured": len(done), "target": 10, "met": len(done) >= 10},
+    }
+    path = write_result("answer_calibration", payload)
+    _plot(done)
+    print(f"wrote {path}: coverage {coverage:.2f}, wrong separated {wrong:.2f} of {len(claims)} claims, "
+          f"confirm {confirm_s:.0f} s of {campaign_s:.0f} s", file=sys.stderr)
+
+
+def _plot(done: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for i, r in enumerate(done):
+        w = r["confirm"]["winner"]
+        scale = w["value"]
+        ax.plot([i, i], [w["lo"] / scale, w["hi"] / scale], color="tab:blue", lw=3, alpha=0.6,
+                label="claimed 95% interval (winner)" if i == 0 else None)
+        ax.plot(i, r["remeasured"]["winner"]["median"] / scale, "o", color="tab:green" if r["covered"] else "tab:red",
+                label="re-measured median (4 fresh runs)" if i == 0 else None)
+        if r["kind"] == "objective":
+            ax.plot(i, r["remeasured"]["winner"]["true"] / scale, "x", color="k",
+                    label="true median (known job)" if i == 0 else None)
+        ax.text(i, w["hi"] / scale * 1.01, ("S" if r["claimed_separated"] else "T") + r["kind"][0], ha="center",
+                fontsize=7)
+    ax.set_xlabel("campaign (S separated / T tied; o objective, d dlrm-small)")
+    ax.set_ylabel("throughput / claimed value")
+    ax.set_title("MEASURED: claimed 95% intervals of the winners vs a second look")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path("answer_calibration"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()
