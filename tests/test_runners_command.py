@@ -208,3 +208,23 @@ def test_metric_and_direction_flags_set_the_primary_objective():
     s = _with_objective(space, None, "minimize")
     assert (s.primary.metric, s.primary.direction) == ("qps", "minimize")
     assert _with_objective(space, "loss", "minimize").primary.metric == "loss"
+
+
+def test_a_misspelled_script_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: `python mytrian.py --lr {lr}` fails pre-flight naming the file, not every run."""
+    with pytest.raises(SpecError, match="'mytrian.py': no such script"):
+        CommandRunner("python mytrian.py --lr {lr}", ["lr"], metric="score", cwd=tmp_path)
+    with pytest.raises(SpecError, match="no such script"):
+        CommandRunner("bash -x run.sh {lr}", ["lr"], metric="score", cwd=tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    CommandRunner("python -u train.py --lr {lr}", ["lr"], metric="score", cwd=tmp_path)
+    CommandRunner("python -c 'import sys' {lr}", ["lr"], metric="score", cwd=tmp_path)
+    CommandRunner("python {lr}", ["lr"], metric="score", cwd=tmp_path)  # the script is a knob: unchecked
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path}/c.db"
+    assert main(["campaign", "run", "--objective", "python mytrian.py --lr {lr} --batch-size {batch_size} "
+                 "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+                 "--name", "typo", "--storage", storage]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mytrian.py" in err and "--objective" in err
+    assert not (tmp_path / ".cubic" / "jobs" / "typo").exists()  # nothing ran

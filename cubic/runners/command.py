@@ -133,6 +133,26 @@ def _executable(word: str, flag: str) -> str:
     return word
 
 
+# interpreters whose first positional argument is a script file (`python mytrian.py` must exist)
+_INTERPRETER = re.compile(r"(python(\d+(\.\d+)?)?|bash|sh|zsh|perl|ruby|node|Rscript)")
+_INLINE = {"-c", "-m", "-e", "--eval"}  # code or a module given inline: no script file to check
+
+
+def _check_script(job: list[str], cwd: Path) -> None:
+    """Refuse before any run a script the interpreter would fail to open (a misspelled name
+    would otherwise fail the baseline and every run with "can't open file")."""
+    if not _INTERPRETER.fullmatch(Path(job[0]).name) and job[0] != sys.executable:
+        return
+    for word in job[1:]:
+        if word in _INLINE:
+            return
+        if word.startswith("-"):
+            continue
+        if "{" not in word and not (cwd / word).is_file():
+            raise SpecError(f"{word!r}: no such script (looked in {cwd})", field="--objective")
+        return
+
+
 class CommandRunner:
     """``point -> Result`` by running a command line (see the module docstring)."""
 
@@ -183,6 +203,8 @@ class CommandRunner:
             raise SpecError(f"the space's parameter {unused[0]!r} is not passed to the job: put "
                             f"{{{unused[0]}}} in the command line", field="--objective")
         self.uses_out = "out" in used
+        if not launch:  # the command line's own mistakes first, then the file it names
+            _check_script(job, self.cwd or Path.cwd())
 
     def command(self, point: dict[str, Any], out: str | Path = "") -> list[str]:
         """The argument list for ``point`` (inactive parameters' arguments dropped)."""
