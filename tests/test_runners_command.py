@@ -228,3 +228,41 @@ def test_a_misspelled_script_is_refused_before_any_run(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mytrian.py" in err and "--objective" in err
     assert not (tmp_path / ".cubic" / "jobs" / "typo").exists()  # nothing ran
+
+
+def test_a_crashing_baseline_stops_the_campaign(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: a baseline that fails deterministically stops with one line and exit 1."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import sys\nsys.exit('broken job')\n")
+    rc = main(["campaign", "run", "--objective", "python bad.py --lr {lr} --batch-size {batch_size} "
+               "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+               "--name", "crash", "--budget", "3", "--baseline", str(EXAMPLE / "baseline.yaml"),
+               "--storage", f"sqlite:///{tmp_path}/c.db", "--timeout", "60"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "the baseline failed" in err and "broken job" in err
+    assert len(list((tmp_path / ".cubic" / "jobs" / "crash").iterdir())) == 1  # only the baseline ran
+
+
+def test_a_timeout_is_retried_at_most_once():
+    """issue 22 point 4: a value that timed out twice is left to the search as likely infeasible."""
+    from cubic.codesign.campaign import _retry_again
+    from cubic.core.result import Result
+
+    hung, killed = Result.failed("timeout", "ran past 60 s"), Result.failed("killed", "SIGKILL")
+    assert _retry_again(hung, 1, 3) and not _retry_again(hung, 2, 3)
+    assert _retry_again(killed, 2, 3) and not _retry_again(killed, 4, 3)
+    assert not _retry_again(Result.failed("error", "crash"), 1, 3)
+
+
+def test_a_campaign_with_no_successful_run_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: every run failing (the baseline alone works) is exit 1, not 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import json, sys\nif sys.argv[2] != '0.0173': sys.exit('broken job')\n"
+                                     "print(json.dumps({'examples_per_s': 1.0}))\n")
+    rc = main(["campaign", "run", "--objective", "python bad.py --lr {lr} --batch-size {batch_size} "
+               "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+               "--name", "none", "--budget", "2", "--batch", "2", "--storage", f"sqlite:///{tmp_path}/c.db"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "no run of campaign 'none' succeeded" in err

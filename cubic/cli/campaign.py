@@ -173,7 +173,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         evaluate.attach(c)
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
-                _measure_baseline(c, evaluate, space, baseline)
+                doc = _measure_baseline(c, evaluate, space, baseline)
+                if _baseline_cannot_run(doc):
+                    return 1
             s = c.run()
         if evaluate.store is not None:  # a job campaign (--objective) has no trial store to confirm from
             s.confirm = c.confirm(args.confirm_repeats)
@@ -190,6 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report: {path}", file=sys.stderr)
         if not args.json:
             print((report_dir / "answer.md").read_text(), end="")
+    if summaries and all(s.best_point is None for s in summaries):  # nothing to act on: a script must see it
+        print(f"cubic: error: no run of campaign {args.name!r} succeeded within its constraints "
+              f"({sum(s.runs for s in summaries)} runs); see the failure reasons above", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -633,15 +639,30 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
                                       f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
 
 
-def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> None:
+def _baseline_cannot_run(doc: dict[str, Any]) -> bool:
+    """A baseline that crashed (``error``: not a timeout or kill, which may pass, nor an OOM, NaN or
+    infeasible value, which are properties of that configuration) means the job itself is broken and
+    every run likely fails the same way: stop with one line before spending the budget."""
+    if doc.get("ok", False) or (doc.get("failure_kind") or "error") != "error":
+        return False
+    why = " ".join((doc.get("reason") or "").split())[:300]
+    print(f"cubic: error: the baseline failed ({doc.get('failure_kind') or 'error'}: {why}); "
+          "fix the job and run again (nothing else was run)", file=sys.stderr)
+    return True
+
+
+def _measure_baseline(c, evaluate, space, spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("config") is None:
-        _said(c.measure_baseline(spec["point"], spec["label"]), space)
-        return
+        doc = c.measure_baseline(spec["point"], spec["label"])
+        _said(doc, space)
+        return doc
     from cubic.codesign.evaluate import RunnerEvaluate
 
     ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
                         store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
-    _said(c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"]), space)
+    doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
+    _said(doc, space)
+    return doc
 
 
 def _said(doc: dict[str, Any], space) -> None:
