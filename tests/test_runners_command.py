@@ -266,3 +266,23 @@ def test_a_campaign_with_no_successful_run_exits_non_zero(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert rc == 1, err
     assert "no run of campaign 'none' succeeded" in err
+
+
+def test_job_logs_are_capped_keeping_head_and_tail(tmp_path):
+    """issue 27: 1 GiB of output must not keep 1 GiB per run; the head and the metrics line survive."""
+    from cubic.runners.command import cap_log
+
+    log = tmp_path / "stdout"
+    log.write_bytes(b"START\n" + b"x" * 10_000 + b'\n{"score": 1.5}\n')
+    assert cap_log(log, cap=1000)
+    text = log.read_text()
+    assert text.startswith("START") and text.endswith('{"score": 1.5}\n') and "log capped at 1000 bytes" in text
+    assert len(text) < 1200
+    assert not cap_log(log, cap=10_000)  # under the cap: left alone
+    (tmp_path / "loud.py").write_text("import json, sys\nsys.stdout.write('y' * (5 << 20))\n"
+                                      "print(); print(json.dumps({'score': float(sys.argv[1])}))\n")
+    r = CommandRunner("python loud.py {lr}", ["lr"], metric="score", cwd=tmp_path, logs_dir=tmp_path / "logs")
+    res = r({"lr": 0.5})
+    assert res.ok and res.metrics["score"] == 0.5
+    kept = [p for p in (tmp_path / "logs").rglob("stdout")]
+    assert kept and all(p.stat().st_size < (4 << 20) + 500 for p in kept)

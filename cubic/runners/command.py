@@ -242,6 +242,8 @@ class CommandRunner:
                 return Result.failed("error", f"cannot start {argv[0]}: {e.strerror or e}", **header)
             rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
         wall = time.monotonic() - t0
+        for name in ("stdout", "stderr"):
+            cap_log(run_dir / name)
         err_tail = _tail(run_dir / "stderr", _TAIL_BYTES)
         logs = f" (logs: {run_dir})" if keep else ""
         header["wall_time_s"] = wall
@@ -266,6 +268,33 @@ class CommandRunner:
         if maxrss_kb:
             metrics.setdefault("peak_rss_bytes", float(maxrss_kb) * 1024.0)
         return Result(status="ok", metrics=metrics, **header)
+
+
+LOG_CAP_BYTES = 4 << 20  # kept per stream and run: the first 1 MiB and the last 3 MiB
+
+
+def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> bool:
+    """Keep a job log's head (where it says what it is) and tail (where it failed, and the metrics
+    line) with a marker stating the cap and what was dropped, so 1 GiB of output keeps 4 MiB.
+    Done when the run ends: the file may grow while the job runs (the job writes it directly,
+    with no pipe cubic must drain). True when the file was cut."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size <= cap:
+        return False
+    head_n, tail_n = cap // 4, cap - cap // 4
+    with open(path, "rb") as f:
+        head = f.read(head_n)
+        f.seek(size - tail_n)
+        tail = f.read()
+    marker = (f"\n[cubic: log capped at {cap} bytes: {size - head_n - tail_n} bytes of {size} dropped "
+              f"between the first {head_n} and the last {tail_n}]\n").encode()
+    tmp = path.with_name(path.name + ".cap")
+    tmp.write_bytes(head + marker + tail)
+    os.replace(tmp, path)
+    return True
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
