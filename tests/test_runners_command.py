@@ -286,3 +286,31 @@ def test_job_logs_are_capped_keeping_head_and_tail(tmp_path):
     assert res.ok and res.metrics["score"] == 0.5
     kept = [p for p in (tmp_path / "logs").rglob("stdout")]
     assert kept and all(p.stat().st_size < (4 << 20) + 500 for p in kept)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="Linux /proc")
+def test_a_child_that_left_the_session_ends_with_the_run(tmp_path):
+    """issue 27: a job's child that calls setsid (own session and group) must not outlive the run."""
+    import os
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "job.py").write_text(
+        "import json, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "print(json.dumps({'score': float(sys.argv[1])}))\n")
+    res = CommandRunner("python job.py {lr}", ["lr"], metric="score", cwd=tmp_path)({"lr": 1.0})
+    assert res.ok
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # SIGKILLed; gone once its (new) parent reaps it
+        try:
+            st = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            break
+        if st == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the setsid child outlived the run")

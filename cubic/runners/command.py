@@ -36,6 +36,7 @@ import math
 import os
 import re
 import shlex
+import uuid
 import shutil
 import signal
 import subprocess
@@ -232,7 +233,8 @@ class CommandRunner:
         out_file = run_dir / "metrics.json"
         argv = self.command(point, out_file)
         header = dict(workload=self.label, config_hash=key, extra={"command": shlex.join(argv)})
-        env = {**os.environ, **(self.env or {})}
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"  # inherited by every descendant, setsid ones included
+        env = {**os.environ, **(self.env or {}), JOB_TOKEN: token}
         t0 = time.monotonic()
         with open(run_dir / "stdout", "wb") as fo, open(run_dir / "stderr", "wb") as fe:
             try:
@@ -240,7 +242,10 @@ class CommandRunner:
                                         env=env, start_new_session=True)  # its own group: stop all of it
             except OSError as e:
                 return Result.failed("error", f"cannot start {argv[0]}: {e.strerror or e}", **header)
-            rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
+            try:
+                rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
+            finally:
+                kill_tagged(token)  # what left the job's process group (setsid) ends with the run too
         wall = time.monotonic() - t0
         for name in ("stdout", "stderr"):
             cap_log(run_dir / name)
@@ -324,6 +329,38 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
         _kill_group(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
+
+
+JOB_TOKEN = "CUBIC_JOB_TOKEN"
+
+
+def kill_tagged(token: str, proc_root: str = "/proc") -> int:
+    """SIGKILL every process whose environment carries ``CUBIC_JOB_TOKEN=token``; returns how many.
+
+    Why a tag, not a cgroup or a subreaper: a child that calls setsid leaves the process group and,
+    once its parent exits, is re-parented away, so neither killpg nor walking the parent links at
+    the end finds it; cgroups need a writable delegated hierarchy (absent in most containers and
+    for most users); PR_SET_CHILD_SUBREAPER would make the campaign reap every orphan of every
+    concurrent job. The environment is inherited across fork, exec and setsid, and the token is
+    unique per run. Limit: a process that clears its environment escapes (Linux only; elsewhere
+    the process group is all that is stopped)."""
+    needle, killed = f"{JOB_TOKEN}={token}".encode(), 0
+    try:
+        pids = [int(d) for d in os.listdir(proc_root) if d.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError):
+            continue  # gone, or another user's
+    return killed
 
 
 def _kill_group(pgid: int, sig: int) -> None:
