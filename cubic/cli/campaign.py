@@ -645,6 +645,8 @@ def _baseline_cannot_run(doc: dict[str, Any]) -> bool:
     every run likely fails the same way: stop with one line before spending the budget."""
     if doc.get("ok", False) or (doc.get("failure_kind") or "error") != "error":
         return False
+    if (doc.get("reason") or "").startswith("StoreError"):  # the store failed, not the job: runs go pending
+        return False
     why = " ".join((doc.get("reason") or "").split())[:300]
     print(f"cubic: error: the baseline failed ({doc.get('failure_kind') or 'error'}: {why}); "
           "fix the job and run again (nothing else was run)", file=sys.stderr)
