@@ -129,7 +129,8 @@ def test_transient_failures_are_retried_a_bounded_number_of_times_and_exceptions
             assert t.state == optuna.trial.TrialState.COMPLETE or t.user_attrs["failure_kind"] == "oom"
             assert t.user_attrs["attempts"] == 2
         elif kind == "b":
-            assert t.user_attrs["failure_kind"] == "timeout" and t.user_attrs["attempts"] == 3
+            # a timeout gets at most one retry (issue 22: budget went on values that always hang)
+            assert t.user_attrs["failure_kind"] == "timeout" and t.user_attrs["attempts"] == 2
         else:
             assert t.user_attrs["failure_kind"] == "error" and "boom" in t.user_attrs["reason"]
             assert t.user_attrs["attempts"] == 1

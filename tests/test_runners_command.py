@@ -210,3 +210,109 @@ def test_metric_and_direction_flags_set_the_primary_objective():
     s = _with_objective(space, None, "minimize")
     assert (s.primary.metric, s.primary.direction) == ("qps", "minimize")
     assert _with_objective(space, "loss", "minimize").primary.metric == "loss"
+
+
+def test_a_misspelled_script_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: `python mytrian.py --lr {lr}` fails pre-flight naming the file, not every run."""
+    with pytest.raises(SpecError, match="'mytrian.py': no such script"):
+        CommandRunner("python mytrian.py --lr {lr}", ["lr"], metric="score", cwd=tmp_path)
+    with pytest.raises(SpecError, match="no such script"):
+        CommandRunner("bash -x run.sh {lr}", ["lr"], metric="score", cwd=tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    CommandRunner("python -u train.py --lr {lr}", ["lr"], metric="score", cwd=tmp_path)
+    CommandRunner("python -c 'import sys' {lr}", ["lr"], metric="score", cwd=tmp_path)
+    CommandRunner("python {lr}", ["lr"], metric="score", cwd=tmp_path)  # the script is a knob: unchecked
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path}/c.db"
+    assert main(["campaign", "run", "--objective", "python mytrian.py --lr {lr} --batch-size {batch_size} "
+                 "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+                 "--name", "typo", "--storage", storage]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mytrian.py" in err and "--objective" in err
+    assert not (tmp_path / ".cubic" / "jobs" / "typo").exists()  # nothing ran
+
+
+def test_a_crashing_baseline_stops_the_campaign(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: a baseline that fails deterministically stops with one line and exit 1."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import sys\nsys.exit('broken job')\n")
+    rc = main(["campaign", "run", "--objective", "python bad.py --lr {lr} --batch-size {batch_size} "
+               "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+               "--name", "crash", "--budget", "3", "--baseline", str(EXAMPLE / "baseline.yaml"),
+               "--storage", f"sqlite:///{tmp_path}/c.db", "--timeout", "60"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "the baseline failed" in err and "broken job" in err
+    assert len(list((tmp_path / ".cubic" / "jobs" / "crash").iterdir())) == 1  # only the baseline ran
+
+
+def test_a_timeout_is_retried_at_most_once():
+    """issue 22 point 4: a value that timed out twice is left to the search as likely infeasible."""
+    from cubic.codesign.campaign import _retry_again
+    from cubic.core.result import Result
+
+    hung, killed = Result.failed("timeout", "ran past 60 s"), Result.failed("killed", "SIGKILL")
+    assert _retry_again(hung, 1, 3) and not _retry_again(hung, 2, 3)
+    assert _retry_again(killed, 2, 3) and not _retry_again(killed, 4, 3)
+    assert not _retry_again(Result.failed("error", "crash"), 1, 3)
+
+
+def test_a_campaign_with_no_successful_run_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """issue 22 point 4: every run failing (the baseline alone works) is exit 1, not 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import json, sys\nif sys.argv[2] != '0.0173': sys.exit('broken job')\n"
+                                     "print(json.dumps({'examples_per_s': 1.0}))\n")
+    rc = main(["campaign", "run", "--objective", "python bad.py --lr {lr} --batch-size {batch_size} "
+               "--embedding-dim {embedding_dim} --optimizer {optimizer}", "--space", str(EXAMPLE / "space.yaml"),
+               "--name", "none", "--budget", "2", "--batch", "2", "--storage", f"sqlite:///{tmp_path}/c.db"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "no run of campaign 'none' succeeded" in err
+
+
+def test_job_logs_are_capped_keeping_head_and_tail(tmp_path):
+    """issue 27: 1 GiB of output must not keep 1 GiB per run; the head and the metrics line survive."""
+    from cubic.runners.command import cap_log
+
+    log = tmp_path / "stdout"
+    log.write_bytes(b"START\n" + b"x" * 10_000 + b'\n{"score": 1.5}\n')
+    assert cap_log(log, cap=1000)
+    text = log.read_text()
+    assert text.startswith("START") and text.endswith('{"score": 1.5}\n') and "log capped at 1000 bytes" in text
+    assert len(text) < 1200
+    assert not cap_log(log, cap=10_000)  # under the cap: left alone
+    (tmp_path / "loud.py").write_text("import json, sys\nsys.stdout.write('y' * (5 << 20))\n"
+                                      "print(); print(json.dumps({'score': float(sys.argv[1])}))\n")
+    r = CommandRunner("python loud.py {lr}", ["lr"], metric="score", cwd=tmp_path, logs_dir=tmp_path / "logs")
+    res = r({"lr": 0.5})
+    assert res.ok and res.metrics["score"] == 0.5
+    kept = [p for p in (tmp_path / "logs").rglob("stdout")]
+    assert kept and all(p.stat().st_size < (4 << 20) + 500 for p in kept)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="Linux /proc")
+def test_a_child_that_left_the_session_ends_with_the_run(tmp_path):
+    """issue 27: a job's child that calls setsid (own session and group) must not outlive the run."""
+    import os
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "job.py").write_text(
+        "import json, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "print(json.dumps({'score': float(sys.argv[1])}))\n")
+    res = CommandRunner("python job.py {lr}", ["lr"], metric="score", cwd=tmp_path)({"lr": 1.0})
+    assert res.ok
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # SIGKILLed; gone once its (new) parent reaps it
+        try:
+            st = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            break
+        if st == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the setsid child outlived the run")

@@ -138,7 +138,6 @@ def _base_config(kind: str):
 def cmd_run(args: argparse.Namespace) -> int:
     from cubic.codesign.campaign import Campaign
     from cubic.core.workloads import load_workload
-    from search.space import load_space
 
     _job_check(args)
     kind = "simulated" if args.simulate else ("distributed" if args.world_size > 1 else "local")
@@ -200,6 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
                 base_pair = _measure_baseline(c, evaluate, space, baseline)
+                if _baseline_cannot_run(base_pair[3]):
+                    return 1
                 _ensure_noise_floor(base_pair)
             s = c.run()
             # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
@@ -218,6 +219,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report: {path}", file=sys.stderr)
         if not args.json:
             print((report_dir / "answer.md").read_text(), end="")
+    if summaries and all(s.best_point is None for s in summaries):  # nothing to act on: a script must see it
+        print(f"cubic: error: no run of campaign {args.name!r} succeeded within its constraints "
+              f"({sum(s.runs for s in summaries)} runs); see the failure reasons above", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -661,13 +666,27 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
                                       f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
 
 
+def _baseline_cannot_run(doc: dict[str, Any]) -> bool:
+    """A baseline that crashed (``error``: not a timeout or kill, which may pass, nor an OOM, NaN or
+    infeasible value, which are properties of that configuration) means the job itself is broken and
+    every run likely fails the same way: stop with one line before spending the budget."""
+    if doc.get("ok", False) or (doc.get("failure_kind") or "error") != "error":
+        return False
+    if (doc.get("reason") or "").startswith("StoreError"):  # the store failed, not the job: runs go pending
+        return False
+    why = " ".join((doc.get("reason") or "").split())[:300]
+    print(f"cubic: error: the baseline failed ({doc.get('failure_kind') or 'error'}: {why}); "
+          "fix the job and run again (nothing else was run)", file=sys.stderr)
+    return True
+
+
 def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
-    """Measure the baseline; returns (its evaluate, its point, ok) for the noise floor and the
-    confirm step's speedup."""
+    """Measure the baseline; returns (its evaluate, its point, ok, its record) for the noise floor, the
+    confirm step's speedup and whether the job can run at all."""
     if spec.get("config") is None:
         doc = c.measure_baseline(spec["point"], spec["label"])
         _said(doc, space)
-        return evaluate, spec["point"], bool(doc.get("ok"))
+        return evaluate, spec["point"], bool(doc.get("ok")), doc
     from cubic.codesign.campaign import BASELINE_KEY
     from cubic.codesign.evaluate import RunnerEvaluate
 
@@ -679,12 +698,12 @@ def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
         doc = {**doc, "config": spec["config"].model_dump(mode="json")}
         c.study.set_user_attr(BASELINE_KEY, doc)
     _said(doc, space)
-    return ev, {}, bool(doc.get("ok"))
+    return ev, {}, bool(doc.get("ok")), doc
 
 
 def _ensure_noise_floor(base) -> None:
     """This machine's noise floor (or the job's), measured from the baseline when missing or stale."""
-    ev, point, ok = base
+    ev, point, ok = base[:3]
     if ok and callable(getattr(ev, "ensure_noise_floor", None)):
         said = ev.ensure_noise_floor(point)
         if said:

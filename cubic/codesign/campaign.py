@@ -214,7 +214,7 @@ class Campaign:
                 ev = as_result(fn(point))
             except Exception as e:  # a failed baseline is data, as any failed run
                 ev = Result.failed("error", f"{type(e).__name__}: {e}")
-            if ev.ok or not ev.transient or attempts > self.max_retries:
+            if not _retry_again(ev, attempts, self.max_retries):
                 break
         doc = {"label": label, "point": shown_point if shown_point is not None else dict(point), "ok": ev.ok,
                "metrics": {k: float(v) for k, v in ev.metrics.items() if isinstance(v, (int, float))},
@@ -305,7 +305,7 @@ class Campaign:
                 raise
             except Exception as e:  # an evaluate that raises is a failed run, not a failed campaign
                 ev = Result.failed("error", f"{type(e).__name__}: {e}")
-            if not (ev.ok is False and ev.transient) or attempts > self.max_retries:
+            if not _retry_again(ev, attempts, self.max_retries):
                 return ev, attempts
 
     # ---- running enqueued points (coordinator threads and workers alike) ------------------
@@ -688,3 +688,10 @@ class Campaign:
                 "method": "exp(difference of log-means), Welch interval on logs, each side's between-process "
                           "variance (its repeats pooled with the machine's)"}
 
+
+def _retry_again(ev: Result, attempts: int, max_retries: int) -> bool:
+    """Whether a failed run is worth another attempt: a transient failure up to ``max_retries``,
+    but a timeout at most once (a value that hung twice likely always hangs: budget goes elsewhere)."""
+    if ev.ok is not False or not ev.transient or attempts > max_retries:
+        return False
+    return not (ev.failure_kind == "timeout" and attempts >= 2)

@@ -36,6 +36,7 @@ import math
 import os
 import re
 import shlex
+import uuid
 import shutil
 import signal
 import subprocess
@@ -133,6 +134,26 @@ def _executable(word: str, flag: str) -> str:
     return word
 
 
+# interpreters whose first positional argument is a script file (`python mytrian.py` must exist)
+_INTERPRETER = re.compile(r"(python(\d+(\.\d+)?)?|bash|sh|zsh|perl|ruby|node|Rscript)")
+_INLINE = {"-c", "-m", "-e", "--eval"}  # code or a module given inline: no script file to check
+
+
+def _check_script(job: list[str], cwd: Path) -> None:
+    """Refuse before any run a script the interpreter would fail to open (a misspelled name
+    would otherwise fail the baseline and every run with "can't open file")."""
+    if not _INTERPRETER.fullmatch(Path(job[0]).name) and job[0] != sys.executable:
+        return
+    for word in job[1:]:
+        if word in _INLINE:
+            return
+        if word.startswith("-"):
+            continue
+        if "{" not in word and not (cwd / word).is_file():
+            raise SpecError(f"{word!r}: no such script (looked in {cwd})", field="--objective")
+        return
+
+
 class CommandRunner:
     """``point -> Result`` by running a command line (see the module docstring)."""
 
@@ -183,6 +204,8 @@ class CommandRunner:
             raise SpecError(f"the space's parameter {unused[0]!r} is not passed to the job: put "
                             f"{{{unused[0]}}} in the command line", field="--objective")
         self.uses_out = "out" in used
+        if not launch:  # the command line's own mistakes first, then the file it names
+            _check_script(job, self.cwd or Path.cwd())
 
     def command(self, point: dict[str, Any], out: str | Path = "") -> list[str]:
         """The argument list for ``point`` (inactive parameters' arguments dropped)."""
@@ -210,7 +233,8 @@ class CommandRunner:
         out_file = run_dir / "metrics.json"
         argv = self.command(point, out_file)
         header = dict(workload=self.label, config_hash=key, extra={"command": shlex.join(argv)})
-        env = {**os.environ, **(self.env or {})}
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"  # inherited by every descendant, setsid ones included
+        env = {**os.environ, **(self.env or {}), JOB_TOKEN: token}
         t0 = time.monotonic()
         with open(run_dir / "stdout", "wb") as fo, open(run_dir / "stderr", "wb") as fe:
             try:
@@ -218,8 +242,13 @@ class CommandRunner:
                                         env=env, start_new_session=True)  # its own group: stop all of it
             except OSError as e:
                 return Result.failed("error", f"cannot start {argv[0]}: {e.strerror or e}", **header)
-            rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
+            try:
+                rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
+            finally:
+                kill_tagged(token)  # what left the job's process group (setsid) ends with the run too
         wall = time.monotonic() - t0
+        for name in ("stdout", "stderr"):
+            cap_log(run_dir / name)
         err_tail = _tail(run_dir / "stderr", _TAIL_BYTES)
         logs = f" (logs: {run_dir})" if keep else ""
         header["wall_time_s"] = wall
@@ -244,6 +273,33 @@ class CommandRunner:
         if maxrss_kb:
             metrics.setdefault("peak_rss_bytes", float(maxrss_kb) * 1024.0)
         return Result(status="ok", metrics=metrics, **header)
+
+
+LOG_CAP_BYTES = 4 << 20  # kept per stream and run: the first 1 MiB and the last 3 MiB
+
+
+def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> bool:
+    """Keep a job log's head (where it says what it is) and tail (where it failed, and the metrics
+    line) with a marker stating the cap and what was dropped, so 1 GiB of output keeps 4 MiB.
+    Done when the run ends: the file may grow while the job runs (the job writes it directly,
+    with no pipe cubic must drain). True when the file was cut."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size <= cap:
+        return False
+    head_n, tail_n = cap // 4, cap - cap // 4
+    with open(path, "rb") as f:
+        head = f.read(head_n)
+        f.seek(size - tail_n)
+        tail = f.read()
+    marker = (f"\n[cubic: log capped at {cap} bytes: {size - head_n - tail_n} bytes of {size} dropped "
+              f"between the first {head_n} and the last {tail_n}]\n").encode()
+    tmp = path.with_name(path.name + ".cap")
+    tmp.write_bytes(head + marker + tail)
+    os.replace(tmp, path)
+    return True
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
@@ -273,6 +329,38 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
         _kill_group(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
+
+
+JOB_TOKEN = "CUBIC_JOB_TOKEN"
+
+
+def kill_tagged(token: str, proc_root: str = "/proc") -> int:
+    """SIGKILL every process whose environment carries ``CUBIC_JOB_TOKEN=token``; returns how many.
+
+    Why a tag, not a cgroup or a subreaper: a child that calls setsid leaves the process group and,
+    once its parent exits, is re-parented away, so neither killpg nor walking the parent links at
+    the end finds it; cgroups need a writable delegated hierarchy (absent in most containers and
+    for most users); PR_SET_CHILD_SUBREAPER would make the campaign reap every orphan of every
+    concurrent job. The environment is inherited across fork, exec and setsid, and the token is
+    unique per run. Limit: a process that clears its environment escapes (Linux only; elsewhere
+    the process group is all that is stopped)."""
+    needle, killed = f"{JOB_TOKEN}={token}".encode(), 0
+    try:
+        pids = [int(d) for d in os.listdir(proc_root) if d.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError):
+            continue  # gone, or another user's
+    return killed
 
 
 def _kill_group(pgid: int, sig: int) -> None:
