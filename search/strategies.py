@@ -94,7 +94,7 @@ def objective_value(space: Space, obs: Observation, i: int = 0) -> float | None:
     v = obs.metrics.get(o.metric)
     if v is None or not math.isfinite(v):
         return None
-    v = math.log(v) if v > 0 else v
+    v = math.log(v) if v > 0 and o.scale == "log" else v
     return v if o.direction == "maximize" else -v
 
 
@@ -524,7 +524,7 @@ class ProxyGuided(Strategy):
             p = {"objective": float(pred.mu[j, 0]), "objective_std": float(pred.sd[j, 0]),
                  "p_feasible": float(pred.p_feasible[j]), "acquisition": float(log_acq[j, 0]),
                  "family": sur.selected_}
-            if o.direction == "maximize":
+            if o.direction == "maximize" and o.scale == "log":
                 p[o.metric] = float(math.exp(pred.mu[j, 0]))  # objective_value took a log
             out.append(Proposal(cands[j], p))
         if len(out) < k:
