@@ -384,21 +384,25 @@ def run_public(args) -> None:
     seeds = list(range(args.seeds))
     started = time.time()
 
+    before = dict((stored.get("public") or {}).get("problems") or {})  # problems run by an earlier invocation
+
     def save(pub):
+        pub = {**before, **pub}
         stored["public"] = {"kind": "MEASURED on this machine (optimizer runs on formula problems; nothing modelled)",
-                            "budget": args.public_budget, "seeds": seeds, "problems": pub,
+                            "budget": args.public_budget, "seeds_last_invocation": seeds, "problems": pub,
                             "context": run_context("mixed"), "wall_s": time.time() - started,
                             "regret_note": ("relative regret = (best - optimum) / (median of 2000 random points - "
                                             "optimum); per problem the median over seeds"),
                             "stale_sections_note": ("'spaces' and their targets are from the earlier full run "
                                                     f"({stored.get('finished_at')}); only 'public' is from this code")}
         targets_old = {k: v for k, v in (stored.get("targets") or {}).items() if not k.startswith("public:")}
-        if all(len(p["methods"]) == 4 for p in pub.values()) and len(pub) == len(args.public_problems):
+        if all(len(p["methods"]) == 4 for p in pub.values()):
             targets_old.update(public_targets(pub, args.public_budget))
         stored["targets"] = targets_old
         path.write_text(json.dumps(stored, indent=2) + "\n")
 
     save(run(args.public_problems, seeds, args.public_budget, log=log, on_row=save))
+    stored["public"]["problems"] = {**before, **stored["public"]["problems"]}
     plot_public(stored, png_path(name + "_public"))
     log(f"wrote {path}")
 
