@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the CPU build on disk (a plain `torch` would download a CUDA build).
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[test,torchrec,ray,postgres,triton,torchao]"
+	$(BIN)/python -m pip install -q -e ".[test,torchrec,ray,postgres,triton,torchao,dashboard]"
 	# Optional peers whose metadata would pull CUDA wheels: install without deps, tolerate absence.
 	-$(BIN)/python -m pip install -q --no-deps $(TORCHREC_SET)
 	touch $(STAMP)
@@ -27,6 +27,7 @@ run: $(STAMP)
 	$(BIN)/cubic campaign run --workload dlrm-small --name default --replace --budget 12 --batch 4 \
 		--steps 10 --warmup 2 --baselines --report reports/default
 	@echo "report: reports/default/index.html"
+	@echo "live study: $(BIN)/cubic campaign dashboard default   (optuna-dashboard on the campaign's storage)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -136,6 +136,8 @@ class Parameter(Frozen):
 class Objective(Frozen):
     metric: str = Field(min_length=1)
     direction: Literal["maximize", "minimize"] = "maximize"
+    # log: the search models log(value) where positive (throughputs: ratios matter); linear: the value
+    scale: Literal["log", "linear"] = "log"
 
 
 class Constraint(Frozen):

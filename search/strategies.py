@@ -94,7 +94,7 @@ def objective_value(space: Space, obs: Observation, i: int = 0) -> float | None:
     v = obs.metrics.get(o.metric)
     if v is None or not math.isfinite(v):
         return None
-    v = math.log(v) if v > 0 else v
+    v = math.log(v) if v > 0 and o.scale == "log" else v
     return v if o.direction == "maximize" else -v
 
 
@@ -394,7 +394,8 @@ class ProxyGuided(Strategy):
 
     def __init__(self, sampler: str = "tpe", n_init: int | None = None, n_inner: int = 160,
                  families: tuple[str, ...] = ("xgboost", "mlp", "gp", "ridge"), reselect_every: int = 3,
-                 xi: float = 0.0, exhaustive_below: int = 5000, exploit_share: float = 0.5):
+                 xi: float = 0.0, exhaustive_below: int = 5000, exploit_share: float = 0.5,
+                 exploit_min_tau: float = 0.3):
         self.sampler = sampler
         self.n_init = n_init
         self.n_inner = n_inner
@@ -403,6 +404,8 @@ class ProxyGuided(Strategy):
         self.xi = xi
         self.exhaustive_below = exhaustive_below
         self.exploit_share = exploit_share  # share of each batch picked by predicted value alone
+        # ... once the proxy has shown it ranks (CV Kendall tau of its family), or a prior vouches for it
+        self.exploit_min_tau = exploit_min_tau
         self.name = f"cubic-{sampler}"
         self._fit: dict[str, Any] = {}
         self._fits = 0  # surrogate fits so far: the family is re-chosen by CV every `reselect_every`
@@ -464,12 +467,26 @@ class ProxyGuided(Strategy):
         families = self.families
         if self._fits % self.reselect_every and self._fit.get("family") in self.families:
             families = (self._fit["family"],)  # CV is the costly part: reuse the last choice between re-selections
+        n_ok = sum(o.ok and objective_value(self.space, o) is not None for o in train)
+        if self.space.primary.metric not in priors and n_ok < 6 and "gp" in self.families:
+            # a handful of runs and no prior: a linear trend (ridge) sends every pick to a corner of
+            # the box; a GP's posterior stays local (the early-phase regression of 15b501b)
+            families = ("gp",)
         sur = Surrogate(self.space, self.ctx.featurize, families=families, seed=self.ctx.seed, priors=priors).fit(train)
         self._fits += 1
         self._fit = {"family": sur.selected_, "cv_tau": sur.cv_tau_ or self._fit.get("cv_tau", {}),
                      "n_train": int(sum(o.ok and objective_value(self.space, o) is not None for o in train)),
                      "n_warm": len(self.ctx.warm)}
         return sur
+
+    def _n_exploit(self, k: int, sur: Surrogate, priors) -> int:
+        """Greedy picks by predicted value only when the proxy has earned them: its family's CV
+        Kendall tau >= exploit_min_tau, or an analytical prior carries the objective. Without
+        that, a greedy pick follows a model that cannot yet rank (early rounds on a space without
+        a prior: every second pick went to the model's corner); EI picks explore instead."""
+        tau = (self._fit.get("cv_tau") or {}).get(sur.selected_)
+        trusted = self.space.primary.metric in priors or (tau is not None and tau >= self.exploit_min_tau)
+        return max(1, int(round(self.exploit_share * k))) if trusted else 0
 
     def _inner_search(self, sur: Surrogate, best: list[float], taken: set[str], history) -> list[dict[str, Any]]:
         """Optuna over the acquisition (in batches so that the models predict many rows at once);
@@ -517,14 +534,14 @@ class ProxyGuided(Strategy):
         # the exploiting picks: best predicted among likely-feasible points
         exploit = None if multi else np.where(pred.p_feasible >= 0.5, pred.mu[:, 0], -np.inf)
         picks = select_batch(fill_gaps(pred.X), log_acq, k, p_feasible=pred.p_feasible, exploit=exploit,
-                             n_exploit=max(1, int(round(self.exploit_share * k))))
+                             n_exploit=self._n_exploit(k, sur, priors))
         o = space.objectives[0]
         out = []
         for j in picks:
             p = {"objective": float(pred.mu[j, 0]), "objective_std": float(pred.sd[j, 0]),
                  "p_feasible": float(pred.p_feasible[j]), "acquisition": float(log_acq[j, 0]),
                  "family": sur.selected_}
-            if o.direction == "maximize":
+            if o.direction == "maximize" and o.scale == "log":
                 p[o.metric] = float(math.exp(pred.mu[j, 0]))  # objective_value took a log
             out.append(Proposal(cands[j], p))
         if len(out) < k:

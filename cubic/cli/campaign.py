@@ -433,6 +433,39 @@ def _campaign_name(text: str) -> str:
     return text
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve optuna-dashboard on the campaign's storage (loopback unless --host), until Ctrl-C."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    import optuna
+
+    from cubic.codesign.storage import load_meta
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        print("cubic: optuna-dashboard is not installed (pip install 'cubic[dashboard]', or `make`)", file=sys.stderr)
+        return 2
+    storage = args.storage or default_storage()
+    load_meta(storage, args.name)  # no such campaign: one line naming it, exit 2
+    study_id = optuna.load_study(study_name=args.name, storage=storage)._study_id
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *a):  # the dashboard polls: no line per request
+            pass
+
+    httpd = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=Quiet)
+    url = f"http://{args.host}:{httpd.server_port}/dashboard/studies/{study_id}"
+    print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
 def register(sub: Any) -> None:
     from cubic.cli.common import _nonnegative_int, _positive_float, _positive_int, add_store_argument
 
@@ -539,6 +572,15 @@ def register(sub: Any) -> None:
     ls = verbs.add_parser("list", help="stored campaigns")
     common(ls)
     ls.set_defaults(func=cmd_list)
+
+    db = verbs.add_parser("dashboard", help="serve optuna-dashboard on a campaign's storage",
+                          description="Serve optuna-dashboard (the live study: history, parameter importances, "
+                                      "trial attributes) on the campaign's storage; prints the URL.")
+    db.add_argument("name")
+    db.add_argument("--host", default="127.0.0.1", help="address to serve on (default loopback only)")
+    db.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
+    common(db)
+    db.set_defaults(func=cmd_dashboard)
 
 
 # ---- a user's own job as the objective (cubic.runners.command); baselines for the answer ---------

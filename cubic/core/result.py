@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-FailureKind = Literal["oom", "timeout", "nan", "error", "killed", "invalid"]
+FailureKind = Literal["oom", "timeout", "nan", "error", "killed", "invalid", "pruned"]  # pruned: stopped early by a pruner
 # Failures that another attempt may not repeat; the rest are properties of the config.
 TRANSIENT_FAILURES: frozenset[str] = frozenset({"timeout", "killed"})
 

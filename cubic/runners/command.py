@@ -25,6 +25,16 @@ workload or Config, only the space's parameters. For each point it
   killer's mark), ``killed`` (another signal), ``error`` (any other non-zero exit: the last stderr
   line), ``invalid`` (exit 0 but no metric), ``nan`` (a non-finite metric).
 
+Early stopping (``pruner``: an Optuna pruner, e.g. ``MedianPruner`` or ``SuccessiveHalvingPruner``):
+a job may print intermediate lines, JSON objects with ``step`` and the metric
+(``{"step": 3, "val_loss": 0.41}``); the runner reports each to the pruner over the learning curves
+of the runs it has made (an in-memory Optuna study: trial.report / should_prune, the pruners'
+own rule) and stops the job's process group when the pruner says so. The run is a ``pruned``
+failure carrying its last intermediate value and step (``pruned_step``): the search treats it
+as Optuna does a pruned trial, below every completed one. Why Optuna's pruners and not Tune's
+ASHA: cubic's campaign already is an Optuna ask/tell loop, a pruner needs only the curves (no
+Ray cluster, no trial actors), and ASHA itself is Optuna's ``SuccessiveHalvingPruner``.
+
 Logs: with ``logs_dir`` each run keeps ``<dir>/<n>-<key>/{stdout,stderr}`` (and ``{out}``), and a
 failed run's reason names them; otherwise they go to a temporary folder removed after the run.
 """
@@ -161,7 +171,8 @@ class CommandRunner:
 
     def __init__(self, objective: str, parameters: Sequence[str], *, metric: str, launcher: str | None = None,
                  nproc: int = 1, timeout_s: float = 3600.0, cwd: str | Path | None = None,
-                 logs_dir: str | Path | None = None, env: dict[str, str] | None = None):
+                 logs_dir: str | Path | None = None, env: dict[str, str] | None = None, pruner=None,
+                 direction: str = "minimize"):
         self.template, self.launcher_template = objective, launcher
         self.parameters, self.metric = list(parameters), metric
         self.nproc, self.timeout_s = int(nproc), float(timeout_s)
@@ -169,6 +180,7 @@ class CommandRunner:
         self.logs_dir = Path(logs_dir) if logs_dir else None
         self.env = env
         self.runs = 0
+        self.curves = _Curves(pruner, direction) if pruner is not None else None
         for name in RESERVED:
             if name in self.parameters and name != "nproc":
                 raise SpecError(f"a parameter may not be named {{{name}}}: cubic fills it in", field=name)
@@ -223,8 +235,12 @@ class CommandRunner:
             keep = True
         else:
             run_dir, keep = Path(tempfile.mkdtemp(prefix="cubic-job-")), False
+        self._watch = None
         try:
-            return self._run(point, key, run_dir, keep)
+            result = self._run(point, key, run_dir, keep)
+            if self._watch is not None:  # the finished curve joins the pruner's study
+                self.curves.finish(self._watch, result.metrics.get(self.metric) if result.ok else None)
+            return result
         finally:
             if not keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -242,13 +258,20 @@ class CommandRunner:
                                         env=env, start_new_session=True)  # its own group: stop all of it
             except OSError as e:
                 return Result.failed("error", f"cannot start {argv[0]}: {e.strerror or e}", **header)
+            watch = self._watch = self.curves.watch(run_dir / "stdout", self.metric) if self.curves else None
             try:
-                rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s)
+                rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s, watch)
             finally:
                 kill_tagged(token)  # what left the job's process group (setsid) ends with the run too
         wall = time.monotonic() - t0
         for name in ("stdout", "stderr"):
             cap_log(run_dir / name)
+        if watch is not None and watch.pruned:
+            header["wall_time_s"] = wall
+            return Result.failed("pruned", f"stopped early at step {watch.step} by {type(self.curves.pruner).__name__}: "
+                                 f"{self.metric} {watch.value:g}", metrics={self.metric: watch.value,
+                                                                           "pruned_step": float(watch.step),
+                                                                           "wall_time_s": wall}, **header)
         err_tail = _tail(run_dir / "stderr", _TAIL_BYTES)
         logs = f" (logs: {run_dir})" if keep else ""
         header["wall_time_s"] = wall
@@ -302,9 +325,10 @@ def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> bool:
     return True
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
+def _wait(proc: subprocess.Popen, timeout_s: float, watch=None) -> tuple[int, int, bool]:
     """(exit code, peak RSS in KiB of the job's largest process, timed out). Popen.wait does not
-    report resource usage, so reap with wait4; on a timeout or an interrupt the whole group goes."""
+    report resource usage, so reap with wait4; on a timeout or an interrupt the whole group goes,
+    and so it does when ``watch()`` (the pruner's look at the job's output) returns True."""
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     try:
@@ -314,7 +338,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, bool]:
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 _kill_group(proc.pid, signal.SIGKILL)  # stragglers it left behind
                 return proc.returncode, usage.ru_maxrss, False
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (watch is not None and watch()):
                 _kill_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(_GRACE_S)
@@ -361,6 +385,72 @@ def kill_tagged(token: str, proc_root: str = "/proc") -> int:
         except (OSError, ValueError):
             continue  # gone, or another user's
     return killed
+
+
+class _Curves:
+    """The learning curves of a runner's jobs as an in-memory Optuna study, for a pruner."""
+
+    def __init__(self, pruner, direction: str):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.pruner = pruner
+        self.study = optuna.create_study(direction=direction, pruner=pruner)
+
+    def watch(self, stdout: Path, metric: str) -> "_Watch":
+        return _Watch(self.study, stdout, metric)
+
+    def finish(self, watch: "_Watch", value: float | None) -> None:
+        import optuna
+
+        if watch.pruned:
+            self.study.tell(watch.trial, state=optuna.trial.TrialState.PRUNED)
+        elif value is not None and math.isfinite(value):
+            self.study.tell(watch.trial, value)
+        else:
+            self.study.tell(watch.trial, state=optuna.trial.TrialState.FAIL)
+
+
+class _Watch:
+    """Reads the job's new stdout lines; reports ``{"step": n, metric: v}`` lines; True = stop."""
+
+    def __init__(self, study, stdout: Path, metric: str):
+        self.trial, self.stdout, self.metric = study.ask(), stdout, metric
+        self.offset, self.partial = 0, b""
+        self.step, self.value, self.pruned = None, None, False
+
+    def __call__(self) -> bool:
+        try:
+            with open(self.stdout, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return False
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            obj = _json_object(line)
+            if obj is None or not _number(obj.get("step")) or not _number(obj.get(self.metric)):
+                continue
+            self.step, self.value = int(obj["step"]), float(obj[self.metric])
+            if math.isfinite(self.value):
+                self.trial.report(self.value, self.step)
+                if self.trial.should_prune():
+                    self.pruned = True
+                    return True
+        return False
+
+
+def _json_object(line: bytes) -> dict | None:
+    line = line.strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _kill_group(pgid: int, sig: int) -> None:

@@ -1,0 +1,251 @@
+"""cubic's proxy-guided search as an Optuna sampler: ``optuna.create_study(sampler=CubicSampler())``.
+
+The sampler is a thin adapter over :class:`search.strategies.ProxyGuided` (the same algorithm as
+``cubic campaign``): the relative search space (the parameters every finished trial has, Optuna's
+``IntersectionSearchSpace``, or a cubic :class:`~search.space.Space` given up front) becomes a
+cubic space, the study's finished trials become the strategy's history, and each proposal round
+of ``batch_size`` points is handed out one trial at a time. Parameters the strategy does not model
+(conditional ones outside the intersection, or ones first seen in this trial) go to an ordinary
+Optuna sampler (``independent_sampler``, RandomSampler by default), as Optuna's own relative
+samplers do.
+
+What it learns from, as Optuna treats it:
+
+- COMPLETE trials: their values (log-scaled when every value so far is positive: ratios matter).
+- PRUNED trials: the last reported intermediate value, but never better than the worst complete
+  trial (Optuna's TPE ranks pruned trials below every complete one); one without any report
+  counts as a failure.
+- FAIL trials: a failure (the feasibility classifier learns to avoid the region).
+- constraints (``constraints_func``, stored by :meth:`after_trial` in the trial's system
+  attributes under Optuna's own key): each constraint value is a metric the surrogate models
+  (feasible when <= 0), and a trial violating one is infeasible.
+
+State: everything is rebuilt from the study's trials (several workers on one storage, or a
+process restarted), as Optuna's samplers do; the only state the strategy keeps between rounds
+(which proxy family CV last chose) is written into the trial's system attributes and read back
+from the latest trial holding it. Proposals of a round are cached per process; a round is the
+history up to the last multiple of ``batch_size`` finished trials, so every worker proposes the
+same round from the same trials and takes a point that no trial (finished or running) has yet
+(which one: the trial number modulo the free points, so that simultaneous asks differ). When a round is used up by other workers, the strategy proposes again from all finished
+trials, with the running ones excluded.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.search_space import IntersectionSearchSpace
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from cubic.core.result import Result
+from search.space import Constraint, Objective, Parameter, Space
+from search.strategies import Observation, ProxyGuided, SearchContext, Strategy, make_strategy
+
+STATE_KEY = "cubic:strategy_state"
+POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's running trial may have no params yet
+CONSTRAINTS_KEY = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
+
+
+def parameter_of(name: str, dist: BaseDistribution) -> Parameter:
+    """A cubic space parameter for an Optuna distribution (the same values, the same scale)."""
+    if isinstance(dist, CategoricalDistribution):
+        return Parameter(name=name, type="categorical", choices=list(dist.choices))
+    if isinstance(dist, IntDistribution):
+        return Parameter(name=name, type="int", low=dist.low, high=dist.high, log=dist.log,
+                         step=None if dist.log or dist.step == 1 else dist.step)
+    if isinstance(dist, FloatDistribution):
+        return Parameter(name=name, type="float", low=dist.low, high=dist.high, log=dist.log, step=dist.step)
+    raise TypeError(f"{name}: unsupported distribution {type(dist).__name__}")
+
+
+def _values_metric(i: int, n: int) -> str:
+    return "value" if n == 1 else f"value_{i}"
+
+
+class CubicSampler(BaseSampler):
+    """Optuna sampler running cubic's proxy-guided search (:class:`~search.strategies.ProxyGuided`).
+
+    Args:
+        space: a cubic space to search (its parameter names are the trial's parameter names);
+            default: the intersection of the finished trials' distributions.
+        strategy: a strategy name (``cubic``, ``cubic-gp``, ...) or an unbound :class:`Strategy`.
+        batch_size: points per proposal round (a campaign's ``--batch``): the surrogate is fit
+            once per round, which is what keeps the per-trial overhead low.
+        seed: seeds the strategy and the independent sampler.
+        independent_sampler: for the parameters outside the relative search space.
+        constraints_func: as for Optuna's samplers: ``trial -> sequence of floats``, feasible
+            when every value is <= 0.
+        featurize, warm, run_context: passed to the strategy's :class:`SearchContext`.
+        log_objective: ``"auto"`` (log of the values when all are positive), True or False.
+    """
+
+    def __init__(self, *, space: Space | None = None, strategy: str | Strategy = "cubic", batch_size: int = 4,
+                 seed: int | None = None, independent_sampler: BaseSampler | None = None,
+                 constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
+                 featurize=None, warm: Sequence[Observation] = (), run_context: dict[str, Any] | None = None,
+                 log_objective: bool | str = "auto"):
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self._space = space
+        self._strategy_arg = strategy
+        self._batch_size = batch_size
+        self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1)) if seed is None else seed
+        self._independent = independent_sampler or RandomSampler(seed=self._seed)
+        self._constraints_func = constraints_func
+        self._featurize, self._warm, self._run_context = featurize, tuple(warm), dict(run_context or {})
+        self._log_objective = log_objective
+        self._intersection = IntersectionSearchSpace(include_pruned=True)
+        self._lock = threading.Lock()
+        self._cache: dict[tuple, list[dict[str, Any]]] = {}
+        self._bound: tuple[str, Strategy] | None = None
+        self.last_proposal_: dict[str, Any] = {}
+
+    # ---- Optuna's BaseSampler ----------------------------------------------------------------
+    def reseed_rng(self) -> None:
+        self._independent.reseed_rng()
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self._space is not None:
+            return {p.name: p.distribution() for p in self._space.parameters}
+        return {name: d for name, d in self._intersection.calculate(study).items() if not d.single()}
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        with self._lock:
+            return self._sample(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self._independent.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._independent.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        if self._constraints_func is not None:
+            from optuna.samplers._base import _process_constraints_after_trial
+
+            _process_constraints_after_trial(self._constraints_func, study, trial, state)
+        self._independent.after_trial(study, trial, state, values)
+
+    # ---- the adapter -------------------------------------------------------------------------
+    def space_for(self, study: Study, search_space: dict[str, BaseDistribution],
+                  trials: Sequence[FrozenTrial]) -> Space:
+        """The cubic space the strategy searches: parameters, objectives (the study's directions)
+        and one constraint per ``constraints_func`` value (<= 0)."""
+        n_obj = len(study.directions)
+        scale = self._scale(study, trials)
+        objectives = [Objective(metric=_values_metric(i, n_obj), scale=scale,
+                                direction="maximize" if d == StudyDirection.MAXIMIZE else "minimize")
+                      for i, d in enumerate(study.directions)]
+        n_con = max((len(t.system_attrs.get(CONSTRAINTS_KEY) or ()) for t in trials), default=0)
+        constraints = [Constraint(metric=f"constraint_{j}", name=f"constraint {j}", max=0.0) for j in range(n_con)]
+        if self._space is not None:
+            return self._space.model_copy(update={"objectives": objectives, "constraints": constraints})
+        params = [parameter_of(n, search_space[n]) for n in sorted(search_space)]
+        return Space(name=f"optuna:{study.study_name}", objectives=objectives, constraints=constraints,
+                     parameters=params)
+
+    def _scale(self, study: Study, trials: Sequence[FrozenTrial]) -> str:
+        if self._log_objective != "auto":
+            return "log" if self._log_objective else "linear"
+        vals = [v for t in trials if t.state == TrialState.COMPLETE for v in (t.values or ())]
+        return "log" if vals and min(vals) > 0 else "linear"
+
+    def observations(self, study: Study, space: Space, trials: Sequence[FrozenTrial]) -> list[Observation]:
+        """The finished trials (in trial-number order) as the strategy's history."""
+        names = [o.metric for o in space.objectives]
+        complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+        # the worst complete value per objective: a pruned trial is never credited above it
+        worst = [None] * len(names)
+        for i, o in enumerate(space.objectives):
+            vals = [t.values[i] for t in complete]
+            if vals:
+                worst[i] = min(vals) if o.direction == "maximize" else max(vals)
+        out = []
+        for t in trials:
+            if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
+                continue
+            point = {p.name: t.params[p.name] for p in space.parameters if p.name in t.params}
+            if any(p.name not in point for p in space.parameters if not p.when):
+                continue  # a trial from before a parameter existed: not a point of this space
+            cons = list(t.system_attrs.get(CONSTRAINTS_KEY) or ())
+            metrics = {f"constraint_{j}": float(c) for j, c in enumerate(cons)}
+            violation = float(sum(max(0.0, c) for c in cons))
+            if t.state == TrialState.COMPLETE:
+                res = Result(status="ok", metrics={**metrics, **dict(zip(names, map(float, t.values)))})
+            elif t.state == TrialState.PRUNED and t.intermediate_values and len(names) == 1 and worst[0] is not None:
+                last = float(t.intermediate_values[max(t.intermediate_values)])
+                o = space.objectives[0]
+                v = min(last, worst[0]) if o.direction == "maximize" else max(last, worst[0])
+                res = Result(status="ok", metrics={**metrics, names[0]: v}, extra={"pruned": True})
+            elif t.state == TrialState.PRUNED:
+                res = Result.failed("killed", "pruned before any report", metrics=metrics, extra={"pruned": True})
+            else:
+                res = Result.failed("error", str(t.system_attrs.get("fail_reason", "trial failed")), metrics=metrics)
+            out.append(Observation(point, res, violation=violation))
+        return out
+
+    def _strategy(self, space: Space, trials: Sequence[FrozenTrial]) -> Strategy:
+        sig = space.model_dump_json()
+        if self._bound is None or self._bound[0] != sig:
+            s = self._strategy_arg
+            strat = make_strategy(s) if isinstance(s, str) else s
+            strat.bind(SearchContext(space=space, seed=self._seed, featurize=self._featurize, warm=self._warm,
+                                     run_context=self._run_context))
+            # the state a restarted (or another) process left: the latest trial that holds one
+            for t in sorted(trials, key=lambda t: t.number, reverse=True):
+                if STATE_KEY in t.system_attrs:
+                    strat.load_state_dict(t.system_attrs[STATE_KEY])
+                    break
+            self._bound = (sig, strat)
+        return self._bound[1]
+
+    def _sample(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        trials = sorted(study._get_trials(deepcopy=False, use_cache=False), key=lambda t: t.number)
+        finished_states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        space = self.space_for(study, search_space, trials)
+        history = self.observations(study, space, [t for t in trials if t.state in finished_states])
+        strategy = self._strategy(space, trials)
+        taken = {space.key(o.point) for o in history}
+        running = [t for t in trials if t.number != trial.number and t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        taken |= {t.system_attrs[POINT_KEY] for t in running if POINT_KEY in t.system_attrs}
+        taken |= {space.key({p.name: t.params[p.name] for p in space.parameters if p.name in t.params})
+                  for t in running if t.params}
+        k = self._batch_size
+        m = k * (len(history) // k)
+        point = self._pick(strategy, space, history[:m], k, taken, ("round", m, len(history[:m])), trial.number)
+        if point is None:  # the round was used up by other workers: propose again from everything
+            point = self._pick(strategy, space, history, k + len(running), taken, ("all", len(history), len(running)),
+                               trial.number)
+        if point is None:
+            return {}
+        study._storage.set_trial_system_attr(trial._trial_id, POINT_KEY, space.key(point))
+        study._storage.set_trial_system_attr(trial._trial_id, STATE_KEY, strategy.state_dict())
+        return {name: point[name] for name in search_space if name in point}
+
+    def _pick(self, strategy: Strategy, space: Space, history: list[Observation], k: int, taken: set[str],
+              tag: tuple, number: int) -> dict[str, Any] | None:
+        key = (space.model_dump_json(), tag, tuple(space.key(o.point) for o in history))
+        if key not in self._cache:
+            self._cache.clear()  # one round at a time: a new round makes the old proposals stale
+            props = strategy.propose(history, k)
+            self._cache[key] = [p.point for p in props]
+            self.last_proposal_ = {"round_history": len(history), "k": k, "fit": dict(getattr(strategy, "fit_", {}))}
+        free = [p for p in self._cache[key] if space.key(p) not in taken]
+        # the trial number picks among the free points: workers asking at the same moment (before
+        # either's point is visible to the other) take different points of the round
+        return free[number % len(free)] if free else None
+
+
+__all__ = ["CubicSampler", "parameter_of", "ProxyGuided"]

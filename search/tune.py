@@ -1,0 +1,132 @@
+"""cubic's search as a Ray Tune searcher: ``Tuner(..., tune_config=TuneConfig(search_alg=CubicSearcher()))``.
+
+One implementation of the search: the searcher keeps an in-memory Optuna study driven by
+:class:`search.optuna_sampler.CubicSampler` (as Tune's own ``OptunaSearch`` drives Optuna's
+samplers) and maps Tune's calls onto ask/tell:
+
+- ``suggest(trial_id)``: ``study.ask`` over the search space (Tune's ``param_space``, converted by
+  Tune's own ``OptunaSearch.convert_search_space``, or Optuna distributions), nested keys flattened
+  with "/" as Tune does.
+- ``on_trial_result``: the metric as an intermediate value (``trial.report`` at the result's
+  ``training_iteration``), so a trial a scheduler stops has its learning curve in the study.
+- ``on_trial_complete``: ``tell``: COMPLETE with the last metric; PRUNED when a scheduler (ASHA)
+  stopped the trial before ``max_t`` iterations (CubicSampler learns from it as Optuna treats a
+  pruned trial: its last report, never above the worst complete trial); FAIL on an error.
+- ``save`` / ``restore``: the finished trials (params, values, intermediate values, the
+  sampler's state in their system attributes); a restored searcher rebuilds the sampler's state
+  from them, as after an Optuna restart. Trials in flight at save time are Tune's to re-run.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+from search.optuna_sampler import CubicSampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def to_distributions(space: dict[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Tune's param_space (tune.uniform, loguniform, choice, randint, ... possibly nested) or
+    already Optuna distributions, as flat Optuna distributions ("a/b" for nested keys)."""
+    from ray.tune.search.optuna import OptunaSearch
+    from ray.tune.utils.util import flatten_dict
+
+    flat = flatten_dict(space, prevent_delimiter=True)
+    if all(isinstance(v, optuna.distributions.BaseDistribution) for v in flat.values()):
+        return dict(flat)
+    return dict(OptunaSearch.convert_search_space(space))
+
+
+class CubicSearcher(Searcher):
+    """Ray Tune searcher running cubic's proxy-guided search (through :class:`CubicSampler`).
+
+    Args:
+        space: Tune search space or Optuna distributions; default: the Tuner's ``param_space``.
+        metric, mode: as for any Tune searcher (``"min"`` / ``"max"``).
+        seed, batch_size: CubicSampler's.
+        max_t: the iterations a full trial runs; a trial completed with fewer was stopped by a
+            scheduler and is told as PRUNED (default: every completed trial is COMPLETE).
+    """
+
+    def __init__(self, space: dict[str, Any] | None = None, metric: str | None = None, mode: str | None = None,
+                 *, seed: int | None = None, batch_size: int = 4, max_t: int | None = None):
+        super().__init__(metric=metric, mode=mode)
+        self._dists = to_distributions(space) if space else None
+        self._seed, self._batch_size, self._max_t = seed, batch_size, max_t
+        self._live: dict[str, optuna.trial.Trial] = {}
+        self._study: optuna.Study | None = None
+        if self._dists and mode:
+            self._setup()
+
+    def _setup(self, trials=()) -> None:
+        if self._mode not in ("min", "max"):
+            raise ValueError(f"CubicSearcher: mode must be 'min' or 'max', not {self._mode!r}")
+        self._study = optuna.create_study(direction="minimize" if self._mode == "min" else "maximize",
+                                          sampler=CubicSampler(seed=self._seed, batch_size=self._batch_size))
+        for t in trials:
+            self._study.add_trial(t)
+
+    @property
+    def study(self) -> optuna.Study:
+        return self._study
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        if self._study is not None:
+            return False
+        self._metric = self._metric or metric
+        self._mode = self._mode or mode
+        if self._dists is None:
+            self._dists = to_distributions(config)
+        self._setup()
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        from ray.tune.utils.util import unflatten_dict
+
+        if self._study is None:
+            raise RuntimeError("CubicSearcher: no search space/metric/mode (pass them, or a Tuner param_space)")
+        t = self._study.ask(fixed_distributions=self._dists)
+        self._live[trial_id] = t
+        return unflatten_dict(dict(t.params))
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        t = self._live.get(trial_id)
+        if t is not None and self._metric in result:
+            step = int(result.get("training_iteration", len(t.storage.get_trial(t._trial_id).intermediate_values) + 1))
+            t.report(float(result[self._metric]), step)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        t = self._live.pop(trial_id, None)
+        if t is None:
+            return
+        if error or not result or self._metric not in result:
+            self._study.tell(t, state=TrialState.FAIL)
+            return
+        it = result.get("training_iteration")
+        if self._max_t is not None and it is not None and it < self._max_t:
+            t.report(float(result[self._metric]), int(it))
+            self._study.tell(t, state=TrialState.PRUNED)
+        else:
+            self._study.tell(t, float(result[self._metric]))
+
+    def save(self, checkpoint_path: str) -> None:
+        finished = [t for t in self._study.get_trials(deepcopy=True)
+                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)] if self._study else []
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"version": 1, "dists": self._dists, "metric": self._metric, "mode": self._mode,
+                         "seed": self._seed, "batch_size": self._batch_size, "max_t": self._max_t,
+                         "trials": finished}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            s = pickle.load(f)
+        self._dists, self._metric, self._mode = s["dists"], s["metric"], s["mode"]
+        self._seed, self._batch_size, self._max_t = s["seed"], s["batch_size"], s["max_t"]
+        self._live = {}
+        self._setup(s["trials"])

@@ -1,0 +1,59 @@
+"""Early stopping of --objective jobs: a script printing intermediate metric lines is stopped by
+an Optuna pruner once its curve is worse than the median of earlier runs, recorded as 'pruned'
+(with its last value and step), and the search treats it as a failure (below every completed run)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import optuna
+
+from cubic.runners.command import CommandRunner
+
+SCRIPT = """
+import json, sys, time
+lr = float(sys.argv[1])
+loss = 1.0
+for step in range(1, 11):
+    loss = abs(lr - 0.1) + 1.0 / step
+    print(json.dumps({"step": step, "loss": loss}), flush=True)
+    time.sleep(0.15)
+print(json.dumps({"loss": loss}))
+"""
+
+
+def test_pruner_stops_a_bad_job(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    runner = CommandRunner(f"{sys.executable} train.py {{lr}}", ["lr"], metric="loss", cwd=tmp_path,
+                           pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2),
+                           direction="minimize")
+    good = [runner({"lr": lr}) for lr in (0.1, 0.12)]
+    assert all(r.ok for r in good) and good[0].metrics["loss"] < 0.2
+    t0 = time.monotonic()
+    bad = runner({"lr": 5.0})
+    assert time.monotonic() - t0 < 1.3  # stopped well before its 10 steps x 0.15 s
+    assert not bad.ok and bad.failure_kind == "pruned" and not bad.transient
+    assert 2 <= bad.metrics["pruned_step"] < 10 and bad.metrics["loss"] > 4.0
+    states = [t.state for t in runner.curves.study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED]
+    # a job without intermediate lines is never stopped
+    (tmp_path / "plain.py").write_text("import json,sys; print(json.dumps({'loss': float(sys.argv[1])}))")
+    plain = CommandRunner(f"{sys.executable} plain.py {{lr}}", ["lr"], metric="loss", cwd=tmp_path,
+                          pruner=optuna.pruners.MedianPruner(n_startup_trials=0))
+    assert all(plain({"lr": v}).ok for v in (0.1, 3.0, 9.0))
+
+
+def test_search_learns_from_pruned_runs():
+    from cubic.core.result import Result
+    from search.space import Parameter, Space
+    from search.strategies import Observation, ProxyGuided, SearchContext
+
+    space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
+                  objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
+    hist = [Observation({"x": x}, Result(status="ok", metrics={"loss": float(abs(x - 5))})) for x in (0, 3, 5, 8)]
+    hist += [Observation({"x": x}, Result.failed("pruned", "stopped early", metrics={"loss": 9.0}))
+             for x in (15, 16, 17, 18, 19)]
+    s = ProxyGuided(n_inner=32, families=("xgboost", "ridge")).bind(SearchContext(space=space, seed=0))
+    picks = [p.point["x"] for p in s.propose(hist, 4)]
+    assert sum(x >= 14 for x in picks) <= 1  # the pruned region is avoided

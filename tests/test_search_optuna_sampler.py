@@ -1,0 +1,119 @@
+"""CubicSampler in real Optuna studies: study.optimize, ask/tell, constraints, failed and pruned
+trials, several worker processes on one SQLite storage, and a restart that rebuilds the state
+from the study's trials."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+
+import optuna
+import pytest
+
+from search.optuna_sampler import CONSTRAINTS_KEY, STATE_KEY, CubicSampler
+from search.strategies import ProxyGuided
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def fast_strategy():
+    # cheap families keep the test fast; the algorithm is the campaign's ProxyGuided
+    return ProxyGuided("tpe", n_inner=64, families=("ridge", "xgboost"))
+
+
+def branin(trial) -> float:
+    x = trial.suggest_float("x", -5, 10)
+    y = trial.suggest_float("y", 0, 15)
+    c = trial.suggest_categorical("c", ["a", "b"])
+    return ((y - 5.1 / (4 * math.pi ** 2) * x * x + 5 / math.pi * x - 6) ** 2
+            + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x) + 10 + (0 if c == "a" else 3))
+
+
+def test_optimize_with_constraints_failures_and_pruning():
+    def objective(trial):
+        v = branin(trial)
+        trial.set_user_attr("c0", trial.params["x"] - 5.0)  # feasible when x <= 5
+        if trial.number in (5, 9):
+            raise RuntimeError("a crashed run")
+        if trial.number in (6, 10):
+            trial.report(v + 50, step=1)
+            raise optuna.TrialPruned()
+        return v
+
+    sampler = CubicSampler(strategy=fast_strategy(), seed=1, constraints_func=lambda t: [t.user_attrs["c0"]])
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(objective, n_trials=20, catch=(RuntimeError,))
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == 2 and states.count(optuna.trial.TrialState.PRUNED) == 2
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(CONSTRAINTS_KEY in t.system_attrs for t in done)
+    # the strategy ran (not only the fallback): its state is in the trials, and it has fitted a proxy
+    assert any(STATE_KEY in t.system_attrs for t in study.trials[8:])
+    assert sampler.last_proposal_["fit"].get("family") in ("ridge", "xgboost")
+    # the history it learns from: failed trials as failures, pruned as ok but never above the worst complete
+    space = sampler.space_for(study, sampler.infer_relative_search_space(study, study.trials[-1]), study.trials)
+    obs = sampler.observations(study, space, study.trials)
+    assert sum(not o.ok for o in obs) == 2
+    worst = max(t.value for t in done)
+    pruned = [o for o in obs if o.result.extra.get("pruned")]
+    assert len(pruned) == 2 and all(o.metrics["value"] >= worst for o in pruned)
+    assert any(o.violation > 0 for o in obs) or all(t.params["x"] <= 5 for t in done)
+    keys = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(keys)) == len(keys)  # nothing proposed twice
+    # feasible trials beat random search's typical best on this budget
+    feasible = [t.value for t in done if t.params["x"] <= 5]
+    assert min(feasible) < 5.0
+
+
+def test_ask_tell_and_independent_fallback():
+    study = optuna.create_study(direction="maximize", sampler=CubicSampler(strategy=fast_strategy(), seed=0))
+    for i in range(10):
+        t = study.ask()
+        x = t.suggest_int("n", 1, 64, log=True)
+        extra = t.suggest_float(f"only_{i}", 0, 1)  # never in the intersection: the independent sampler
+        study.tell(t, -abs(math.log2(x) - 3) + 0.01 * extra)
+    assert len(study.trials) == 10 and study.best_value > -1.5
+
+
+def _worker(url: str, n: int, seed: int) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="w", storage=url,
+                              sampler=CubicSampler(strategy=fast_strategy(), seed=seed))
+    study.optimize(branin, n_trials=n)
+
+
+def test_several_workers_on_one_sqlite_storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="w", storage=url)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(url, 8, 0)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    study = optuna.load_study(study_name="w", storage=url)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 16
+    keys = {tuple(sorted(t.params.items())) for t in done}
+    assert len(keys) == 16  # the two workers never ran the same point
+    assert any(STATE_KEY in t.system_attrs for t in done)
+
+
+def test_restart_rebuilds_state_from_the_trials(tmp_path):
+    # one process, 12 trials straight ...
+    straight = optuna.create_study(sampler=CubicSampler(strategy=fast_strategy(), seed=3))
+    straight.optimize(branin, n_trials=12)
+    # ... and the same study stopped after 7 (mid-round) and resumed by a fresh sampler
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    s1 = optuna.create_study(study_name="r", storage=url, sampler=CubicSampler(strategy=fast_strategy(), seed=3))
+    s1.optimize(branin, n_trials=7)
+    s2 = optuna.load_study(study_name="r", storage=url, sampler=CubicSampler(strategy=fast_strategy(), seed=3))
+    s2.optimize(branin, n_trials=5)
+    a = [t.params for t in straight.trials]
+    b = [t.params for t in s2.trials]
+    assert len(b) == 12
+    for pa, pb in zip(a, b):
+        assert pa.keys() == pb.keys()
+        for k in pa:
+            assert pa[k] == pytest.approx(pb[k]) if isinstance(pa[k], float) else pa[k] == pb[k]
