@@ -198,40 +198,69 @@ class Lease:
             _LEASES.metadata.create_all(self.engine, checkfirst=True)  # (open_storage made it; a storage object may not)
 
     def holder_now(self) -> tuple[str, float] | None:
-        from sqlalchemy import select
+        """(holder, expiry) of a live lease, or None. The row is read back like input: one whose
+        expiry is not a number or whose holder is not text (a foreign write; SQLite keeps any type)
+        is removed with a warning, as a lapsed lease, instead of failing or blocking every resume."""
+        from sqlalchemy import Text, delete, select, type_coerce
 
         if self.engine is None:
             return None
+        c = _LEASES.c
         with self.engine.connect() as conn:
-            row = conn.execute(select(_LEASES.c.holder, _LEASES.c.expires_at)
-                               .where(_LEASES.c.campaign == self.name)).first()
-        return (row[0], row[1]) if row and row[1] > time.time() else None
+            row = conn.execute(select(type_coerce(c.holder, Text), type_coerce(c.expires_at, Text))
+                               .where(c.campaign == self.name)).first()
+        if row is None:
+            return None
+        try:
+            holder, expires = row[0], float(row[1])
+            if not isinstance(holder, str) or not holder or expires != expires:
+                raise ValueError(f"holder {holder!r}")
+        except (TypeError, ValueError) as e:
+            import logging
+
+            logging.getLogger("cubic.storage").warning(
+                "cubic: warning: the lease row of campaign %r in cubic_campaign_leases is corrupt (%s): removed, "
+                "as a lapsed lease", self.name, e)
+            with self.engine.begin() as conn:
+                conn.execute(delete(_LEASES).where(c.campaign == self.name,
+                                                   type_coerce(c.expires_at, Text) == row[1]))
+            return None
+        return (holder, expires) if expires > time.time() else None
 
     def try_acquire(self) -> bool:
-        from sqlalchemy import insert, or_, update
-        from sqlalchemy.exc import IntegrityError
+        from sqlalchemy import or_, update
 
         if self.engine is None:
             return True
         now = time.time()
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(_LEASES).values(campaign=self.name, holder=self.holder, expires_at=now + self.ttl_s))
-        except IntegrityError:
+        if not self._insert_once(now):
             c = _LEASES.c
-            held = self.holder_now()
-            # free: expired, ours already, or held by a process on this host that no longer exists
-            dead = [held[0]] if held and pid_dead(held[0]) else []
-            with self.engine.begin() as conn:
-                n = conn.execute(update(_LEASES).where(
-                    c.campaign == self.name, or_(c.expires_at < now, c.holder.in_([self.holder] + dead))
-                ).values(holder=self.holder, expires_at=now + self.ttl_s)).rowcount
-            if n != 1:
-                return False
+            held = self.holder_now()  # (a corrupt row is removed here: then the insert may succeed)
+            if held is not None or not self._insert_once(now):
+                # free: expired, ours already, or held by a process on this host that no longer exists
+                dead = [held[0]] if held and pid_dead(held[0]) else []
+                with self.engine.begin() as conn:
+                    n = conn.execute(update(_LEASES).where(
+                        c.campaign == self.name, or_(c.expires_at < now, c.holder.in_([self.holder] + dead))
+                    ).values(holder=self.holder, expires_at=now + self.ttl_s)).rowcount
+                if n != 1:
+                    return False
         self._stop.clear()
         self._thread = threading.Thread(target=self._renew, daemon=True, name=f"lease:{self.name}")
         self._thread.start()
         return True
+
+    def _insert_once(self, now: float) -> bool:
+        """Take a free lease by insert (after :meth:`holder_now` removed a corrupt row)."""
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(_LEASES).values(campaign=self.name, holder=self.holder, expires_at=now + self.ttl_s))
+            return True
+        except IntegrityError:
+            return False
 
     def acquire(self) -> "Lease":
         if not self.try_acquire():
