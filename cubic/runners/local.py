@@ -150,7 +150,9 @@ def validate_config(workload: Workload, config: Config) -> str | None:
         config.apply(workload)
     except SpecError as e:
         return str(e)
-    return None
+    from cubic.runners.memory import preflight  # its tables and dense state fit the device's memory
+
+    return preflight(workload, config)
 
 
 def _result_header(workload: Workload, config: Config) -> dict[str, Any]:
