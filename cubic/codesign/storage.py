@@ -38,10 +38,34 @@ LEASE_S = 60.0  # the coordinator's lease; renewed every third of it
 INTERRUPTED = "interrupted"  # status of a campaign stopped by Ctrl-C, SIGTERM, or a lapsed lease
 
 
+_SCHEMA_LOCK_KEY = 0x637562696301  # pg_advisory_lock key of the campaign storage's first use
+
+
 @contextmanager
 def _schema_lock(url: str) -> Iterator[None]:
-    """Serialise first use of a SQLite file between processes: two processes creating Optuna's
-    schema at once collide on ``UNIQUE constraint failed: alembic_version.version_num``."""
+    """Serialise first use of a storage between processes: two processes creating Optuna's schema
+    at once collide on ``UNIQUE constraint failed: alembic_version.version_num`` (SQLite) or on
+    ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"`` (PostgreSQL,
+    seen with 6 processes on a new database). SQLite: a lock file beside the database;
+    PostgreSQL: a session advisory lock on a connection of its own; others: no lock (a retry)."""
+    if url.startswith("postgresql"):
+        from sqlalchemy import create_engine, text
+
+        from cubic.core.store import engine_options
+
+        engine = create_engine(url, **engine_options(url))
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
     if not url.startswith("sqlite:///") or url.endswith(":memory:"):
         yield
         return
@@ -76,7 +100,7 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
     Creates the SQLite file's directory; connect and statement timeouts; refuses, before Optuna
     creates anything, a database that holds something else (a pre-``cubic_`` trial store, a foreign
     ``studies`` table) and says what it found. A trial store with ``cubic_*`` tables may share the
-    database. First use is serialised under a file lock (SQLite) or retried once (others)."""
+    database. First use is serialised under a file lock (SQLite) or an advisory lock (PostgreSQL), retried otherwise."""
     if url is None:
         return optuna.storages.InMemoryStorage()
     if isinstance(url, optuna.storages.BaseStorage):
@@ -94,7 +118,7 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         with experimental_ok():
             kw = dict(heartbeat_interval=heartbeat_s, grace_period=grace_s,
                       heartbeat_stale_trial_callback=RetryUnrecordedRun(max_retry=max_retry))
-    for attempt in range(2):
+    for attempt in range(5):
         try:
             with _schema_lock(url), experimental_ok():
                 _check_campaign_schema(url, safe, origin)
@@ -113,9 +137,9 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         except SpecError:
             raise
         except (IntegrityError, ProgrammingError) as e:  # another machine created the schema at that moment
-            if attempt:
+            if attempt == 4:
                 raise SpecError(f"cannot open the campaign storage {safe}: {scrub_error(e, url)}", field=origin) from None
-            time.sleep(0.2)
+            time.sleep(0.2 * (attempt + 1))
         except (SQLAlchemyError, ImportError, ValueError, RuntimeError, optuna.exceptions.StorageInternalError) as e:
             # one line, and never the URL's password; RuntimeError: storage of another Optuna version
             cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
