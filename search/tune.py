@@ -13,13 +13,14 @@ samplers) and maps Tune's calls onto ask/tell:
   stopped the trial before ``max_t`` iterations (CubicSampler learns from it as Optuna treats a
   pruned trial: its last report, never above the worst complete trial); FAIL on an error.
 - ``save`` / ``restore``: the finished trials (params, values, intermediate values, the
-  sampler's state in their system attributes); a restored searcher rebuilds the sampler's state
-  from them, as after an Optuna restart. Trials in flight at save time are Tune's to re-run.
+  sampler's state in their system attributes) as JSON, never pickle (a checkpoint is data, and
+  loading it must not run code); a restored searcher rebuilds the sampler's state from them, as
+  after an Optuna restart. Trials in flight at save time are Tune's to re-run.
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 from typing import Any
 
 import optuna
@@ -116,17 +117,31 @@ class CubicSearcher(Searcher):
             self._study.tell(t, float(result[self._metric]))
 
     def save(self, checkpoint_path: str) -> None:
+        from optuna.distributions import distribution_to_json
+
         finished = [t for t in self._study.get_trials(deepcopy=True)
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)] if self._study else []
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump({"version": 1, "dists": self._dists, "metric": self._metric, "mode": self._mode,
-                         "seed": self._seed, "batch_size": self._batch_size, "max_t": self._max_t,
-                         "trials": finished}, f)
+        doc = {"version": 2, "metric": self._metric, "mode": self._mode, "seed": self._seed,
+               "batch_size": self._batch_size, "max_t": self._max_t,
+               "dists": {k: distribution_to_json(d) for k, d in (self._dists or {}).items()},
+               "trials": [{"state": t.state.name, "value": t.value, "params": t.params,
+                           "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
+                           "intermediate_values": {str(k): v for k, v in t.intermediate_values.items()},
+                           "user_attrs": t.user_attrs, "system_attrs": t.system_attrs} for t in finished]}
+        with open(checkpoint_path, "w") as f:
+            json.dump(doc, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            s = pickle.load(f)
-        self._dists, self._metric, self._mode = s["dists"], s["metric"], s["mode"]
+        from optuna.distributions import json_to_distribution
+
+        with open(checkpoint_path) as f:
+            s = json.load(f)
+        self._dists = {k: json_to_distribution(d) for k, d in s["dists"].items()} or None
+        self._metric, self._mode = s["metric"], s["mode"]
         self._seed, self._batch_size, self._max_t = s["seed"], s["batch_size"], s["max_t"]
         self._live = {}
-        self._setup(s["trials"])
+        self._setup([optuna.trial.create_trial(
+            state=TrialState[t["state"]], value=t["value"], params=t["params"],
+            distributions={k: json_to_distribution(d) for k, d in t["distributions"].items()},
+            intermediate_values={int(k): v for k, v in t["intermediate_values"].items()},
+            user_attrs=t["user_attrs"], system_attrs=t["system_attrs"]) for t in s["trials"]])

@@ -15,6 +15,10 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_campaign(
     assert out["kills"] == 2 and not out["finished_before_all_kills"]
     assert out["trials"] == 16 and out["lost_trials"] == 0 and out["duplicated_trials"] == 0
     assert out["store"] == {"store_trials": 16, "lost": 0, "duplicates": 0, "orphans": 0}
+    # what a user reads: exactly the budget's trials, all complete, each point once, no FAIL a kill made
+    seen = out["user_view"]
+    assert seen["trials"] == 16 and seen["duplicated_points"] == 0 and seen["failed_without_a_run"] == 0, seen
+    assert seen["campaign_list_runs"] == 16 and set(seen["states"]) <= {"COMPLETE", "FAIL"}
     assert out["integrity_check"] == {"campaigns.db": "ok", "trials.db": "ok"}
     assert out["equals_uninterrupted"], out["differences"]
     assert out["best_point"] == out["best_point_uninterrupted"] and out["status"] == "finished"
@@ -68,3 +72,26 @@ def test_proxy_guided_campaign_cut_mid_round_resumes_to_the_same_result(tmp_path
                 for t in study.trials if "finished_at" in t.user_attrs}
 
     assert outcome(c.study) == outcome(ref.study)
+
+
+def _user_sees_exactly_the_budget(out):
+    seen = out["user_view"]
+    assert seen["trials"] == out["budget"] and seen["duplicated_points"] == 0, seen
+    assert seen["failed_without_a_run"] == 0 and seen["campaign_list_runs"] == out["budget"], seen
+    assert out["status"] == "finished" and out["integrity_check"] == "ok"
+
+
+def test_the_real_cli_killed_and_resumed_keeps_exactly_the_budget(tmp_path):
+    from experiments.reliability.kill import kill_resume_cli
+
+    out = kill_resume_cli(tmp_path, kills=2, budget=4, batch=2, strategy="tpe", max_wait_s=0.4, rng_seed=1)
+    assert out["kills"] == 2 and not out["finished_before_all_kills"]
+    _user_sees_exactly_the_budget(out)
+
+
+@pytest.mark.slow  # the proxy retrains before every round (kills land in it): minutes on 2 cores
+def test_the_real_cli_with_its_proxy_killed_at_random_moments(tmp_path):
+    from experiments.reliability.kill import kill_resume_cli
+
+    out = kill_resume_cli(tmp_path, kills=5, budget=8, batch=2, strategy="cubic", max_wait_s=3.0, rng_seed=2)
+    _user_sees_exactly_the_budget(out)

@@ -349,4 +349,6 @@ def test_a_lost_workers_recorded_run_is_told_as_recorded_not_failed(tmp_path):
     c._recover_lost()
     told = st.get_trial(recorded._trial_id)
     assert told.state == optuna.trial.TrialState.COMPLETE and told.values == [123.0] * len(sp.objectives)
-    assert st.get_trial(unrecorded._trial_id).state == optuna.trial.TrialState.FAIL  # lost: retried instead
+    lost = st.get_trial(unrecorded._trial_id)  # lost: the same trial waits to be run again, no FAIL, no copy
+    assert lost.state == optuna.trial.TrialState.WAITING and lost.system_attrs["cubic_interrupted"] == 1
+    assert len(c.study.get_trials()) == 2

@@ -650,7 +650,9 @@ def _job_context(args: argparse.Namespace, space) -> dict[str, Any]:
 def _job_runner(job: dict[str, Any], space, metric: str | None, name: str | None):
     from cubic.runners.command import CommandRunner
 
-    logs = Path(".cubic") / "jobs" / name if name else None
+    from cubic.core.paths import under
+
+    logs = under(Path(".cubic") / "jobs", name) if name else None  # a name is never a path
     return CommandRunner(job["objective"], space.param_names, metric=metric or space.primary.metric,
                          launcher=job.get("launcher"), nproc=job.get("nproc", 1), timeout_s=job.get("timeout", 300.0),
                          cwd=job.get("cwd"), logs_dir=logs)

@@ -56,8 +56,8 @@ from typing import Any, Callable
 import optuna
 
 from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, Lease, LeaseHeld,
-                                   RetryUnrecordedRun, experimental_ok, heartbeat_interval, load_meta, open_storage,
-                                   pid_dead, worker_name)
+                                   heartbeat_interval, load_meta, open_storage, pid_dead,
+                                   worker_name)
 from cubic.codesign.trials import as_result, is_run, provenance, trial_attrs, trial_observation
 from cubic.core.result import Result
 from cubic.core.spec import SpecError
@@ -66,6 +66,7 @@ from search.space import Space
 from search.strategies import Observation, SearchContext, Strategy, make_strategy, objective_value
 
 STATE_KEY = "cubic_strategy_state"
+MAX_INTERRUPTED = 3  # lost attempts of one trial (kills of its worker) before it is retired
 BASELINE_KEY = "cubic_baseline"  # the baseline run measure_baseline keeps with the study
 
 
@@ -325,7 +326,7 @@ class Campaign:
                 st.set_trial_system_attr(t._trial_id, "cubic_worker", self.worker)
                 point = dict(t.system_attrs.get("fixed_params") or t.params)
                 for p in self.space.parameters:  # the params Optuna's samplers and importance read
-                    if p.name in point:
+                    if p.name in point and p.name not in t.params:  # (a resumed trial has them)
                         d = p.distribution()
                         st.set_trial_param(t._trial_id, p.name, d.to_internal_repr(point[p.name]), d)
                 return t
@@ -353,7 +354,7 @@ class Campaign:
         try:
             ev, attempts = self._evaluate_with_retries(point)
         except BaseException:  # Ctrl-C, SystemExit: the run is lost, not failed -- back in the queue
-            self._requeue(t._trial_id)
+            self._requeue(t._trial_id)  # (the same trial: a resume runs it, nothing counts it twice)
             raise
         finally:
             stop.set()
@@ -395,30 +396,37 @@ class Campaign:
         return n
 
     def _recover_lost(self) -> None:
-        """Fail and re-enqueue RUNNING trials whose worker is gone: silent past the grace period
-        (Optuna's fail_stale_trials), or a dead process on this host (no need to wait)."""
-        st = self.study._storage
+        """Put back RUNNING trials whose worker is gone -- silent past the heartbeat's grace period,
+        or a dead process on this host (no need to wait) -- as the SAME trial, WAITING again
+        (:meth:`_requeue`): a kill leaves no FAIL and no copy in the study, so that after any
+        number of kills it holds exactly the budget's trials, each point once. A run recorded in
+        full before the kill is told as recorded instead (:meth:`_tell_recorded_lost`)."""
         self._tell_recorded_lost()
-        with experimental_ok():
-            optuna.storages.fail_stale_trials(self.study)  # no-op without a heartbeat
-            retry = (getattr(st, "get_heartbeat_stale_trial_callback", lambda: None)()
-                     or RetryUnrecordedRun(max_retry=3))
         for t in self._trials(states=(_R,)):
-            if pid_dead(t.system_attrs.get("cubic_worker")):
-                self._requeue(t._trial_id, retry)
+            if "finished_at" not in t.user_attrs and t._trial_id in self._lost_ids():
+                self._requeue(t._trial_id, seen=t)
+
+    def _lost_ids(self) -> set[int]:
+        """RUNNING trials whose worker is gone (stale heartbeat, or a dead pid on this host)."""
+        st = self.study._storage
+        stale = set()
+        if heartbeat_interval(st) and hasattr(st, "_get_stale_trial_ids"):
+            stale = set(st._get_stale_trial_ids(self.study._study_id))  # Optuna's own staleness test
+        return stale | {t._trial_id for t in self._trials(states=(_R,))
+                        if pid_dead(t.system_attrs.get("cubic_worker"))}
 
     def _tell_recorded_lost(self) -> None:
         """Tell, as recorded, a lost worker's trial whose run was recorded in full (killed between
         writing "finished_at" and ``tell``): failing it would show a finished run as FAIL and make a
         resumed campaign differ from an uninterrupted one. Only stale trials (heartbeat past its
         grace period, or a dead process on this host): a live worker is never raced."""
-        st = self.study._storage
-        stale = set()
-        if heartbeat_interval(st) and hasattr(st, "_get_stale_trial_ids"):
-            stale = set(st._get_stale_trial_ids(self.study._study_id))  # what fail_stale_trials reads
+        lost = None
         for t in self._trials(states=(_R,)):
             a = t.user_attrs
-            if "finished_at" not in a or not (t._trial_id in stale or pid_dead(t.system_attrs.get("cubic_worker"))):
+            if "finished_at" not in a:
+                continue
+            lost = self._lost_ids() if lost is None else lost
+            if t._trial_id not in lost:
                 continue
             values = self._objective_values(a.get("metrics") or {}) if a.get("ok") else None
             try:
@@ -426,16 +434,41 @@ class Campaign:
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
                 pass  # another process told or failed it first
 
-    def _requeue(self, trial_id: int, retry=None) -> None:
-        """Fail a RUNNING trial whose run was lost and enqueue its point again (once)."""
+    def _requeue(self, trial_id: int, seen: optuna.trial.FrozenTrial | None = None) -> None:
+        """Put a RUNNING trial whose run was lost (its worker killed, or Ctrl-C) back to WAITING:
+        the same trial, resumed by whoever takes it next -- not failed, not copied, not fed to the
+        search. A compare-and-set on (RUNNING, the start time ``seen``), so that a trial another
+        worker has taken since is left alone. After ``MAX_INTERRUPTED`` lost attempts the trial is
+        retired (PRUNED, ``interrupted`` in its attributes): not a run, and never a failure of its
+        configuration; the budget proposes another point in its place."""
         st = self.study._storage
-        with experimental_ok():
-            retry = retry or RetryUnrecordedRun(max_retry=3)
+        if seen is None:
+            seen = st.get_trial(trial_id)
+        if seen.state != _R:
+            return
+        n = int(seen.system_attrs.get("cubic_interrupted", 0)) + 1
+        engine = getattr(self.storage, "engine", None)
+        if n > MAX_INTERRUPTED:
             try:
-                if st.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
-                    retry(self.study, st.get_trial(trial_id))
+                st.set_trial_user_attr(trial_id, "interrupted", f"retired after {n - 1} interrupted attempts")
+                st.set_trial_state_values(trial_id, state=optuna.trial.TrialState.PRUNED)
             except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # another process got there first
+                pass
+            return
+        if engine is None:  # in memory: one process, no one else can have taken it
+            st.set_trial_system_attr(trial_id, "cubic_interrupted", n)
+            st.set_trial_state_values(trial_id, state=_W)
+            return
+        from optuna.storages._rdb import models
+        from sqlalchemy import update
+
+        tm = models.TrialModel.__table__
+        with engine.begin() as conn:
+            back = conn.execute(update(tm).where(tm.c.trial_id == trial_id, tm.c.state == _R,
+                                                 tm.c.datetime_start == seen.datetime_start)
+                                .values(state=_W)).rowcount
+        if back:
+            st.set_trial_system_attr(trial_id, "cubic_interrupted", n)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> Summary:

@@ -38,10 +38,34 @@ LEASE_S = 60.0  # the coordinator's lease; renewed every third of it
 INTERRUPTED = "interrupted"  # status of a campaign stopped by Ctrl-C, SIGTERM, or a lapsed lease
 
 
+_SCHEMA_LOCK_KEY = 0x637562696301  # pg_advisory_lock key of the campaign storage's first use
+
+
 @contextmanager
 def _schema_lock(url: str) -> Iterator[None]:
-    """Serialise first use of a SQLite file between processes: two processes creating Optuna's
-    schema at once collide on ``UNIQUE constraint failed: alembic_version.version_num``."""
+    """Serialise first use of a storage between processes: two processes creating Optuna's schema
+    at once collide on ``UNIQUE constraint failed: alembic_version.version_num`` (SQLite) or on
+    ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"`` (PostgreSQL,
+    seen with 6 processes on a new database). SQLite: a lock file beside the database;
+    PostgreSQL: a session advisory lock on a connection of its own; others: no lock (a retry)."""
+    if url.startswith("postgresql"):
+        from sqlalchemy import create_engine, text
+
+        from cubic.core.store import engine_options
+
+        engine = create_engine(url, **engine_options(url))
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
     if not url.startswith("sqlite:///") or url.endswith(":memory:"):
         yield
         return
@@ -76,7 +100,7 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
     Creates the SQLite file's directory; connect and statement timeouts; refuses, before Optuna
     creates anything, a database that holds something else (a pre-``cubic_`` trial store, a foreign
     ``studies`` table) and says what it found. A trial store with ``cubic_*`` tables may share the
-    database. First use is serialised under a file lock (SQLite) or retried once (others)."""
+    database. First use is serialised under a file lock (SQLite) or an advisory lock (PostgreSQL), retried otherwise."""
     if url is None:
         return optuna.storages.InMemoryStorage()
     if isinstance(url, optuna.storages.BaseStorage):
@@ -94,7 +118,7 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         with experimental_ok():
             kw = dict(heartbeat_interval=heartbeat_s, grace_period=grace_s,
                       heartbeat_stale_trial_callback=RetryUnrecordedRun(max_retry=max_retry))
-    for attempt in range(2):
+    for attempt in range(5):
         try:
             with _schema_lock(url), experimental_ok():
                 _check_campaign_schema(url, safe, origin)
@@ -113,9 +137,9 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         except SpecError:
             raise
         except (IntegrityError, ProgrammingError) as e:  # another machine created the schema at that moment
-            if attempt:
+            if attempt == 4:
                 raise SpecError(f"cannot open the campaign storage {safe}: {scrub_error(e, url)}", field=origin) from None
-            time.sleep(0.2)
+            time.sleep(0.2 * (attempt + 1))
         except (SQLAlchemyError, ImportError, ValueError, RuntimeError, optuna.exceptions.StorageInternalError) as e:
             # one line, and never the URL's password; RuntimeError: storage of another Optuna version
             cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
@@ -198,40 +222,69 @@ class Lease:
             _LEASES.metadata.create_all(self.engine, checkfirst=True)  # (open_storage made it; a storage object may not)
 
     def holder_now(self) -> tuple[str, float] | None:
-        from sqlalchemy import select
+        """(holder, expiry) of a live lease, or None. The row is read back like input: one whose
+        expiry is not a number or whose holder is not text (a foreign write; SQLite keeps any type)
+        is removed with a warning, as a lapsed lease, instead of failing or blocking every resume."""
+        from sqlalchemy import Text, delete, select, type_coerce
 
         if self.engine is None:
             return None
+        c = _LEASES.c
         with self.engine.connect() as conn:
-            row = conn.execute(select(_LEASES.c.holder, _LEASES.c.expires_at)
-                               .where(_LEASES.c.campaign == self.name)).first()
-        return (row[0], row[1]) if row and row[1] > time.time() else None
+            row = conn.execute(select(type_coerce(c.holder, Text), type_coerce(c.expires_at, Text))
+                               .where(c.campaign == self.name)).first()
+        if row is None:
+            return None
+        try:
+            holder, expires = row[0], float(row[1])
+            if not isinstance(holder, str) or not holder or expires != expires:
+                raise ValueError(f"holder {holder!r}")
+        except (TypeError, ValueError) as e:
+            import logging
+
+            logging.getLogger("cubic.storage").warning(
+                "cubic: warning: the lease row of campaign %r in cubic_campaign_leases is corrupt (%s): removed, "
+                "as a lapsed lease", self.name, e)
+            with self.engine.begin() as conn:
+                conn.execute(delete(_LEASES).where(c.campaign == self.name,
+                                                   type_coerce(c.expires_at, Text) == row[1]))
+            return None
+        return (holder, expires) if expires > time.time() else None
 
     def try_acquire(self) -> bool:
-        from sqlalchemy import insert, or_, update
-        from sqlalchemy.exc import IntegrityError
+        from sqlalchemy import or_, update
 
         if self.engine is None:
             return True
         now = time.time()
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(_LEASES).values(campaign=self.name, holder=self.holder, expires_at=now + self.ttl_s))
-        except IntegrityError:
+        if not self._insert_once(now):
             c = _LEASES.c
-            held = self.holder_now()
-            # free: expired, ours already, or held by a process on this host that no longer exists
-            dead = [held[0]] if held and pid_dead(held[0]) else []
-            with self.engine.begin() as conn:
-                n = conn.execute(update(_LEASES).where(
-                    c.campaign == self.name, or_(c.expires_at < now, c.holder.in_([self.holder] + dead))
-                ).values(holder=self.holder, expires_at=now + self.ttl_s)).rowcount
-            if n != 1:
-                return False
+            held = self.holder_now()  # (a corrupt row is removed here: then the insert may succeed)
+            if held is not None or not self._insert_once(now):
+                # free: expired, ours already, or held by a process on this host that no longer exists
+                dead = [held[0]] if held and pid_dead(held[0]) else []
+                with self.engine.begin() as conn:
+                    n = conn.execute(update(_LEASES).where(
+                        c.campaign == self.name, or_(c.expires_at < now, c.holder.in_([self.holder] + dead))
+                    ).values(holder=self.holder, expires_at=now + self.ttl_s)).rowcount
+                if n != 1:
+                    return False
         self._stop.clear()
         self._thread = threading.Thread(target=self._renew, daemon=True, name=f"lease:{self.name}")
         self._thread.start()
         return True
+
+    def _insert_once(self, now: float) -> bool:
+        """Take a free lease by insert (after :meth:`holder_now` removed a corrupt row)."""
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(_LEASES).values(campaign=self.name, holder=self.holder, expires_at=now + self.ttl_s))
+            return True
+        except IntegrityError:
+            return False
 
     def acquire(self) -> "Lease":
         if not self.try_acquire():

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -192,8 +192,8 @@ class Trial(BaseModel):
     fingerprint_hash: str
     fingerprint: dict[str, Any]
     seed: int
-    source: str
-    status: str
+    source: Source  # a stored row read back is checked like input: "weird" is a corrupt row, skipped
+    status: Literal["ok", "failed"]
     failure_kind: str | None
     reason: str | None
     metrics: dict[str, float]
@@ -536,10 +536,13 @@ class TrialStore:
             for column, value in d.items():
                 if column in _JSON_COLUMNS and isinstance(value, (str, bytes)):
                     d[column] = json.loads(value)
+                elif column == "created_at" and isinstance(value, str):
+                    d[column] = datetime.fromisoformat(value)
             column = None
             return build(d)
-        except (ValueError, TypeError, KeyError) as e:
-            reason = (f"column {column!r} is not JSON: " if column else "") + " ".join(str(e).split())[:160]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            what_col = "JSON" if column in _JSON_COLUMNS else "a timestamp"
+            reason = (f"column {column!r} is not {what_col}: " if column else "") + " ".join(str(e).split())[:160]
             _log.warning("cubic: warning: skipped %s %s of %s: its stored row is corrupt (%s)",
                          what, d.get("id", "?"), self._safe, reason)
             self.skipped.append((what, d.get("id")))
@@ -635,24 +638,43 @@ class TrialStore:
     def import_pending(self, path: str | Path | None = None) -> int:
         """Record the pending file's rows meant for this store (oldest first) and drop them from the
         file; returns how many. Rows for other stores stay. A row whose campaign this store lacks is
-        recorded without one."""
+        recorded without one.
+
+        The file is read back like user input (:func:`check_pending_line`): a line that is not a
+        well-formed pending row (torn JSON, ``null``, no ``row``, a bad ``created_at``, an unknown
+        status, metrics that are not numbers, a config whose hash does not match...) is moved to
+        ``<file>.quarantine`` with one warning naming the file and line, never imported, and the
+        other lines go on."""
         path = Path(path) if path is not None else pending_path()
         if not path.is_file():
             return 0
-        with open(path, "r+") as f:
+        try:
+            f = open(path, "r+", encoding="utf-8", errors="replace")
+        except OSError as e:
+            _log.warning("cubic: warning: %s not read (%s): its results stay there", path, e.strerror)
+            return 0
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)  # two commands importing at once must not record a row twice
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-            keep, done = [], 0
-            for i, ln in enumerate(lines):
+            lines = [(n, ln) for n, ln in enumerate(f.read().splitlines(), 1) if ln.strip()]
+            keep, bad, done = [], [], 0
+
+            def rewrite(rest: list[tuple[int, str]]) -> None:
+                f.seek(0)
+                f.truncate()
+                f.write("".join(x + "\n" for _, x in keep + rest))
+                f.flush()
+
+            for i, (n, ln) in enumerate(lines):
                 try:
-                    entry = json.loads(ln)
-                except json.JSONDecodeError:
-                    keep.append(ln)  # a line torn by a crash: left for a person to read
+                    store, row = check_pending_line(ln)
+                except ValueError as e:
+                    bad.append((n, ln, str(e)))
+                    _quarantine(path, n, ln, str(e))
+                    rewrite(lines[i + 1:])
                     continue
-                if entry.get("store") != self._safe:
-                    keep.append(ln)
+                if store != self._safe:
+                    keep.append((n, ln))
                     continue
-                row = dict(entry["row"])
                 with self._read() as conn:
                     try:
                         self._campaign_id(conn, row.get("campaign"))
@@ -660,11 +682,8 @@ class TrialStore:
                         row["campaign"] = None
                 self._insert(row)  # a failure stops here: this row and the rest stay in the file
                 done += 1
-                f.seek(0)
-                f.truncate()
-                f.write("".join(x + "\n" for x in keep + lines[i + 1:]))
-                f.flush()
-        if done and not keep and path.stat().st_size == 0:
+                rewrite(lines[i + 1:])
+        if (done or bad) and not keep and path.stat().st_size == 0:
             path.unlink()
         return done
 
@@ -985,6 +1004,81 @@ def pooled_trials(ok: list[Trial], noise: dict[str, NoiseModel] | None = None,
     return pooled_result([t.result for t in ok], p), ok, p
 
 
+class PendingRow(BaseModel):
+    """One trial row as :meth:`TrialStore._row` writes it to the pending file, read back strictly."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    workload: str = Field(max_length=200)
+    workload_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    config_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    config: dict[str, Any]
+    fingerprint_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    fingerprint: dict[str, Any]
+    seed: int
+    source: Source
+    status: Literal["ok", "failed"]
+    failure_kind: str | None = Field(default=None, max_length=16)
+    reason: str | None = None
+    metrics: dict[str, float | None]
+    result: dict[str, Any]
+    code_version: str = Field(max_length=64)
+    attempt: int = Field(ge=1)
+    steps: int | None = Field(default=None, ge=0)
+    warmup: int | None = Field(default=None, ge=0)
+    created_at: AwareDatetime = Field(strict=False)  # written as an ISO string
+    contended: bool | None = None
+    campaign: str | int | None = None
+
+
+def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
+    """A pending-file line checked like user input: (the store it is meant for, the row ready to
+    insert). ValueError says, in one line, what is wrong with it."""
+    from pydantic import ValidationError
+
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg}, a line torn by a crash?)") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"a JSON {type(entry).__name__}, not an object with 'store' and 'row'")
+    store, row = entry.get("store"), entry.get("row")
+    if not isinstance(store, str):
+        raise ValueError("no 'store' (the store the row is meant for)")
+    if not isinstance(row, dict):
+        raise ValueError("no 'row' object")
+    try:
+        r = PendingRow.model_validate(row)
+        result = Result.model_validate(_restore_nonfinite(r.result))
+        config = Config.model_validate(r.config)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        raise ValueError(f"row field {where!r}: {err.get('msg')}") from None
+    if (result.status, result.source) != (r.status, r.source):
+        raise ValueError(f"row 'status'/'source' ({r.status}/{r.source}) disagree with its result's "
+                         f"({result.status}/{result.source})")
+    if config.content_hash() != r.config_hash:
+        raise ValueError("row 'config_hash' is not the hash of its config")
+    out = r.model_dump()
+    out["metrics"] = _finite({k: (float("nan") if v is None else v) for k, v in r.metrics.items()})
+    return store, out
+
+
+def _quarantine(path: Path, line_no: int, line: str, why: str) -> None:
+    """Move a bad pending line beside the file (``<file>.quarantine``), with one warning."""
+    q = path.with_name(path.name + ".quarantine")
+    try:
+        with open(q, "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(json.dumps({"file": str(path), "line": line_no, "why": why, "text": line[:100_000]}) + "\n")
+        where = f"moved to {q}"
+    except OSError as e:
+        where = f"dropped ({q} could not be written: {e.strerror})"
+    _log.warning("cubic: warning: %s line %d is not a pending result (%s): %s, not imported",
+                 path, line_no, why[:200], where)
+
+
 def _keep_pending(row: dict[str, Any], store: str) -> str:
     """Append a trial row that could not be written to the pending file; says where (or that it could not)."""
     path = pending_path()
@@ -1020,7 +1114,10 @@ _log = logging.getLogger("cubic.store")
 def _select_raw(table: Table):
     """SELECT of ``table`` with its JSON columns as text, so that each row is decoded by
     :meth:`TrialStore._decoded` (a driver that decodes JSON itself, psycopg2, hands back objects)."""
-    return select(*(type_coerce(c, Text).label(c.name) if isinstance(c.type, JSON) else c for c in table.c))
+    # DateTime columns too: SQLite keeps whatever text was written, and SQLAlchemy's own parse of a
+    # garbage timestamp would fail the whole query instead of that row
+    return select(*(type_coerce(c, Text).label(c.name) if isinstance(c.type, (JSON, DateTime)) else c
+                    for c in table.c))
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float | None]:

@@ -92,7 +92,10 @@ def main() -> None:
     except BaseException as e:  # noqa: BLE001 -- every failure is reported as data
         from cubic.runners.base import classify_exception
 
-        kind, reason = classify_exception(e)
+        from cubic.runners.memory import explain_oom
+
+        # an allocator's bare assert told as an out-of-memory, with the sizes (when the run got that far)
+        kind, reason = explain_oom(*classify_exception(e), locals().get("workload"), locals().get("config"))
         # which signal: SIGINT (Ctrl-C reaches the whole process group: the caller stops too) or SIGTERM
         extra = {"interrupted": str(e) or "SIGINT"} if isinstance(e, KeyboardInterrupt) else {}
         result = Result.failed(kind, reason, extra=extra, **header)

@@ -9,7 +9,6 @@ its importers used.
 
 from __future__ import annotations
 
-import os
 import socket
 from abc import ABC, abstractmethod
 from importlib.util import find_spec
@@ -55,7 +54,9 @@ def validate_config(workload: Workload, config: Config) -> str | None:
         config.apply(workload)
     except SpecError as e:
         return str(e)
-    return None
+    from cubic.runners.memory import preflight  # its tables and dense state fit the device's memory
+
+    return preflight(workload, config)
 
 
 def result_header(workload: Workload, config: Config) -> dict[str, Any]:

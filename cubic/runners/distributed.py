@@ -82,7 +82,7 @@ from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import Workload
 from cubic.runners.base import Runner
-from sharding.types import Plan, plan_from_dict
+from sharding.types import Plan
 
 EARLY_STEPS = 10
 LOSS_RTOL = 1e-4  # per-step training loss, first EARLY_STEPS steps, vs the single-process run

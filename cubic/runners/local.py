@@ -73,7 +73,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cubic.core.config import Config
 from cubic.core.result import Result
-from cubic.core.spec import SpecError, Workload
+from cubic.core.spec import Workload
 from cubic.runners.base import Runner
 
 LR = 0.05

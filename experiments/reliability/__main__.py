@@ -14,6 +14,11 @@ fault section, which uses the real :class:`cubic.runners.local.LocalRunner` with
 - concurrent workers: 4 ``python -m cubic.codesign.worker work`` processes on one campaign and one store,
   on SQLite and on PostgreSQL (scripts/start_postgres.sh); lost/duplicated trials, "database is
   locked" failures, and the store's write throughput in trials/s with 4 writer processes;
+- kills through the real CLI (``cubic campaign run``/``resume --objective``, the ``cubic`` proxy
+  retraining before each round) and what a user reads after them (trials_dataframe rows,
+  duplicated points, FAILs a kill made, ``campaign list`` runs);
+- first starts: processes released at one instant on a new storage and store (SQLite, PostgreSQL);
+- read-back attacks: malformed pending-file lines of each kind, corrupt stored rows, hostile names;
 - fuzz: generated bad inputs to the workload, table CSV, space, config, plan and placement parsers
   and the CLI; uncaught exceptions (target 0) and partial writes to the store (target 0).
 
@@ -36,7 +41,9 @@ from cubic.testing import FAULT_PLAN, FastRunner, FaultyRunner
 from experiments.reliability.concurrency import concurrent_workers, fresh_postgres_database, start_postgres, store_throughput
 from experiments.reliability.faults import fault_campaign
 from experiments.reliability.fuzz import fuzz
-from experiments.reliability.kill import kill_resume
+from experiments.reliability.firststart import first_open, first_start
+from experiments.reliability.kill import kill_resume, kill_resume_cli
+from experiments.reliability.readback import hostile_names, pending_attacks, stored_row_attacks
 from experiments.reliability.security import security_audit
 
 
@@ -76,6 +83,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{kr['duplicated_trials']}, store {kr['store']}, integrity {kr['integrity_check']}, "
           f"equals uninterrupted {kr['equals_uninterrupted']}, {kr['elapsed_s']} s")
 
+    print("kill and resume through the real CLI (campaign run/resume --objective, cubic proxy) ...", flush=True)
+    kc = kill_resume_cli(tmp / "killcli", kills=3 if args.quick else 8, budget=6 if args.quick else 12, batch=2,
+                         strategy="cubic", max_wait_s=3.0, rng_seed=1)
+    payload["kill_resume_cli"] = kc
+    print(f"  kills {kc['kills']}, user sees {kc['user_view']}, {kc['elapsed_s']} s")
+
+    print("read-back attacks: pending lines, stored rows, hostile names ...", flush=True)
+    payload["read_back"] = {"pending": pending_attacks(tmp / "pending"), "stored_rows": stored_row_attacks(tmp / "rows"),
+                            "hostile_names": hostile_names(tmp / "names")}
+    rb = payload["read_back"]
+    print(f"  pending: {rb['pending']['lines']} bad lines, quarantined {rb['pending']['quarantined']}, crashes "
+          f"{rb['pending']['crashes']}; stored rows crashes {rb['stored_rows']['crashes']}; names escaped "
+          f"{rb['hostile_names']['escaped']}")
+
     backends: dict[str, tuple[str, str] | None] = {"sqlite": (f"sqlite:///{tmp}/conc-campaigns.db",
                                                               f"sqlite:///{tmp}/conc-trials.db")}
     pg_url, why = (None, "--no-postgres") if args.no_postgres else start_postgres()
@@ -97,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  4 workers: trials {cw['trials']}/{cw['budget']}, lost {cw['lost_trials']}, duplicated "
               f"{cw['duplicated_trials']}, locked {cw['database_is_locked_failures']}, campaign "
               f"{cw['campaign_trials_per_s']} trials/s; store writes {tp['trials_per_s']} trials/s")
+
+    payload["first_start"] = {}
+    for backend in ("sqlite", "postgresql") if pg_url else ("sqlite",):
+        base = pg_url if backend == "postgresql" else None
+        print(f"first start on {backend} ...", flush=True)
+        fo = first_open(tmp / f"first-{backend}", tries=3 if args.quick else 20, processes=3, pg_base=base)
+        fs = first_start(tmp / f"firstcli-{backend}", tries=1 if args.quick else 3, pg_base=base)
+        payload["first_start"][backend] = {"opens": fo, "commands": fs}
+        print(f"  {fo['tries']} tries x {fo['processes_per_try']} opens: {fo['failures']} failures; "
+              f"{fs['tries']} tries x {fs['processes_per_try']} commands: {fs['failures']} failures")
 
     print(f"fuzz: {n_fuzz} inputs per target ...", flush=True)
     t0 = time.monotonic()
@@ -155,10 +186,61 @@ def main(argv: list[str] | None = None) -> int:
         "kills survived without loss": {"measured": kr["kills"] if kill_ok else 0, "target": kills,
                                         "met": kill_ok and kr["kills"] >= kills},
     }
+    payload["targets"].update(_issue27_targets(payload, kr, kc))
     print(json.dumps(payload["summary"], indent=2))
     _plot(payload, png_path("reliability"))
     print("wrote", write_result("reliability", payload))
     return 0
+
+
+def _issue27_targets(payload: dict[str, Any], kr: dict[str, Any], kc: dict[str, Any]) -> dict[str, Any]:
+    """Issue 27: kills as a user sees them, first starts, read-back attacks; what was not reached."""
+    def t(measured, target, met, reason=None):
+        out = {"measured": measured, "target": target, "met": bool(met)}
+        if not met:
+            out["reason"] = reason or "missed"
+        return out
+
+    views = [kr["user_view"], kc["user_view"]]
+    extra = sum(v["trials"] for v in views) - kr["budget"] - kc["budget"]
+    dup = sum(v["duplicated_points"] for v in views)
+    fails = sum(v["failed_without_a_run"] for v in views)
+    fs = payload["first_start"]
+    races = sum(b["opens"]["failures"] + b["commands"]["failures"] for b in fs.values())
+    tries = {b: v["opens"]["tries"] for b, v in fs.items()}
+    rb = payload["read_back"]
+    crashes = rb["pending"]["crashes"] + rb["stored_rows"]["crashes"] + rb["hostile_names"]["crashes"]
+    not_built = "not reached in this round (issue 27 point {}): no test or figure yet"
+    return {
+        "kills survived, study holding exactly the budget (stand-in + real CLI)": t(
+            kr["kills"] + kc["kills"] if extra == 0 else 0, kr["kills"] + kc["kills"], extra == 0,
+            f"{extra} trials beyond the budget in the studies"),
+        "duplicated points in the study (trials_dataframe)": t(dup, 0, dup == 0),
+        "FAIL trials a kill made (no run)": t(fails, 0, fails == 0),
+        "lost results (study and store)": t(kr["lost_trials"] + kr["store"]["lost"], 0,
+                                            kr["lost_trials"] + kr["store"]["lost"] == 0),
+        "first-start races (processes released at one instant, new storage and store)": t(
+            races, 0, races == 0 and all(n >= 20 for n in tries.values()) and "postgresql" in tries,
+            f"tries per backend {tries} (target 20 each, SQLite and PostgreSQL)" if races == 0 else None),
+        "read-back attacks: malformed pending lines (kinds)": t(rb["pending"]["lines"], ">= 20",
+                                                                rb["pending"]["lines"] >= 20),
+        "read-back attacks: corrupt stored rows (kinds)": t(len(rb["stored_rows"]["kinds"]), ">= 5",
+                                                            len(rb["stored_rows"]["kinds"]) >= 5),
+        "read-back attacks: hostile campaign names": t(len(rb["hostile_names"]["names"]), ">= 5",
+                                                       len(rb["hostile_names"]["names"]) >= 5),
+        "read-back crashes": t(crashes, 0, crashes == 0),
+        "rows imported unchecked": t(rb["pending"]["rows_imported_unchecked"], 0,
+                                     rb["pending"]["rows_imported_unchecked"] == 0),
+        "names escaping .cubic/": t(rb["hostile_names"]["escaped"], 0, rb["hostile_names"]["escaped"] == 0),
+        "bad pending lines quarantined with a warning naming file and line": t(
+            rb["pending"]["warnings_naming_file_and_line"], rb["pending"]["lines"],
+            rb["pending"]["warnings_naming_file_and_line"] == rb["pending"]["quarantined"] == rb["pending"]["lines"]),
+        "Ray worker node lost mid-run": t(None, "retried or failed-by-infrastructure", False, not_built.format(3)),
+        "PostgreSQL restarted mid-campaign": t(None, "workers reconnect, nothing lost", False, not_built.format(3)),
+        "remote worker stops heartbeating": t(None, "retired after grace, re-run once", False, not_built.format(3)),
+        "soak (8 workers, PostgreSQL, >= 1000 trials, kills, a restart)": t(None, ">= 1000 trials, 0 lost", False,
+                                                                            not_built.format(6)),
+    }
 
 
 def _plot(payload: dict[str, Any], path: Path) -> None:
