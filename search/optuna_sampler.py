@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import threading
+import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -97,7 +98,7 @@ class CubicSampler(BaseSampler):
         self._strategy_arg = strategy
         self._batch_size = batch_size
         self._seed = int(np.random.SeedSequence(seed).generate_state(1)[0] % (2**31 - 1)) if seed is None else seed
-        self._independent = independent_sampler or RandomSampler(seed=self._seed)
+        self._independent = independent_sampler  # None: random, seeded per (seed, trial, parameter)
         self._constraints_func = constraints_func
         self._featurize, self._warm, self._run_context = featurize, tuple(warm), dict(run_context or {})
         self._log_objective = log_objective
@@ -109,7 +110,8 @@ class CubicSampler(BaseSampler):
 
     # ---- Optuna's BaseSampler ----------------------------------------------------------------
     def reseed_rng(self) -> None:
-        self._independent.reseed_rng()
+        if self._independent is not None:
+            self._independent.reseed_rng()
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         if self._space is not None:
@@ -125,10 +127,17 @@ class CubicSampler(BaseSampler):
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        return self._independent.sample_independent(study, trial, param_name, param_distribution)
+        if self._independent is not None:
+            return self._independent.sample_independent(study, trial, param_name, param_distribution)
+        # seeded by the trial, not by the process: workers started with one seed would otherwise
+        # draw the same values for their first trials (before any history makes them relative)
+        seed = np.random.SeedSequence([self._seed, trial.number, zlib.crc32(param_name.encode())])
+        return RandomSampler(seed=int(seed.generate_state(1)[0] % (2**31 - 1))).sample_independent(
+            study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._independent.before_trial(study, trial)
+        if self._independent is not None:
+            self._independent.before_trial(study, trial)
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
@@ -136,7 +145,8 @@ class CubicSampler(BaseSampler):
             from optuna.samplers._base import _process_constraints_after_trial
 
             _process_constraints_after_trial(self._constraints_func, study, trial, state)
-        self._independent.after_trial(study, trial, state, values)
+        if self._independent is not None:
+            self._independent.after_trial(study, trial, state, values)
 
     # ---- the adapter -------------------------------------------------------------------------
     def space_for(self, study: Study, search_space: dict[str, BaseDistribution],
@@ -224,15 +234,28 @@ class CubicSampler(BaseSampler):
                   for t in running if t.params}
         k = self._batch_size
         m = k * (len(history) // k)
-        point = self._pick(strategy, space, history[:m], k, taken, ("round", m, len(history[:m])), trial.number)
-        if point is None:  # the round was used up by other workers: propose again from everything
-            point = self._pick(strategy, space, history, k + len(running), taken, ("all", len(history), len(running)),
-                               trial.number)
-        if point is None:
-            return {}
-        study._storage.set_trial_system_attr(trial._trial_id, POINT_KEY, space.key(point))
+        for _ in range(8):
+            point = self._pick(strategy, space, history[:m], k, taken, ("round", m, len(history[:m])), trial.number)
+            if point is None:  # the round was used up by other workers: propose again from everything
+                point = self._pick(strategy, space, history, k + len(running), taken,
+                                   ("all", len(history), len(running)), trial.number)
+            if point is None:
+                return {}
+            key = space.key(point)
+            study._storage.set_trial_system_attr(trial._trial_id, POINT_KEY, key)
+            # claim, then look: another worker that wrote the same point before our look keeps it, and
+            # we pick again (both may yield, never both keep: each looks after writing its own claim)
+            if not self._claimed_elsewhere(study, trial, key):
+                break
+            taken.add(key)
         study._storage.set_trial_system_attr(trial._trial_id, STATE_KEY, strategy.state_dict())
         return {name: point[name] for name in search_space if name in point}
+
+    @staticmethod
+    def _claimed_elsewhere(study: Study, trial: FrozenTrial, key: str) -> bool:
+        others = study._storage.get_all_trials(study._study_id, deepcopy=False,
+                                               states=(TrialState.RUNNING, TrialState.WAITING))
+        return any(t.number != trial.number and t.system_attrs.get(POINT_KEY) == key for t in others)
 
     def _pick(self, strategy: Strategy, space: Space, history: list[Observation], k: int, taken: set[str],
               tag: tuple, number: int) -> dict[str, Any] | None:

@@ -22,6 +22,12 @@ def _env(tmp_path, monkeypatch):
     return ["--storage", f"sqlite:///{tmp_path}/c.db", "--store", f"sqlite:///{tmp_path}/t.db"]
 
 
+def _split(err):
+    """(start lines, end lines): a run's line when it starts (its knobs) and when it ends."""
+    lines = err.splitlines()
+    return [ln for ln in lines if ") starts: " in ln], [ln for ln in lines if ") starts: " not in ln]
+
+
 def _run(name, common, budget=2, json_out=False):
     return main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
                  "--name", name, "--strategy", "random", "--budget", str(budget), "--batch", "2", "--no-baseline",
@@ -32,11 +38,13 @@ def test_piped_campaign_prints_a_whole_line_per_run_and_nothing_is_cut(tmp_path,
     common = _env(tmp_path, monkeypatch)
     assert _run(LONG, common, budget=3) == 0
     out, err = capsys.readouterr()
-    lines = err.splitlines()
-    assert len(lines) == 3, err
-    for i, line in enumerate(lines, 1):
+    starts, lines = _split(err)
+    assert len(lines) == 3 and len(starts) == 3, err
+    for i, (start, line) in enumerate(zip(starts, lines), 1):
+        assert start.startswith(f"{LONG} run {i}/3 (trial ") and "batch_size=" in start
+        assert err.index(start) < err.index(line)  # the start line comes before its end line
         assert line.startswith(f"{LONG} run {i}/3 (trial ") and "batch_size=" in line and "kernels.dense_dtype=" in line
-        assert line.endswith("; SIMULATED") and "examples/s" in line
+        assert "; SIMULATED |" in line and "examples/s" in line and "best so far" in line
     # the summary on stdout: the whole name and the whole best point on one line
     assert f"{LONG}: 3 runs (0 served from the trial store)" in out.splitlines()[0]
     assert "}" in out.splitlines()[0]
@@ -56,7 +64,8 @@ def test_resume_counts_the_runs_served_from_the_store(tmp_path, monkeypatch, cap
     out, err = capsys.readouterr()
     (s,) = json.loads(out)
     assert s["runs"] == 3 and s["served_from_store"] >= 2  # not only this session's (0 or 1)
-    assert len(err.splitlines()) == 1 and "second run 3/3" in err  # only the run this session made
+    starts, ends = _split(err)
+    assert len(ends) == 1 and len(starts) == 1 and "second run 3/3" in ends[0]  # only the run this session made
     assert main(["campaign", "resume", "second", *common]) == 0
     out = capsys.readouterr().out
     assert "3 runs (" in out and "0 served" not in out
@@ -74,7 +83,8 @@ def test_a_worker_prints_a_line_per_run_it_makes(tmp_path, monkeypatch, capsys):
              storage=common[1], context=ctx)  # created, never run: the worker coordinates it
     assert main(["campaign", "work", "joined", *common]) == 0
     out, err = capsys.readouterr()
-    lines = err.splitlines()
+    starts, lines = _split(err)
     assert [ln.split(" (trial")[0] for ln in lines] == ["joined run 1/2", "joined run 2/2"]
-    assert all(ln.endswith("; SIMULATED") for ln in lines)
+    assert [ln.split(" (trial")[0] for ln in starts] == ["joined run 1/2", "joined run 2/2"]
+    assert all("; SIMULATED |" in ln for ln in lines)
     assert "2 runs (0 served from the trial store); coordinated" in out

@@ -104,13 +104,23 @@ def test_a_store_failure_stops_the_campaign_with_a_store_error_not_a_failed_tria
 
 
 def test_retries_of_a_transient_failure_carry_increasing_attempts(store):
+    t = [Result.failed("killed", "the worker's node went away", fingerprint_hash="fp") for _ in range(2)]
+    runner = Fake(script={256: t})
+    space = Space.model_validate({**SPACE.to_json(), "parameters": [
+        {"name": "batch_size", "type": "categorical", "choices": [256]}]})
+    Campaign(space, RunnerEvaluate(W, runner, space, store=store), strategy="random", budget=1, batch_size=1,
+             max_retries=2).run()
+    assert [(r.failure_kind, r.attempt) for r in store.trials()] == [("killed", 1), ("killed", 2), (None, 3)]
+
+
+def test_a_timeout_is_retried_at_most_once(store):
     t = [Result.failed("timeout", "no result within 5 s", fingerprint_hash="fp") for _ in range(2)]
     runner = Fake(script={256: t})
     space = Space.model_validate({**SPACE.to_json(), "parameters": [
         {"name": "batch_size", "type": "categorical", "choices": [256]}]})
     Campaign(space, RunnerEvaluate(W, runner, space, store=store), strategy="random", budget=1, batch_size=1,
              max_retries=2).run()
-    assert [(r.failure_kind, r.attempt) for r in store.trials()] == [("timeout", 1), ("timeout", 2), (None, 3)]
+    assert [(r.failure_kind, r.attempt) for r in store.trials()] == [("timeout", 1), ("timeout", 2)]
 
 
 def test_ctrl_c_records_the_run_as_killed_and_stops_the_campaign(store):
