@@ -3,7 +3,7 @@ winner and runner-up re-measured in fresh processes (MEASURED on this machine).
 
 Two kinds of campaign, each from a fresh trial store and Optuna storage, with different seeds:
 
-- ``objective``: ``cubic campaign run --objective`` on experiments/noisy_job.py, whose throughput
+- ``objective``: ``cubic campaign run --objective`` on experiments/_noisy_job.py, whose throughput
   is a KNOWN function of its knob times lognormal noise drawn per process (sd 5%); half the
   campaigns with a near-tie at the top (100 vs 97: should be called tied), half with a clear
   winner (100 vs 80: should be separated): the answer's logic on noise of a known size;
@@ -41,9 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import png_path, run_context, write_result  # noqa: E402
-from experiments.noisy_job import true_qps  # noqa: E402
+from experiments._noisy_job import true_qps  # noqa: E402
 
-JOB = Path(__file__).resolve().parent / "noisy_job.py"
+JOB = Path(__file__).resolve().parent / "_noisy_job.py"
 REMEASURE = 4
 JOB_NOISE = 0.05
 JOB_SPACE = """

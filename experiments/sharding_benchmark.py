@@ -7,7 +7,7 @@ Ground truth of a plan (per task, per regime):
   every distinct rank set of every method and regime of a task is measured in ``ROUNDS``
   interleaved rounds and the minimum kept (the 2-core machine is shared: contention only inflates
   a measurement, and interleaving spreads it over the methods);
-- communication: experiments/sharding_ground_truth.py, written apart from cost_models/comm.py: a
+- communication: experiments/_sharding_ground_truth.py, written apart from cost_models/comm.py: a
   plain bandwidth + latency network with a per-message overhead; each all-to-all is synchronous
   (it ends when its slowest rank does, per-rank max(sent, received)); three all-to-alls a step.
   The planners optimise cost_models.comm's per-rank additive form (and, in the gloo regime, its
@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
-from experiments.sharding_ground_truth import PlainNetwork, step_ms  # noqa: E402
+from experiments._sharding_ground_truth import PlainNetwork, step_ms  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import LearnedEstimator  # noqa: E402
 from sharding.measure import ShardWork, measure_compute, works_key  # noqa: E402
@@ -444,7 +444,7 @@ def main(argv=None) -> int:
         "what": ("per task and interconnect regime, every planner told the regime's network (Topology comm fields); "
                  "each plan judged by: max over ranks of MEASURED compute (FBGEMM CPU TBE, thread CPU time, min of "
                  f"{ROUNDS} interleaved rounds) + MODELLED communication by an independent synchronous plain-network "
-                 "model (experiments/sharding_ground_truth.py), not the cost_models.comm model the planners optimise"),
+                 "model (experiments/_sharding_ground_truth.py), not the cost_models.comm model the planners optimise"),
         "ground_truth": {"compute": "measured", "communication": "modelled: independent plain bandwidth + latency + "
                          "per-message overhead, synchronous all-to-all (per-rank max(sent, received), max over ranks)",
                          "regimes": {r: {"told": v[0], "judge": v[1](8).describe(), "how": v[2]} for r, v in regs.items()}},

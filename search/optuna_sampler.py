@@ -32,13 +32,11 @@ trials, with the running ones excluded.
 
 from __future__ import annotations
 
-import math
 import threading
 import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.search_space import IntersectionSearchSpace

@@ -78,7 +78,7 @@ def _job_campaign(tmp_path, capsys, table: str, *extra: str):
     import sys
     from pathlib import Path
 
-    job = Path(__file__).resolve().parent.parent / "experiments" / "noisy_job.py"
+    job = Path(__file__).resolve().parent.parent / "experiments" / "_noisy_job.py"
     (tmp_path / "space.yaml").write_text(JOB_SPACE)
     rc = main(["campaign", "run", "--objective", f"{sys.executable} {job} --a {{a}} --noise 0.03 --table {table}",
                "--space", "space.yaml", "--name", "j", "--strategy", "random", "--budget", "6", "--batch", "6",

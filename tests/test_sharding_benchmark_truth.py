@@ -1,10 +1,10 @@
-"""The sharding benchmark's independent communication judge (experiments/sharding_ground_truth.py):
+"""The sharding benchmark's independent communication judge (experiments/_sharding_ground_truth.py):
 volumes from the shards themselves, synchronous collectives, per-message overheads; checked by hand."""
 
 import pytest
 
 from cubic.core.spec import Table, Topology
-from experiments.sharding_ground_truth import PlainNetwork, step_ms
+from experiments._sharding_ground_truth import PlainNetwork, step_ms
 from sharding.types import Plan, Shard
 
 

@@ -1,6 +1,6 @@
 """A job with KNOWN noise, for the answer's calibration (experiments/answer_calibration.py) and tests.
 
-``python experiments/noisy_job.py --a 4 [--noise 0.05] [--table NAME]`` prints one JSON line
+``python experiments/_noisy_job.py --a 4 [--noise 0.05] [--table NAME]`` prints one JSON line
 ``{"qps": true_qps(a) x exp(N(0, noise))}``: its throughput is a known function of its knob times
 lognormal noise drawn fresh in every process (seeded from the OS), as a real job's run-to-run noise
 is. No torch: a run takes well under a second, so a campaign of it measures the answer's logic,
