@@ -37,7 +37,10 @@ def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db
     """Where FP8 pays (issue 25): the production-shaped workload probed on this CPU at its reduced batch,
     speeds from the H100 model at the production batch (``PRODUCTION_BATCH``); the recommendation with
     ``require_fast`` keeps the sites the model predicts faster; ``seeds`` paired seeds (0: not trained)
-    train full precision and the recommendation for the NE target."""
+    train full precision and the recommendation for the NE target. Beside it, the recommendation
+    restricted to torchao's recipes (``recipes="torchao"``: what ``cubic fp8 probe --recipes torchao``
+    gives a torchao job, since torchao runs neither block128 nor mx32), trained on the same seeds
+    when it differs."""
     w = load_workload(name)
     prod = PRODUCTION_BATCH[name]
     t0 = time.perf_counter()
@@ -46,6 +49,7 @@ def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db
     probe_s = time.perf_counter() - t0
     kw = dict(probe=probe, dispatcher=dispatcher, warmup_steps=warmup, target_batch=prod, mods=False)
     fast = recommend(w, budget, **kw, require_fast=True)
+    ta = recommend(w, budget, **kw, require_fast=True, recipes="torchao")
     sites = fast.model_dump(mode="json")["sites"]
     predicted_faster = {n: max(s["speedups"].values()) for n, s in sites.items() if s["speedups"]
                         and max(s["speedups"].values()) > 1.0}
@@ -60,23 +64,39 @@ def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db
            "step": step_speedup(sites, {n: s["recipe"] for n, s in sites.items()})}
     out["step_if_every_fast_site"] = step_speedup(
         sites, {n: max(sites[n]["speedups"], key=sites[n]["speedups"].get) for n in predicted_faster})
+    ta_recipes = {n: s.recipe for n, s in ta.fp8_sites().items()}
+    same = ta_recipes == {n: s.recipe for n, s in fast.fp8_sites().items()}
+    out["torchao"] = {"recommended_sites": ta.module_filter, "recipes": ta_recipes, "same_as_recommended": same,
+                      "changed": {n: [sites[n]["recipe"], ta_recipes.get(n)] for n in sites
+                                  if sites[n]["recipe"] != ta_recipes.get(n)},
+                      "step": step_speedup(sites, ta_recipes),
+                      "what": "the recommendation restricted to torchao's recipes (cubic fp8 probe --recipes torchao): "
+                              "the placement `cubic fp8 export --format torchao` accepts"}
+    variants = {"recommended": fast} | ({} if same or not ta.module_filter else {"recommended_torchao": ta})
     if seeds and fast.module_filter:
         wt = with_eval_batch(w, eval_batch)
-        rec = FP8Choice(policy="placement", placement=fast.model_dump(mode="json"))
-        res = _run_tasks(pool, [(wt, v, c, steps, sd, False, warmup, None) for sd in range(seeds)
-                                for v, c in (("full_precision", None), ("recommended", rec))])
+        choices = [("full_precision", None)] + [(v, FP8Choice(policy="placement", placement=p.model_dump(mode="json")))
+                                                for v, p in variants.items()]
+        res = _run_tasks(pool, [(wt, v, c, steps, sd, False, warmup, None) for sd in range(seeds) for v, c in choices])
         ne: dict[str, dict[int, float]] = {}
         for v, sd, r in res:
             ne.setdefault(v, {})[sd] = r["ne"]
-        d = [(ne["recommended"][sd] - ne["full_precision"][sd]) / ne["full_precision"][sd] for sd in range(seeds)]
-        st = paired(d)
-        out["ne_rel_diff"] = st | {"label": "measured on this CPU, paired seeds", "steps": steps}
-        out["target"] = verdict(st)
+        st = {v: paired([(ne[v][sd] - ne["full_precision"][sd]) / ne["full_precision"][sd] for sd in range(seeds)])
+              for v in variants}
+        out["ne_rel_diff"] = st["recommended"] | {"label": "measured on this CPU, paired seeds", "steps": steps}
+        out["target"] = verdict(st["recommended"])
+        ta_st = st["recommended" if same else "recommended_torchao"] if ta.module_filter else None
     else:
-        out["ne_rel_diff"] = None
+        out["ne_rel_diff"] = ta_st = None
         out["target"] = {"met": False, "text": "not trained" + (" (no site recommended)" if not fast.module_filter
                                                                 else " (quick run: no paired seeds)")}
+    out["torchao"]["ne_rel_diff"] = ta_st and ta_st | {"label": "measured on this CPU, paired seeds", "steps": steps}
+    out["torchao"]["target"] = verdict(ta_st) if ta_st else {
+        "met": False, "text": "no site recommended" if not ta.module_filter else out["target"]["text"]}
     print(f"[{name}] production batch {prod}: recommended {fast.module_filter}; predicted faster on H100: "
           f"{ {n: round(v, 2) for n, v in predicted_faster.items()} }; dense-part speedup "
           f"{out['step']['speedup']:.2f}x (modelled); NE: {out['target']['text']}", flush=True)
+    print(f"[{name}] restricted to torchao's recipes: {ta_recipes} (changed: {out['torchao']['changed']}); "
+          f"dense-part speedup {out['torchao']['step']['speedup']:.2f}x (modelled); NE: "
+          f"{out['torchao']['target']['text']}", flush=True)
     return out

@@ -97,6 +97,14 @@ def test_production_target():
     prod = [v for k, v in t.items() if k.startswith("dlrm-wide (production")]
     assert prod and prod[0]["met"] and prod[0]["predicted_dense_speedup_h100"] == 1.2
     assert [v for k, v in t.items() if "predicts faster" in k][0]["met"]
+    # the torchao-restricted recommendation: its own NE target (here block128 -> rowwise at one site)
+    ta = {"recommended_sites": ["a"], "recipes": {"a": "rowwise"}, "changed": {"a": ["block128", "rowwise"]},
+          "step": {"speedup": 1.1}, "ne_rel_diff": fb.paired([4e-3, -3e-3, 5e-3, -4e-3])}
+    ta["target"] = fb.verdict(ta["ne_rel_diff"])
+    t = fb.targets(payload | {"production": pr | {"torchao": ta}})
+    check_targets(t)
+    (tt,) = [v for k, v in t.items() if "restricted to torchao" in k]
+    assert not tt["met"] and "not resolved" in tt["reason"] and tt["changed"] == {"a": ["block128", "rowwise"]}
     # a recommended site the model does not predict faster fails the placement target
     t = fb.targets(payload | {"production": pr | {"sites_predicted_faster": {}}})
     assert not [v for k, v in t.items() if "predicts faster" in k][0]["met"]
