@@ -210,3 +210,28 @@ def test_the_export_names_split_sites_and_refuses_what_torchao_cannot_run(tmp_pa
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert "sites.2.recipe" in line and "'block128'" in line and "--recipes torchao" in line
+
+
+def test_the_rescued_wukong_site_trains_the_same_under_torchao_as_under_cubic():
+    # wukong-small's heavy-tailed dense slot with the Mods the rescue applies (pad_dims, split_outliers),
+    # rowwise: torchao's export and cubic's runtime train the real workload to the same losses, bit for bit
+    from cubic.core.config import Config
+    from cubic.core.train import TrainSession
+    from cubic.core.workloads import load_workload
+    from fp8.runtime import apply_placement
+
+    w = load_workload("wukong-small")
+    site = "dense.layers.0.lcb.proj"
+    lin = dict(TrainSession(w, Config(seed=0)).model.named_modules())[site]
+    mods = [{"name": "pad_dims", "params": {}}, SPLIT]
+    p = parse_placement({"workload": w.name, "module_filter": [site], "sites": {site: {
+        "m": 256, "k": lin.in_features, "n": lin.out_features, "recipe": "rowwise", "kernel": "scaled_mm_rowwise",
+        "applied_mods": mods, "safe": True}}})
+    losses = {}
+    for how, fn in (("torchao", apply_placement_torchao), ("cubic", apply_placement)):
+        tr = TrainSession(w, Config(seed=0), transform=lambda m, fn=fn: fn(m, p) or m)
+        losses[how] = tr.train(4)
+        inner = dict(tr.model.named_modules())
+        assert type(inner[f"{site}.linear.linear"]).__name__ == {"torchao": "Float8Linear", "cubic": "Fp8Linear"}[how]
+        assert inner[f"{site}.linear"].outlier.any()  # the split found outlier channels on the real data
+    assert losses["torchao"] == losses["cubic"] and all(map(torch.isfinite, torch.tensor(losses["torchao"])))
