@@ -70,6 +70,11 @@ def test_quick_run_writes_the_targets_object(tmp_path, monkeypatch):
     assert out["context"]["code_version"] and "loadavg_1m_at_start" in out["context"]
     assert out["quality"][0]["seed_plan"]["seeds_planned"] >= out["quality"][0]["pilot_seeds"]
     assert (tmp_path / "fp8_benchmark_quick.png").is_file()
+    # the torchao sections: parity measured per recipe; dlrm-wide's placement restricted to torchao's recipes
+    assert out["torchao_parity"]["status"] == "run" and set(out["torchao_parity"]["per_recipe"]) == {
+        "tensorwise", "rowwise", "rowwise_with_gw_hp"}
+    ta = out["production"]["torchao"]
+    assert set(ta["recipes"].values()) <= {"tensorwise", "rowwise", "rowwise_with_gw_hp"} and "speedup" in ta["step"]
 
 
 def test_production_workload_is_wide_and_its_speed_is_modelled_at_the_production_batch():
