@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from experiments.common import ci_text  # noqa: E402
-from experiments.fp8_benchmark import NE_TARGET, paired, with_eval_batch  # noqa: E402
+from experiments._fp8_quality import NE_TARGET, paired, with_eval_batch  # noqa: E402
 
 WORKLOAD, STEPS, FIRST_SEED = "wukong-small", 150, 1000  # seeds apart from fp8_benchmark's 0..59
 ROLES = {"fwd_gi": ("fwd", "grad_input"), "fwd_only": ("fwd",), "gi_only": ("grad_input",)}

@@ -8,6 +8,7 @@ from typing import Any
 from cost_models.gpu_gemm import block_speedup
 from cost_models.hardware import load_device
 from cubic.core.config import Config, FP8Choice
+from cubic.core.recipes import HIGH_PRECISION, recipe_set
 from cubic.core.spec import SpecError, Workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
@@ -211,7 +212,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
               keep_first_last: bool = True, unsure_margin: bool = True, probe_stride: int = 1,
               label: str | None = None, mods: bool = True, mods_probe: Probe | None = None,
               budget_scope: str = "model", budget_ne_rel: float | None = DEFAULT_BUDGET_NE_REL,
-              device: str = "cpu") -> Placement:
+              device: str = "cpu", recipes: str | tuple[str, ...] = "all") -> Placement:
     """A placement for ``workload`` under an SQNR budget (see :mod:`fp8.placement` for the schema).
 
     ``target_batch`` rescales each site's M (rows) from the probed batch to the production batch
@@ -247,10 +248,19 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
 
     ``device``: where the Probe trains and measures and Dispatch times kernels (``cpu``, ``cuda``,
     ``cuda:N``); the placement records it as ``probe_device``.
+
+    ``recipes``: the FP8 recipes a site may be placed in (:func:`cubic.core.recipes.recipe_set`):
+    ``"torchao"`` for a placement a torchao job applies (``cubic fp8 export --format torchao`` refuses
+    ``block128`` and ``mx32``, which torchao's Float8Linear does not run); the Probe still measures
+    every recipe, and each site's speedups list them all. The placement records it as ``probe.recipes``.
     """
     from fp8.kernels import check_device
 
     device = str(check_device(device, "device"))
+    try:
+        allowed = recipe_set(recipes)
+    except ValueError as e:
+        raise SpecError(str(e), field="recipes") from None
     if budget_scope not in ("site", "model"):
         raise SpecError(f"unknown budget scope {budget_scope!r} (site or model)", field="budget_scope")
     if probe is None:
@@ -289,7 +299,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
             margin = probe.ci_halfwidth_db if unsure_margin and not probed.get("converged_ci", True) else 0.0
             budget_here = budget_db + margin if budget_db is not None else None
             return errors, budget_here, decide_site({"errors": errors, "speedups": speedups}, budget_here,
-                                                    require_fast=require_fast, fast_threshold=fast_threshold,
+                                                    recipes=allowed, require_fast=require_fast, fast_threshold=fast_threshold,
                                                     budget_ne_rel=budget_ne_rel, margin_db=margin,
                                                     confidence=probe.confidence)
 
@@ -322,7 +332,8 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
                 mods_probe_doc["chosen"] = False
         elif not any(a["name"] == "pad_dims" for a in applied) and cuda_fp8_shape_problem(s["k"], s["n"]):
             applied = [{"name": "pad_dims", "params": {}}] + applied
-        low = {r: e["ci_low_db"] for r, e in errors.items()} | {"fp32": 200.0}
+        # Dispatch chooses among the allowed recipes' kernels (and high precision)
+        low = {r: e["ci_low_db"] for r, e in errors.items() if r in allowed or r in HIGH_PRECISION} | {"fp32": 200.0}
         d = dispatcher.decide(m, s["k"], s["n"], low, budget_here)  # the same bar as the site's recipe
         kernel = None
         if recipe is not None:
@@ -358,7 +369,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         "require_fast": require_fast,
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
                   "min_batches": probe.min_batches, "max_batches": probe.max_batches, "stride": probe.stride,
-                  "warmup_steps": warmup_steps, "target_batch": target_batch or batch,
+                  "warmup_steps": warmup_steps, "target_batch": target_batch or batch, "recipes": list(allowed),
                   "conservative": {"keep_first_last": keep_first_last, "unsure_margin": unsure_margin},
                   "order": order, "kept_ends": sorted(ends),
                   "mods_probed": sorted(modded), "mods_probe_steps": mods_probe.steps if modded else 0,

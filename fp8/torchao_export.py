@@ -16,13 +16,24 @@ converting, that the converted modules are exactly the placement's sites: otherw
 ``ValueError`` naming the site, and the model is not half-converted silently.
 
 Only torchao's ``Float8Linear`` recipes export (:data:`cubic.core.recipes.TORCHAO_RECIPES`); a site
-on ``block128`` or ``mx32`` is refused with a :class:`~cubic.core.spec.SpecError` naming it.
+on ``block128`` or ``mx32`` is refused with a :class:`~cubic.core.spec.SpecError` naming it and the
+fix: probe with ``--recipes torchao`` (``recommend(..., recipes="torchao")``), which places each site
+in the best recipe torchao runs. The export does not re-decide such a site itself: the budget holds
+the FP8 sites together, so swapping one site's recipe needs the recommendation's rule, not a lookup.
+
+A ``split_outliers`` site exports as it runs in cubic: its :class:`fp8.mods.OutlierSplitLinear`
+wraps the site, torchao converts the inner ``<site>.linear`` (fed the input with the outlier
+channels zeroed), and the outlier channels' GEMM runs in the layer's precision beside it against
+the same weight. It picks its outlier channels on the first batch the job runs it on and keeps them
+in its ``outlier`` buffer (state_dict), so a job resumed from its own checkpoint (``apply`` first,
+then ``load_state_dict``) keeps the same channels.
 """
 
 from __future__ import annotations
 
 import inspect
 import pprint
+import textwrap
 from typing import Any
 
 from cubic.core.recipes import TORCHAO_RECIPES
@@ -39,7 +50,8 @@ def torchao_plan(placement: Placement, source: str = "placement") -> dict[str, A
     for name, site in sorted(placement.fp8_sites().items()):
         if site.recipe not in TORCHAO_RECIPES:
             raise SpecError(f"recipe {site.recipe!r} is not a torchao Float8Linear recipe "
-                            f"({', '.join(TORCHAO_RECIPES)}): this site cannot be exported to torchao",
+                            f"({', '.join(TORCHAO_RECIPES)}): torchao cannot run this site; probe again with "
+                            f"--recipes torchao (recommend(..., recipes='torchao'))",
                             source=source, field=f"sites.{name}.recipe")
         recipes.setdefault(str(site.recipe), []).append(name)
     fp8 = placement.fp8_sites()
@@ -51,6 +63,11 @@ def torchao_plan(placement: Placement, source: str = "placement") -> dict[str, A
         "mods": {n: [m.model_dump(mode="json") for m in s.applied_mods] for n, s in sorted(fp8.items())
                  if s.applied_mods},
     }
+
+
+def split_sites(plan: dict[str, Any]) -> list[str]:
+    """The plan's sites whose outlier channels run beside torchao's GEMM (the ``split_outliers`` Mod)."""
+    return sorted(n for n, ms in plan.get("mods", {}).items() if any(m["name"] == "split_outliers" for m in ms))
 
 
 def apply_plan(model, plan):
@@ -104,9 +121,16 @@ def export_module(placement: Placement, source: str = "placement") -> str:
     plan = torchao_plan(placement, source)
     counts = ", ".join(f"{len(v)} {k}" for k, v in plan["recipes"].items()) or "none"
     needs = "torch, torchao and cubic (for its Mods)" if plan["mods"] else "torch and torchao"
+    split = split_sites(plan)
+    if split:
+        needs += (f". split_outliers at {', '.join(split)}: torchao converts each one's inner .linear; the "
+                  "outlier input channels (picked on the first batch the job runs, kept in the state_dict) run "
+                  "in high precision beside it; a checkpoint saved after apply(model) loads after apply(model)")
+    head = textwrap.fill(f"FP8 sites: {counts} (of {len(placement.sites)} linear sites). Needs {needs}. "
+                         "In the training job:", 100)
     return f'''"""FP8 placement for {placement.workload or source!s}, exported by `cubic fp8 export --format torchao`.
 
-FP8 sites: {counts} (of {len(placement.sites)} linear sites). Needs {needs}. In the training job:
+{head}
 
     import <this module>
     model = <this module>.apply(model)   # before building the optimizer / torch.compile

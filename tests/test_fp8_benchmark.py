@@ -70,6 +70,11 @@ def test_quick_run_writes_the_targets_object(tmp_path, monkeypatch):
     assert out["context"]["code_version"] and "loadavg_1m_at_start" in out["context"]
     assert out["quality"][0]["seed_plan"]["seeds_planned"] >= out["quality"][0]["pilot_seeds"]
     assert (tmp_path / "fp8_benchmark_quick.png").is_file()
+    # the torchao sections: parity measured per recipe; dlrm-wide's placement restricted to torchao's recipes
+    assert out["torchao_parity"]["status"] == "run" and set(out["torchao_parity"]["per_recipe"]) == {
+        "tensorwise", "rowwise", "rowwise_with_gw_hp"}
+    ta = out["production"]["torchao"]
+    assert set(ta["recipes"].values()) <= {"tensorwise", "rowwise", "rowwise_with_gw_hp"} and "speedup" in ta["step"]
 
 
 def test_production_workload_is_wide_and_its_speed_is_modelled_at_the_production_batch():
@@ -86,24 +91,51 @@ def test_production_workload_is_wide_and_its_speed_is_modelled_at_the_production
     assert big["speedup"] > 1.0 > fb.step_speedup(both, {"tiny": "rowwise"})["speedup"]
 
 
-def test_production_target_and_torchao_hook():
+def test_production_target():
     pr = {"workload": "dlrm-wide", "production_batch": 16384, "recommended_sites": ["a"],
           "sites_predicted_faster": {"a": 1.3}, "fast_sites_not_recommended": {},
           "step": {"speedup": 1.2}, "ne_rel_diff": fb.paired([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])}
     pr["target"] = fb.verdict(pr["ne_rel_diff"])
-    payload = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {
-        "production": pr, "torchao_parity": fb.torchao_parity()}
+    payload = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {"production": pr}
     t = fb.targets(payload)
     check_targets(t)
     prod = [v for k, v in t.items() if k.startswith("dlrm-wide (production")]
     assert prod and prod[0]["met"] and prod[0]["predicted_dense_speedup_h100"] == 1.2
     assert [v for k, v in t.items() if "predicts faster" in k][0]["met"]
-    parity = [v for k, v in t.items() if k.startswith("torchao parity")][0]
-    if payload["torchao_parity"]["status"] == "not run":  # a hook, never a figure
-        assert parity["met"] is False and parity["measured"] is None and "no torchao parity function" in parity["reason"]
+    # the torchao-restricted recommendation: its own NE target (here block128 -> rowwise at one site)
+    ta = {"recommended_sites": ["a"], "recipes": {"a": "rowwise"}, "changed": {"a": ["block128", "rowwise"]},
+          "step": {"speedup": 1.1}, "ne_rel_diff": fb.paired([4e-3, -3e-3, 5e-3, -4e-3])}
+    ta["target"] = fb.verdict(ta["ne_rel_diff"])
+    t = fb.targets(payload | {"production": pr | {"torchao": ta}})
+    check_targets(t)
+    (tt,) = [v for k, v in t.items() if "restricted to torchao" in k]
+    assert not tt["met"] and "not resolved" in tt["reason"] and tt["changed"] == {"a": ["block128", "rowwise"]}
     # a recommended site the model does not predict faster fails the placement target
     t = fb.targets(payload | {"production": pr | {"sites_predicted_faster": {}}})
     assert not [v for k, v in t.items() if "predicts faster" in k][0]["met"]
+
+
+def test_torchao_parity_section_reports_the_measured_differences_per_recipe(monkeypatch):
+    pytest.importorskip("torchao.float8")
+    import fp8.torchao_parity as tp
+
+    small = tp.torchao_parity  # the real check, on one dtype and kernel per recipe (seconds)
+    monkeypatch.setattr(tp, "torchao_parity", lambda: small(dtypes=("fp32",), real=(True,)))
+    sec = fb.torchao_parity()
+    assert sec["status"] == "run" and set(sec["per_recipe"]) == {"tensorwise", "rowwise", "rowwise_with_gw_hp"}
+    t = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {"torchao_parity": sec})
+    check_targets(t)
+    p = t[fb.PARITY_KEY]
+    assert p["met"] and p["target"] == "bit-identical" and p["measured"] == {r: 0.0 for r in sec["per_recipe"]}
+    # a recipe that differs misses the target and is named, with the outputs that differ
+    bad = dict(sec, met=False, per_recipe=dict(sec["per_recipe"], rowwise=dict(
+        sec["per_recipe"]["rowwise"], met=False, max_abs_diff={"y": 0.0, "dx": 1e-6, "dw": 2e-6, "db": 0.0})))
+    p = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {"torchao_parity": bad})[fb.PARITY_KEY]
+    assert not p["met"] and p["measured"]["rowwise"] == 2e-6 and p["reason"] == "differs from torchao: rowwise: dx, dw"
+    # torchao missing: not run, a missed target with why, never a figure
+    monkeypatch.setattr(tp, "torchao_parity", lambda: (_ for _ in ()).throw(ImportError("no torchao")))
+    p = fb.parity_target(fb.torchao_parity())
+    assert p["met"] is False and p["measured"] is None and "no torchao" in p["reason"]
 
 
 def test_mods_rescue_target_needs_unsafe_without_and_safe_with():

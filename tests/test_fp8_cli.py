@@ -136,3 +136,29 @@ def test_probe_module_takes_a_loss(capsys):
     for bad in ("hinge", "no_such_mod:f"):
         assert main(base + ["--loss", bad]) == 2
         assert "--loss" in capsys.readouterr().err
+
+
+def test_probe_cli_recipes_torchao_gives_a_placement_torchao_runs(tmp_path, capsys):
+    from cubic.core.recipes import TORCHAO_RECIPES
+
+    base = ["fp8", "probe", "--module", "tests.test_fp8_cli:toy_factory", "--budget-sqnr", "10", "--max-batches", "3",
+            "--no-require-fast", "--no-keep-first-last", "--budget-ne", "off"]
+    other, ours = tmp_path / "other.json", tmp_path / "torchao.json"
+    # restricted to the recipes torchao lacks, the sites land there, and the torchao export refuses them
+    assert main(base + ["--recipes", "block128,mx32", "--out", str(other)]) == 0
+    p = load_placement(str(other))
+    assert p.module_filter and {s.recipe for s in p.fp8_sites().values()} <= {"block128", "mx32"}
+    capsys.readouterr()
+    assert main(["fp8", "export", str(other)]) == 2
+    assert "--recipes torchao" in capsys.readouterr().err
+    # --recipes torchao: the same sites, each in a recipe torchao runs; it exports
+    assert main(base + ["--recipes", "torchao", "--out", str(ours)]) == 0
+    q = load_placement(str(ours))
+    assert q.module_filter == p.module_filter and q.probe["recipes"] == list(TORCHAO_RECIPES)
+    assert {s.recipe for s in q.fp8_sites().values()} <= set(TORCHAO_RECIPES)
+    assert all(s.dispatch["kernel"].removeprefix("emulated_") not in ("block128", "mx32") for s in q.sites.values())
+    assert main(["fp8", "export", str(ours), "--out", str(tmp_path / "job.py")]) == 0
+    capsys.readouterr()
+    assert main(base + ["--recipes", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "--recipes" in err and "'fp16'" in err and len(err.strip().splitlines()) == 1

@@ -1,26 +1,23 @@
 """cubic's recipes are torchao's: the table against torchao 0.18's own config, and one Linear's
 forward and backward under cubic's kernels against torchao's ``Float8Linear`` on this CPU.
 
-Measured: every output (y, dx, dw, db) is bit-identical to torchao's, for the three recipes, in
+Measured (the check is fp8.torchao_parity, which the benchmark and the GPU checks report): every output (y, dx, dw, db) is bit-identical to torchao's, for the three recipes, in
 fp32 and bf16, for the real (``torch._scaled_mm``) and the emulated kernels: the casts are the same
 op for op (scale in float64 then float32, power-of-2 rounding, saturating cast), a rowwise GEMM
 rounds its output to bf16 as torchao's does, and the fp32 accumulations happen to agree. So the
 tolerance is zero: any change of cast, format or rounding fails here.
 """
 
-import copy
 import dataclasses
 import warnings
 
 import pytest
 import torch
-from torch import nn
-
 torchao_float8 = pytest.importorskip("torchao.float8")
 
 from cubic.core.recipes import HP, RECIPES, TORCHAO_RECIPES, Cast  # noqa: E402
-from fp8.kernels import Fp8Linear, default_kernel  # noqa: E402
 from fp8.recipes import quantize  # noqa: E402
+from fp8.torchao_parity import OUTPUTS, linear_pair, torchao_parity  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Enum subclass.*")
 
@@ -72,38 +69,22 @@ def test_casts_are_bit_identical_to_torchaos(fmt, scaling, pow2):
     assert torch.equal(s, t._scale.reciprocal())
 
 
-def _linear_grads(module: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
-    xi = x.clone().requires_grad_(True)
-    y = module(xi)
-    y.backward(dy)
-    lin = module[0] if isinstance(module, nn.Sequential) else module
-    return [y.detach(), xi.grad, lin.weight.grad, lin.bias.grad]
-
-
-def _pair(recipe: str, dtype: torch.dtype, *, real: bool, recipes=None):
-    g = torch.Generator().manual_seed(1)
-    m, k, n = 96, 80, 48
-    lin = nn.Linear(k, n).to(dtype)
-    # columns over 4 orders of magnitude, so rowwise and tensorwise scales differ
-    x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, k)).to(dtype)
-    dy = (torch.randn(m, n, generator=g) * 1e-3).to(dtype)
-    theirs = nn.Sequential(copy.deepcopy(lin))
-    torchao_float8.convert_to_float8_training(theirs, config=torchao_float8.Float8LinearConfig.from_recipe_name(recipe))
-    assert type(theirs[0]).__name__ == "Float8Linear"
-    kernel = default_kernel(recipe, "cpu", (m, k, n)).name if real else f"emulated_{recipe}"
-    hp = "fp32" if dtype == torch.float32 else "bf16"  # torchao's high precision is the layer's dtype
-    ours = Fp8Linear.from_linear(copy.deepcopy(lin), kernel, hp=hp)
-    return _linear_grads(theirs, x, dy), _linear_grads(ours, x, dy)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("real", [True, False])
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 def test_one_linear_forward_and_backward_equal_torchaos_float8linear(recipe, real, dtype):
-    theirs, ours = _pair(recipe, dtype, real=real)
-    for name, a, b in zip(("y", "dx", "dw", "db"), theirs, ours):
-        assert a.dtype == b.dtype
-        assert torch.equal(a, b), f"{recipe} {dtype} real={real}: {name} differs from torchao"
+    theirs, ours, _ = linear_pair(recipe, dtype, real=real)
+    for name in OUTPUTS:
+        assert theirs[name].dtype == ours[name].dtype
+        assert torch.equal(theirs[name], ours[name]), f"{recipe} {dtype} real={real}: {name} differs from torchao"
+
+
+def test_the_parity_report_is_the_same_check():
+    # what the benchmark and the GPU checks report: per recipe, the worst differences over dtypes x kernels
+    out = torchao_parity(("rowwise",), dtypes=("bf16",), real=(True,))
+    r = out["per_recipe"]["rowwise"]
+    assert out["target"]["kind"] == "bit-identical" and out["met"] and r["bit_identical"]
+    assert r["max_abs_diff"] == {t: 0.0 for t in OUTPUTS} and len(r["cases"]) == 1
 
 
 def test_the_parity_check_can_fail(monkeypatch):
@@ -114,6 +95,10 @@ def test_the_parity_check_can_fail(monkeypatch):
     e5 = Cast("e5m2", "rowwise")
     monkeypatch.setitem(table.RECIPES, "rowwise", dataclasses.replace(
         old, grad_input=(e5, old.grad_input[1]), grad_weight=(e5, old.grad_weight[1])))
-    theirs, ours = _pair("rowwise", torch.float32, real=True)
-    assert torch.equal(theirs[0], ours[0])  # the forward is unchanged
-    assert not torch.equal(theirs[1], ours[1]) and not torch.equal(theirs[2], ours[2])
+    theirs, ours, _ = linear_pair("rowwise", "fp32", real=True)
+    assert torch.equal(theirs["y"], ours["y"])  # the forward is unchanged
+    assert not torch.equal(theirs["dx"], ours["dx"]) and not torch.equal(theirs["dw"], ours["dw"])
+    # and the report says so: not bit-identical, target missed, the differences named per output
+    r = torchao_parity(("rowwise",), dtypes=("fp32",), real=(True,))
+    assert not r["met"] and r["per_recipe"]["rowwise"]["max_abs_diff"]["dx"] > 0.0
+    assert r["per_recipe"]["rowwise"]["max_abs_diff"]["y"] == 0.0

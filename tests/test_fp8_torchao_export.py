@@ -124,3 +124,114 @@ def test_cli_export_writes_the_module_and_refuses_bad_input(tmp_path):
     r = subprocess.run([*cli, str(doc), "--format", "torchao"], capture_output=True, text=True)
     assert r.returncode == 2 and "sites.4.recipe" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+SPLIT = {"name": "split_outliers", "params": {"ratio": 16.0, "max_frac": 0.125}}
+OUTLIERS = [3, 17]
+
+
+def _heavy_x(seed: int, scale: float = 1000.0) -> torch.Tensor:
+    x = torch.randn(128, 32, generator=torch.Generator().manual_seed(seed))
+    x[:, OUTLIERS] *= scale  # two input channels dwarf the rest (wukong's heavy-tailed dense slots)
+    return x
+
+
+def _split_placement(split: bool = True):
+    return _placement(**{"0": _site(32, 64, "rowwise", "scaled_mm_rowwise", mods=[SPLIT] if split else [])})
+
+
+def test_split_outliers_site_exports_converts_its_inner_linear_and_trains(tmp_path):
+    from torchao.float8 import Float8LinearConfig
+
+    from fp8.runtime import apply_placement
+
+    path = tmp_path / "fp8_split.py"
+    text = export_module(_split_placement())
+    assert "split_outliers at 0" in text
+    path.write_text(text)
+    model = _import(path).apply(_model())
+    conv = _converted(model)
+    assert set(conv) == {"0.linear", "2.linear", "4", "6"}
+    assert conv["0.linear"] == Float8LinearConfig.from_recipe_name("rowwise")
+    assert type(model[0]).__name__ == "OutlierSplitLinear"
+    seen = {}
+    model[0].linear.register_forward_hook(lambda m, i, o: seen.update(x=i[0].detach()))
+    x = _heavy_x(1)
+    with torch.no_grad():
+        y = model(x)
+    # the outlier channels were split off on this first batch: torchao's FP8 GEMM sees them zeroed
+    assert model[0].outlier.nonzero().flatten().tolist() == OUTLIERS
+    assert torch.equal(seen["x"][:, OUTLIERS], torch.zeros(128, 2)) and seen["x"][:, 0].abs().sum() > 0
+    # the same placement through cubic's runtime computes the same thing
+    ours = apply_placement(_model(), _split_placement())
+    with torch.no_grad():
+        assert torch.equal(ours(x), y)
+    # a training step: the outlier channels' weight columns train through the high-precision path
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w0 = model[0].linear.weight.detach().clone()
+    loss = nn.functional.binary_cross_entropy_with_logits(model(x), torch.ones(128, 1))
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and not torch.equal(model[0].linear.weight[:, OUTLIERS], w0[:, OUTLIERS])
+    # resumed from its own checkpoint: the same channels, not re-picked on a batch without outliers
+    again = _import(path).apply(_model())
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        again(_heavy_x(2, scale=1.0))
+    assert again[0].outlier.nonzero().flatten().tolist() == OUTLIERS
+
+
+def test_split_outliers_is_what_makes_the_site_accurate_under_torchao():
+    # measured here: the site's output error vs fp32, torchao with and without the split (rowwise)
+    from fp8.recipes import sqnr_db
+
+    x = _heavy_x(3)
+    ref = _model()[0](x).detach()
+    got = {}
+    for split in (True, False):
+        m = _model()
+        apply_placement_torchao(m, _split_placement(split))
+        with torch.no_grad():
+            got[split] = sqnr_db(ref, m[0](x))
+    assert got[True] > got[False] + 10.0, got
+
+
+def test_the_export_names_split_sites_and_refuses_what_torchao_cannot_run(tmp_path):
+    doc = tmp_path / "placement.json"
+    doc.write_text(_split_placement().model_dump_json())
+    cli = [sys.executable, "-m", "cubic.cli.app", "fp8", "export"]
+    r = subprocess.run([*cli, str(doc), "--out", str(tmp_path / "job_fp8.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "split_outliers at 0" in r.stdout
+    bad = json.loads(doc.read_text())
+    bad["sites"]["2"].update(recipe="block128", kernel="emulated_block128")
+    doc.write_text(json.dumps(bad))
+    r = subprocess.run([*cli, str(doc)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert "sites.2.recipe" in line and "'block128'" in line and "--recipes torchao" in line
+
+
+def test_the_rescued_wukong_site_trains_the_same_under_torchao_as_under_cubic():
+    # wukong-small's heavy-tailed dense slot with the Mods the rescue applies (pad_dims, split_outliers),
+    # rowwise: torchao's export and cubic's runtime train the real workload to the same losses, bit for bit
+    from cubic.core.config import Config
+    from cubic.core.train import TrainSession
+    from cubic.core.workloads import load_workload
+    from fp8.runtime import apply_placement
+
+    w = load_workload("wukong-small")
+    site = "dense.layers.0.lcb.proj"
+    lin = dict(TrainSession(w, Config(seed=0)).model.named_modules())[site]
+    mods = [{"name": "pad_dims", "params": {}}, SPLIT]
+    p = parse_placement({"workload": w.name, "module_filter": [site], "sites": {site: {
+        "m": 256, "k": lin.in_features, "n": lin.out_features, "recipe": "rowwise", "kernel": "scaled_mm_rowwise",
+        "applied_mods": mods, "safe": True}}})
+    losses = {}
+    for how, fn in (("torchao", apply_placement_torchao), ("cubic", apply_placement)):
+        tr = TrainSession(w, Config(seed=0), transform=lambda m, fn=fn: fn(m, p) or m)
+        losses[how] = tr.train(4)
+        inner = dict(tr.model.named_modules())
+        assert type(inner[f"{site}.linear.linear"]).__name__ == {"torchao": "Float8Linear", "cubic": "Fp8Linear"}[how]
+        assert inner[f"{site}.linear"].outlier.any()  # the split found outlier channels on the real data
+    assert losses["torchao"] == losses["cubic"] and all(map(torch.isfinite, torch.tensor(losses["torchao"])))

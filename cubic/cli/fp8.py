@@ -2,7 +2,7 @@
 
     cubic fp8 probe --workload wukong-small | --module pkg.mod:factory [--loss mse|bce|pkg.mod:fn]
                     --budget-sqnr 20 [--budget-scope model|site] [--budget-ne 0.02|off] --out fp8.json
-                    [--no-require-fast]
+                    [--no-require-fast] [--recipes torchao|all|R1,R2]
                     [--target-batch B] [--no-keep-first-last] [--no-unsure-margin] [--max-batches 24] [--stride 1] [--ci-db 1.0]
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|rowwise_with_gw_hp|block128|mx32
                     [--mode compile|eager] [--norm-before] [--act-after sigmoid] [--explain] [--json]
@@ -55,6 +55,7 @@ def cmd_probe(args) -> int:
                           max_batches=args.max_batches, ci_halfwidth_db=args.ci_db,
                           keep_first_last=args.keep_first_last, unsure_margin=args.unsure_margin,
                           probe_stride=args.stride, mods=args.mods, budget_scope=args.budget_scope, device=args.device,
+                          recipes=args.recipes,
                           **({} if args.budget_ne == "default" else {"budget_ne_rel": args.budget_ne}))
     text = placement.model_dump_json(indent=2)
     if out:
@@ -200,7 +201,7 @@ def cmd_kernels(args) -> int:
 
 def cmd_export(args) -> int:
     from fp8.placement import load_placement
-    from fp8.torchao_export import export_module
+    from fp8.torchao_export import export_module, split_sites, torchao_plan
 
     out = _out_path(args.out) if args.out else None
     p = load_placement(args.placement)
@@ -213,6 +214,11 @@ def cmd_export(args) -> int:
     print(f"wrote {out}: {len(p.fp8_sites())}/{len(p.sites)} sites in FP8 ("
           + ", ".join(f"{n} {r}" for r, n in groups.items() if n) + "); in the job: "
           f"import {out.stem}; model = {out.stem}.apply(model)")
+    split = split_sites(torchao_plan(p, args.placement))
+    if split:
+        print(f"split_outliers at {', '.join(split)}: torchao converts <site>.linear; the outlier input channels "
+              "(picked on the job's first batch, kept in the state_dict) run in high precision beside it; "
+              "a checkpoint saved after apply(model) loads after apply(model)")
     return 0
 
 
@@ -226,6 +232,16 @@ def _positive(kind):
             raise SpecError(f"must be > 0, got {s}")
         return v
     return parse
+
+
+def _recipes(text: str) -> tuple[str, ...]:
+    """``--recipes``: torchao, all, or comma-separated recipe names (cubic.core.recipes.recipe_set)."""
+    from cubic.core.recipes import recipe_set
+
+    try:
+        return recipe_set(text)
+    except ValueError as e:
+        raise SpecError(str(e)) from None
 
 
 def _ne_budget(text: str) -> float | str | None:
@@ -263,6 +279,9 @@ def register(subparsers) -> None:
                     help="a site is safe only when the upper 95%% bound of its FP8 forward's NE cost on held-out "
                          "examples is <= PCT percent (with --budget-scope model: the FP8 sites together); "
                          "default 0.02; off: SQNR alone")
+    pr.add_argument("--recipes", type=_recipes, default="all", metavar="torchao|all|R1,R2",
+                    help="the FP8 recipes a site may be placed in: all (default), torchao (tensorwise, rowwise, "
+                         "rowwise_with_gw_hp: what `cubic fp8 export --format torchao` needs), or names")
     pr.add_argument("--out", help="write the placement JSON here")
     pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")

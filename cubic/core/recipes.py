@@ -122,3 +122,22 @@ def role_precision(name: str, role: str) -> tuple[str, str | None]:
     if a.hp and b.hp:
         return "bf16", None
     return "fp8", a.scaling
+
+
+RECIPE_SETS: dict[str, tuple[str, ...]] = {"all": FP8_RECIPES, "torchao": TORCHAO_RECIPES}
+
+
+def recipe_set(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The FP8 recipes a placement may use: ``"torchao"`` (the ones torchao's Float8Linear runs, for a
+    placement exported with ``cubic fp8 export --format torchao``), ``"all"``, or names (a sequence
+    or comma-separated). ValueError names an unknown one."""
+    if isinstance(spec, str):
+        if spec in RECIPE_SETS:
+            return RECIPE_SETS[spec]
+        spec = [s.strip() for s in spec.split(",") if s.strip()]
+    names = tuple(dict.fromkeys(spec))
+    bad = [r for r in names if r not in RECIPES]
+    if bad or not names:
+        what = f"unknown FP8 recipe {bad[0]!r}" if bad else "no FP8 recipe given"
+        raise ValueError(f"{what} (known: {', '.join(RECIPE_SETS)}, or names from {', '.join(FP8_RECIPES)})")
+    return names
