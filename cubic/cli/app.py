@@ -81,14 +81,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     the result and write --json, and only then record every new repeat. A store write that fails is
     a store error (exit 3), never a failed run: the result was printed already and is kept in the
     pending file."""
-    from cubic.core.config import Config, load_config
+    from cubic.cli.common import load_checked_config
+    from cubic.core.config import Config
     from cubic.core.result import RunInterrupted
     from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
     from cubic.cli.run_report import print_result
     from cubic.core.workloads import load_workload
 
     workload = load_workload(args.workload)
-    config = load_config(args.config) if args.config else None
+    processes = None if args.simulate or args.plan else args.world_size  # --plan replaces the config's plan
+    config = load_checked_config(args.config, processes) if args.config else None
     if config is not None:
         config.apply(workload)  # bad knobs or batch are bad input: say so now, not from the child
     json_out = _writable_path(args.json_out, "--json") if args.json_out else None

@@ -689,9 +689,10 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
     if args.objective:
         point = read_baseline_point(args.baseline, space) if args.baseline else default_point(space)
         return {"point": point, "label": args.baseline or f"the space's default point {point}"}
-    from cubic.core.config import load_config
+    from cubic.cli.common import load_checked_config
 
-    cfg = load_config(args.baseline) if args.baseline else _base_config("simulated" if args.simulate else "local")
+    processes = None if args.simulate else args.world_size
+    cfg = load_checked_config(args.baseline, processes) if args.baseline else _base_config("simulated" if args.simulate else "local")
     wl = cfg.apply(workload)
     arch, dumped = wl.dense_arch.model_dump(mode="json"), cfg.model_dump(mode="json")
     shown = {}
