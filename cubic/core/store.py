@@ -52,7 +52,7 @@ from sqlalchemy import create_engine, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, ProgrammingError, SQLAlchemyError
 
-from cubic.core.config import Config
+from cubic.core.config import Config, JobConfig
 from cubic.core.fingerprint import code_version as _code_version
 from cubic.core.fingerprint import fingerprint_hash as _fingerprint_hash
 from cubic.core.result import TRANSIENT_FAILURES, Result
@@ -358,7 +358,18 @@ class TrialStore:
         except StoreError as e:
             raise StoreError(f"{e}; {_keep_pending(row, self._safe)}") from None
 
-    def _row(self, workload_name: str, workload_hash: str, config: Config, result: Result,
+    def record_job(self, job: JobConfig, label: str, result: Result, campaign: str | int | None = None,
+                   attempt: int = 1, *, fingerprint_hash: str | None = None) -> int:
+        """Persist one run of a user's job (``--objective``): keyed by its command line
+        (``job.job_hash()``, the workload hash) and its values (``job.content_hash()``, the config
+        hash), named ``label`` (the job's script) in the workload column. As :meth:`record`."""
+        row = self._row(label, job.job_hash(), job, result, campaign, attempt, None, None, fingerprint_hash)
+        try:
+            return self._insert(row)
+        except StoreError as e:
+            raise StoreError(f"{e}; {_keep_pending(row, self._safe)}") from None
+
+    def _row(self, workload_name: str, workload_hash: str, config: Config | JobConfig, result: Result,
              campaign: str | int | None, attempt: int, steps: int | None, warmup: int | None,
              fingerprint_hash: str | None) -> dict[str, Any]:
         fp_hash = result.fingerprint_hash or fingerprint_hash or _fingerprint_hash(result.fingerprint)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from cubic.core.config import Config
+from cubic.core.config import Config, JobConfig
 from cubic.core.result import Result
 from cubic.core.store_schema import Source, _finite, _restore_nonfinite, _utcnow
 
@@ -75,7 +75,7 @@ def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
     try:
         r = PendingRow.model_validate(row)
         result = Result.model_validate(_restore_nonfinite(r.result))
-        config = Config.model_validate(r.config)
+        config = (JobConfig if r.config.get("kind") == "job" else Config).model_validate(r.config)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ()))
@@ -85,6 +85,8 @@ def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
                          f"({result.status}/{result.source})")
     if config.content_hash() != r.config_hash:
         raise ValueError("row 'config_hash' is not the hash of its config")
+    if isinstance(config, JobConfig) and config.job_hash() != r.workload_hash:
+        raise ValueError("row 'workload_hash' is not the hash of its job's command line")
     out = r.model_dump()
     out["metrics"] = _finite({k: (float("nan") if v is None else v) for k, v in r.metrics.items()})
     return store, out
