@@ -62,7 +62,7 @@ def test_job_runs_are_stored_shown_and_a_timeout_is_retried_once(tmp_path, monke
     assert listed.count("job.py") == 4 and "job a=2 -> loss 0.71" in listed and "failed:timeout" in listed
     assert main(["trials", "show", str(by_a[1][0].id), *store]) == 0
     shown = capsys.readouterr().out
-    assert "job.py" in shown and '"command"' in shown and '"values"' in shown
+    assert "job.py" in shown and '"command"' in shown and '"values"' in shown and "a run of a user's job" in shown
 
 
 def test_a_job_row_in_the_pending_file_is_checked_like_any_other():

@@ -296,9 +296,10 @@ def cmd_trials_show(args: argparse.Namespace) -> int:
                                         threads=(trial.result.extra or {}).get("threads"))
         if served.result is not None and served.result.ok:
             _print_pooled(console, served.result)
+    length = f"steps {trial.steps} warm-up {trial.warmup}" if trial.steps is not None else \
+        ("a run of a user's job (--objective)" if trial.config.get("kind") == "job" else "run length not recorded")
     console.print(f"recorded {trial.created_at:%Y-%m-%d %H:%M:%S} UTC | code {trial.code_version} | "
-                  f"attempt {trial.attempt} | steps {trial.steps} warm-up {trial.warmup} | "
-                  f"fingerprint {trial.fingerprint_hash}")
+                  f"attempt {trial.attempt} | {length} | fingerprint {trial.fingerprint_hash}")
     console.print_json(json.dumps(trial.config))
     return 0
 
