@@ -151,3 +151,15 @@ def test_the_local_runner_names_world_size_for_a_sharded_config():
     why = validate_config(wl, Config(sharding=ShardingChoice(planner="greedy")))
     assert why.startswith("sharding.planner:") and "--world-size" in why and "distributed runner" not in why
     assert "unknown planner" in validate_config(wl, Config(sharding=ShardingChoice(planner="foo")))
+
+
+def test_a_sharded_config_loads_where_it_can_run(tmp_path):
+    """No false rejection: a planner config with --world-size 2, on the simulated cluster (any size),
+    and a plan for exactly the run's ranks."""
+    from cubic.cli.common import load_checked_config
+
+    (tmp_path / "g.yaml").write_text("sharding: {planner: size_lookup_greedy}\n")
+    assert load_checked_config(str(tmp_path / "g.yaml"), processes=2).sharding.planner == "size_lookup_greedy"
+    assert load_checked_config(str(tmp_path / "g.yaml"), processes=None).sharding.planner == "size_lookup_greedy"
+    (tmp_path / "p.json").write_text(json.dumps({"sharding": {"plan": _plan(2)}}))
+    assert load_checked_config(str(tmp_path / "p.json"), processes=2).sharding.plan["world_size"] == 2
