@@ -63,6 +63,14 @@ def test_job_runs_are_stored_shown_and_a_timeout_is_retried_once(tmp_path, monke
     assert main(["trials", "show", str(by_a[1][0].id), *store]) == 0
     shown = capsys.readouterr().out
     assert "job.py" in shown and '"command"' in shown and '"values"' in shown and "a run of a user's job" in shown
+    # one interval, one meaning: trials show gives a=2 the interval its campaign line gave it
+    import re
+
+    line = next(ln for ln in err.splitlines() if ": a=2 -> " in ln)
+    interval = re.search(r"qps 200 (\[[^\]]+\])", line).group(1)
+    assert main(["trials", "show", str(by_a[2][0].id), *store]) == 0
+    shown = capsys.readouterr().out
+    assert f"qps 200, 95% interval of a fresh run {interval} (1 run; " in shown, (interval, shown)
 
 
 def test_a_job_row_in_the_pending_file_is_checked_like_any_other():

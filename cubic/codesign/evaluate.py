@@ -343,6 +343,27 @@ def _job_fingerprint() -> tuple[dict[str, Any], str]:
     return _JOB_FP[0]
 
 
+def job_estimate(groups: dict[str, list[dict[str, float]]], key: str, metric: str,
+                 floor: dict[str, Any] | None = None):
+    """The one rule for the interval of a user's job's ``metric`` at one point (``groups``: each
+    point's successful runs' metrics, ``key`` this point's): its runs pooled by
+    cubic.core.stats.estimate with the job's between-repeat noise from the OTHER points with two
+    runs or more, else ``floor`` (the job's noise floor), else the ASSUMED floor, labelled so.
+    :class:`KeptRepeats` (the campaign's lines) and ``cubic trials show`` (from the store) use it."""
+    from cubic.core.stats import estimate, noise_model
+    from cubic.core.store import ASSUMED_NOISE_FLOOR
+
+    vals = [m[metric] for m in groups.get(key, []) if metric in m]
+    if not vals:
+        return None
+    noise = noise_model([[m[metric] for m in g if metric in m] for k, g in groups.items() if k != key])
+    if noise is not None:
+        noise.label = "this job's between-repeat noise on this machine"
+    else:
+        noise = (floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
+    return estimate(vals, noise=noise)
+
+
 class KeptRepeats:
     """A user's job (``--objective``) as an evaluate that keeps its repeats, so its runs get the
     same intervals and its campaign the same confirm step as cubic's own: each point's successful
@@ -392,22 +413,9 @@ class KeptRepeats:
             out = self(point)
         return out
 
-    def _noise(self, metric: str, point_key: str | None = None):
-        from cubic.core.stats import noise_model
-        from cubic.core.store import ASSUMED_NOISE_FLOOR
-
-        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics]
-                         for k, g in self._reps.items() if k != point_key])
-        if m is not None:
-            m.label = "this job's between-repeat noise on this machine"
-            return m
-        return (self._floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
-
     def estimate(self, point: dict[str, Any], metric: str):
-        from cubic.core.stats import estimate
-
-        vals = [r.metrics[metric] for r in self._reps.get(self._key(point), []) if metric in r.metrics]
-        return estimate(vals, noise=self._noise(metric, self._key(point))) if vals else None
+        groups = {k: [r.metrics for r in g] for k, g in self._reps.items()}
+        return job_estimate(groups, self._key(point), metric, self._floor)
 
     def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
         """The job's noise floor on this machine: ``point`` (the baseline) run up to ``repeats``
