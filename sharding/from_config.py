@@ -16,10 +16,9 @@ from __future__ import annotations
 from cubic.core.config import Config
 from cubic.core.spec import SpecError, Topology, Workload
 from sharding.estimate import Estimator
-from sharding.types import Plan, plan_from_dict
+from sharding.types import NONE_NAMES, Plan, plan_from_dict
 
 DEFAULT_PLANNER = "greedy"
-NONE_NAMES = frozenset({"none", "", "sim", "sim-greedy"})
 
 
 def planner_name(config: Config) -> str:

@@ -39,6 +39,8 @@ from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, 
 # planner names (sharding.planners.make_planner builds them); here so that the CLI can list them
 # without importing torch
 PLANNERS = ("cubic", "torchrec", "greedy", "random", "dim_greedy", "lookup_greedy", "size_greedy", "size_lookup_greedy")
+# names that ask for no planner of their own: sharding.from_config resolves them to its default planner
+NONE_NAMES = frozenset({"none", "", "sim", "sim-greedy"})
 
 class PlanDoesNotFit(SpecError):
     """A planner found no placement of the tables in the memory per rank (a SpecError: one line, exit 2

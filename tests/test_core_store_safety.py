@@ -25,9 +25,9 @@ def test_engine_options_set_timeouts_unless_the_url_does():
 
 def test_silent_server_times_out_in_seconds(monkeypatch):
     pytest.importorskip("psycopg2")
-    import cubic.core.store as store
+    import cubic.core.store_db as store_db  # where the driver timeouts are read (re-exported by cubic.core.store)
 
-    monkeypatch.setattr(store, "CONNECT_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(store_db, "CONNECT_TIMEOUT_S", 2.0)
     with silent_server() as port:
         t0 = time.monotonic()
         with pytest.raises(SpecError, match=r"--store: .*timeout") as e:

@@ -92,7 +92,7 @@ def test_memory_limit_gives_oom():
 def test_invalid_configs_rejected_without_a_child():
     runner = LocalRunner(timeout_s=300)
     r = runner.run(TINY, Config(sharding=ShardingChoice(planner="greedy")), steps=2)
-    assert r.failure_kind == "invalid" and "distributed runner" in r.reason
+    assert r.failure_kind == "invalid" and "--world-size" in r.reason
     r = runner.run(TINY, Config(model={"no_such_knob": 3}), steps=2)
     assert r.failure_kind == "invalid" and "no_such_knob" in r.reason
     r = runner.run(TINY, Config(), steps=0)

@@ -81,14 +81,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     the result and write --json, and only then record every new repeat. A store write that fails is
     a store error (exit 3), never a failed run: the result was printed already and is kept in the
     pending file."""
-    from cubic.core.config import Config, load_config
+    from cubic.cli.common import load_checked_config
+    from cubic.core.config import Config
     from cubic.core.result import RunInterrupted
     from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
     from cubic.cli.run_report import print_result
     from cubic.core.workloads import load_workload
 
     workload = load_workload(args.workload)
-    config = load_config(args.config) if args.config else None
+    processes = None if args.simulate or args.plan else args.world_size  # --plan replaces the config's plan
+    config = load_checked_config(args.config, processes) if args.config else None
     if config is not None:
         config.apply(workload)  # bad knobs or batch are bad input: say so now, not from the child
     json_out = _writable_path(args.json_out, "--json") if args.json_out else None
@@ -292,13 +294,36 @@ def cmd_trials_show(args: argparse.Namespace) -> int:
         served = open_store(args).serve(trial.workload_hash, trial.config_hash, trial.fingerprint_hash,
                                         trial.source, steps=trial.steps, warmup=trial.warmup,
                                         threads=(trial.result.extra or {}).get("threads"))
-        if served.result is not None and served.result.ok:
+        if trial.config.get("kind") == "job":  # a user's job: its figures' intervals by the campaign's rule
+            _print_job_intervals(console, open_store(args), trial)
+        elif served.result is not None and served.result.ok:
             _print_pooled(console, served.result)
+    length = f"steps {trial.steps} warm-up {trial.warmup}" if trial.steps is not None else \
+        ("a run of a user's job (--objective)" if trial.config.get("kind") == "job" else "run length not recorded")
     console.print(f"recorded {trial.created_at:%Y-%m-%d %H:%M:%S} UTC | code {trial.code_version} | "
-                  f"attempt {trial.attempt} | steps {trial.steps} warm-up {trial.warmup} | "
-                  f"fingerprint {trial.fingerprint_hash}")
+                  f"attempt {trial.attempt} | {length} | fingerprint {trial.fingerprint_hash}")
     console.print_json(json.dumps(trial.config))
     return 0
+
+
+def _print_job_intervals(console: Any, store: Any, trial: Any) -> None:
+    """A job's figures at this trial's values, each with the 95% interval of a fresh run from every
+    stored successful run of the job on this machine (cubic.codesign.evaluate.job_estimate: the
+    rule the campaign's lines use, over the store's runs instead of one session's)."""
+    from cubic.codesign.answer import fmt
+    from cubic.codesign.evaluate import job_estimate
+
+    groups: dict[str, list[dict[str, float]]] = {}
+    for t in store.trials(workload=trial.workload, status="ok"):
+        if (t.workload_hash, t.fingerprint_hash) == (trial.workload_hash, trial.fingerprint_hash):
+            groups.setdefault(t.config_hash, []).append(t.result.metrics)
+    for metric in sorted(trial.result.metrics):
+        if metric.endswith(("_ci_lo", "_ci_hi")) or metric in ("wall_time_s", "peak_rss_bytes"):
+            continue
+        e = job_estimate(groups, trial.config_hash, metric)
+        if e is not None:  # (a zero width says so: its basis names the noise it rests on)
+            console.print(f"{metric} {fmt(e.value)}, 95% interval of a fresh run [{fmt(e.lo)}, {fmt(e.hi)}] "
+                          f"({e.n} run{'s' if e.n != 1 else ''}; {e.basis})", markup=False)
 
 
 def cmd_trials_export(args: argparse.Namespace) -> int:

@@ -85,7 +85,7 @@ def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None
     from cubic.codesign.prior import cubic_featurizer
 
     if meta_context.get("job"):  # a user's own job (see "a user's own job" below)
-        return _job_build(name, meta_context, space), None
+        return _job_build(name, meta_context, space, store_url), None
     from cubic.core.store import TrialStore
     from cubic.core.workloads import load_workload
 
@@ -644,7 +644,10 @@ def _job_context(args: argparse.Namespace, space) -> dict[str, Any]:
     job = {"objective": args.objective, "launcher": args.launcher, "nproc": args.nproc, "cwd": os.getcwd(),
            "timeout": args.timeout}
     _job_runner(job, space, None, None)  # a bad command line fails now, before any run
-    return {"job": job, "runner": {"kind": "command", "timeout": args.timeout}}
+    from cubic.core.store import redact_url
+
+    # its runs go to the trial store too (never the password: see the workload campaign's context)
+    return {"job": job, "runner": {"kind": "command", "timeout": args.timeout}, "store": redact_url(args.store) or None}
 
 
 def _job_runner(job: dict[str, Any], space, metric: str | None, name: str | None):
@@ -658,28 +661,16 @@ def _job_runner(job: dict[str, Any], space, metric: str | None, name: str | None
                          cwd=job.get("cwd"), logs_dir=logs)
 
 
-class _JobEvaluate:
-    """A user's job as the campaign's evaluate: no trial store (its runs have no cubic workload; the
-    campaign's Optuna storage holds every run), so nothing is served from it."""
+def _job_build(name: str, ctx: dict[str, Any], space, store_url: str | None):
+    from cubic.cli.common import import_pending
+    from cubic.codesign.evaluate import JobEvaluate, KeptRepeats
+    from cubic.core.store import TrialStore
 
-    store = None
-    served = 0
-
-    def __init__(self, runner):
-        self.runner = runner
-
-    def attach(self, campaign) -> None:
-        pass
-
-    def __call__(self, point):
-        return self.runner(point)
-
-
-def _job_build(name: str, ctx: dict[str, Any], space):
-    from cubic.codesign.evaluate import KeptRepeats
-
-    # its repeats kept: the same intervals and confirm step as cubic's own campaigns
-    return KeptRepeats(_JobEvaluate(_job_runner(ctx["job"], space, space.primary.metric, name)))
+    # every run recorded in the trial store (keyed by the command line and the values), its repeats
+    # kept: the same intervals and confirm step as cubic's own campaigns
+    store = import_pending(TrialStore(store_url, origin="--store") if store_url else TrialStore())
+    runner = _job_runner(ctx["job"], space, space.primary.metric, name)
+    return KeptRepeats(JobEvaluate(runner, ctx["job"], store=store, campaign=name))
 
 
 def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
@@ -689,9 +680,10 @@ def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
     if args.objective:
         point = read_baseline_point(args.baseline, space) if args.baseline else default_point(space)
         return {"point": point, "label": args.baseline or f"the space's default point {point}"}
-    from cubic.core.config import load_config
+    from cubic.cli.common import load_checked_config
 
-    cfg = load_config(args.baseline) if args.baseline else _base_config("simulated" if args.simulate else "local")
+    processes = None if args.simulate else args.world_size
+    cfg = load_checked_config(args.baseline, processes) if args.baseline else _base_config("simulated" if args.simulate else "local")
     wl = cfg.apply(workload)
     arch, dumped = wl.dense_arch.model_dump(mode="json"), cfg.model_dump(mode="json")
     shown = {}

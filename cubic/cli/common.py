@@ -160,6 +160,26 @@ def _writable_path(path: str, what: str) -> Path:
     return p
 
 
+def load_checked_config(path: str, processes: int | None = 1):
+    """The config file at ``path``, its values checked against what exists (planners, plan and
+    placement documents: ``cubic.runners.base.check_config_values``) before anything runs or is
+    recorded. ``processes``: the run's world size (the --world-size flag); None when any size fits
+    (a simulated cluster). A sharded config on one process, or a plan for another number of ranks,
+    is bad input whose message names --world-size."""
+    from cubic.core.config import load_config
+    from cubic.runners.base import check_config_values, needs_world_size, sharded_field
+
+    config = load_config(path)
+    check_config_values(config, source=str(path))
+    if processes == 1 and (field := sharded_field(config)) is not None:
+        raise SpecError(needs_world_size(config), source=str(path), field=field)
+    ranks = (config.sharding.plan or {}).get("world_size")
+    if processes is not None and processes > 1 and ranks is not None and ranks != processes:
+        raise SpecError(f"the plan is for {ranks} ranks, the run has {processes}: run it with --world-size {ranks}",
+                        source=str(path), field="sharding.plan.world_size")
+    return config
+
+
 # -- workloads ------------------------------------------------------------------------------------
 
 

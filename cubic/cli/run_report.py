@@ -165,11 +165,23 @@ def trials_table(trials: Iterable[Any], title: str | None = None,
             fmt_num(m.get("examples_per_s")),
             fmt_num(m.get("step_time_median_ms")),
             fmt_num(m.get("ne_end")),
-            t.config_hash,
+            _config_cell(t),
             "-" if t.campaign_id is None else names.get(t.campaign_id, str(t.campaign_id)),
             (t.reason or "")[:60],
         )
     return table
+
+
+def _config_cell(t: Any) -> str:
+    """A trial's config: its hash; a user's job (--objective): the values filled into its command
+    line, and the job's own figures (what the examples/s, step ms and NE columns cannot name)."""
+    if (t.config or {}).get("kind") != "job":
+        return t.config_hash
+    values = " ".join(f"{k}={v}" for k, v in sorted((t.config.get("values") or {}).items()))
+    shown = {"examples_per_s", "step_time_median_ms", "ne_end", "wall_time_s", "peak_rss_bytes"}
+    figures = ", ".join(f"{k} {fmt_num(v)}" for k, v in sorted(t.result.metrics.items())
+                        if k not in shown and not k.endswith(("_ci_lo", "_ci_hi")))[:200]
+    return f"job {values or '(no values)'}" + (f" -> {figures}" if figures else "")
 
 
 def arch_summary(w: Workload) -> str:

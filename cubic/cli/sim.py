@@ -44,10 +44,10 @@ def _params(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace):
-    from cubic.core.config import load_config
+    from cubic.cli.common import load_checked_config
     from cubic.runners.sim import default_config
 
-    return load_config(args.config) if args.config else default_config()
+    return load_checked_config(args.config, processes=None) if args.config else default_config()
 
 
 def cmd_scale(args: argparse.Namespace) -> int:

@@ -103,6 +103,11 @@ class CampaignListener:
     def finished_run(self, event: RunEvent) -> None:
         """A run was told to the campaign (by this process)."""
 
+    def retrying(self, campaign: str, trial: int, point: dict[str, Any], retry: int, allowed: int,
+                 failed: Result) -> None:
+        """A run failed transiently (``failed``: timeout, killed) and runs again: retry ``retry`` of
+        the ``allowed`` ones its failure kind gets (:func:`retries_allowed`)."""
+
     def stopped(self, campaign: str, reason: str) -> None:
         """``run()`` or ``work()`` ends (reason: a stop reason, "worker done", or "error")."""
 
@@ -296,7 +301,7 @@ class Campaign:
             self.study._storage.set_trial_system_attr(trial_id, "constraints", [violation])  # samplers read it
         self.study.tell(number, values, state=None if values is not None else optuna.trial.TrialState.FAIL)
 
-    def _evaluate_with_retries(self, point: dict[str, Any]) -> tuple[Result, int]:
+    def _evaluate_with_retries(self, point: dict[str, Any], trial: int | None = None) -> tuple[Result, int]:
         attempts = 0
         while True:
             attempts += 1
@@ -308,6 +313,8 @@ class Campaign:
                 ev = Result.failed("error", f"{type(e).__name__}: {e}")
             if not _retry_again(ev, attempts, self.max_retries):
                 return ev, attempts
+            if trial is not None:
+                self.listener.retrying(self.name, trial, point, attempts, retries_allowed(ev, self.max_retries), ev)
 
     # ---- running enqueued points (coordinator threads and workers alike) ------------------
     def _take(self) -> optuna.trial.FrozenTrial | None:
@@ -352,7 +359,7 @@ class Campaign:
             beat = threading.Thread(target=_beat, daemon=True)
             beat.start()
         try:
-            ev, attempts = self._evaluate_with_retries(point)
+            ev, attempts = self._evaluate_with_retries(point, t.number)
         except BaseException:  # Ctrl-C, SystemExit: the run is lost, not failed -- back in the queue
             self._requeue(t._trial_id)  # (the same trial: a resume runs it, nothing counts it twice)
             raise
@@ -722,9 +729,14 @@ class Campaign:
                           "variance (its repeats pooled with the machine's)"}
 
 
+def retries_allowed(ev: Result, max_retries: int) -> int:
+    """Retries a failed run gets: none for a deterministic failure, ``max_retries`` for a transient
+    one, but a timeout at most one (a value that hung twice likely always hangs: budget goes elsewhere)."""
+    if ev.ok is not False or not ev.transient:
+        return 0
+    return min(1, max_retries) if ev.failure_kind == "timeout" else max_retries
+
+
 def _retry_again(ev: Result, attempts: int, max_retries: int) -> bool:
-    """Whether a failed run is worth another attempt: a transient failure up to ``max_retries``,
-    but a timeout at most once (a value that hung twice likely always hangs: budget goes elsewhere)."""
-    if ev.ok is not False or not ev.transient or attempts > max_retries:
-        return False
-    return not (ev.failure_kind == "timeout" and attempts >= 2)
+    """Whether a run that failed on attempt ``attempts`` runs again (:func:`retries_allowed`)."""
+    return attempts <= retries_allowed(ev, max_retries)

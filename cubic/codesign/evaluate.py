@@ -268,6 +268,102 @@ class RunnerEvaluate:
 
 
 
+class JobEvaluate:
+    """A user's job (``--objective``) as the campaign's evaluate: ``runner`` (a
+    :class:`cubic.runners.command.CommandRunner`) runs each point, and every run -- failures,
+    retries, the baseline's and the confirm step's included -- is recorded in the trial store
+    (when one is given) keyed by the job's command line and the values
+    (:class:`cubic.core.config.JobConfig`), with the campaign's name and its attempt number. Nothing
+    is served from the store: a job's result depends on files its command line does not name (the
+    script's own code), so each point is run; the campaign's Optuna storage keeps its repeats."""
+
+    served = 0
+
+    def __init__(self, runner, job: dict[str, Any], store=None, campaign: str | None = None):
+        from cubic.core.config import JobConfig
+
+        self.runner, self.store, self.campaign = runner, store, campaign
+        self.job = JobConfig(command=job["objective"], launcher=job.get("launcher"), nproc=job.get("nproc", 1))
+        self.label = getattr(runner, "label", "job")
+        self.runs = 0
+
+    def attach(self, campaign: "Campaign") -> None:
+        """The campaign's row in the trial store (once), as :meth:`RunnerEvaluate.attach`."""
+        self.campaign = campaign.name
+        if self.store is None:
+            return
+        spec = campaign.study.user_attrs.get(META_KEY, {})
+        row = self.store.get_campaign(campaign.name)
+        if row is None:
+            self.store.create_campaign(campaign.name, spec=spec, workload=self.label)
+        elif row.spec != spec:
+            self.store.update_campaign(campaign.name, spec=spec, workload=self.label, status="running")
+
+    def __call__(self, point: dict[str, Any]) -> Result:
+        from cubic.core.result import RunInterrupted
+
+        job = self.job.model_copy(update={"values": dict(point)})
+        fp, fp_hash = _job_fingerprint()
+        attempt = 1
+        if self.store is not None:
+            attempt = self.store.next_attempt(job.job_hash(), job.content_hash(), fp_hash)
+        try:
+            result = self.runner(point)
+        except RunInterrupted as e:
+            self._record(job, e.result, attempt, fp, fp_hash)
+            raise
+        self.runs += 1
+        return self._record(job, result, attempt, fp, fp_hash)
+
+    def _record(self, job, result: Result, attempt: int, fp: dict[str, Any], fp_hash: str) -> Result:
+        """The run's Result under the job's keys and this machine's fingerprint, recorded (its
+        trial id in ``extra``) when there is a store."""
+        result = result.model_copy(update={"workload_hash": job.job_hash(), "config_hash": job.content_hash(),
+                                           "fingerprint": result.fingerprint or fp,
+                                           "fingerprint_hash": result.fingerprint_hash or fp_hash})
+        if self.store is None:
+            return result
+        tid = self.store.record_job(job, self.label, result, campaign=self.campaign, attempt=attempt)
+        return _noted(result, trial_id=tid)
+
+
+_JOB_FP: list = []
+
+
+def _job_fingerprint() -> tuple[dict[str, Any], str]:
+    """This machine's fingerprint and its hash, for a job's runs (the job picks its own device: the
+    GPU's name is part of it where there is one)."""
+    if not _JOB_FP:
+        import torch
+
+        from cubic.core.fingerprint import fingerprint, fingerprint_hash
+
+        fp = fingerprint("cuda" if torch.cuda.is_available() else "cpu")
+        _JOB_FP.append((fp, fingerprint_hash(fp)))
+    return _JOB_FP[0]
+
+
+def job_estimate(groups: dict[str, list[dict[str, float]]], key: str, metric: str,
+                 floor: dict[str, Any] | None = None):
+    """The one rule for the interval of a user's job's ``metric`` at one point (``groups``: each
+    point's successful runs' metrics, ``key`` this point's): its runs pooled by
+    cubic.core.stats.estimate with the job's between-repeat noise from the OTHER points with two
+    runs or more, else ``floor`` (the job's noise floor), else the ASSUMED floor, labelled so.
+    :class:`KeptRepeats` (the campaign's lines) and ``cubic trials show`` (from the store) use it."""
+    from cubic.core.stats import estimate, noise_model
+    from cubic.core.store import ASSUMED_NOISE_FLOOR
+
+    vals = [m[metric] for m in groups.get(key, []) if metric in m]
+    if not vals:
+        return None
+    noise = noise_model([[m[metric] for m in g if metric in m] for k, g in groups.items() if k != key])
+    if noise is not None:
+        noise.label = "this job's between-repeat noise on this machine"
+    else:
+        noise = (floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
+    return estimate(vals, noise=noise)
+
+
 class KeptRepeats:
     """A user's job (``--objective``) as an evaluate that keeps its repeats, so its runs get the
     same intervals and its campaign the same confirm step as cubic's own: each point's successful
@@ -317,22 +413,9 @@ class KeptRepeats:
             out = self(point)
         return out
 
-    def _noise(self, metric: str, point_key: str | None = None):
-        from cubic.core.stats import noise_model
-        from cubic.core.store import ASSUMED_NOISE_FLOOR
-
-        m = noise_model([[r.metrics[metric] for r in g if metric in r.metrics]
-                         for k, g in self._reps.items() if k != point_key])
-        if m is not None:
-            m.label = "this job's between-repeat noise on this machine"
-            return m
-        return (self._floor or {}).get(metric) or ASSUMED_NOISE_FLOOR
-
     def estimate(self, point: dict[str, Any], metric: str):
-        from cubic.core.stats import estimate
-
-        vals = [r.metrics[metric] for r in self._reps.get(self._key(point), []) if metric in r.metrics]
-        return estimate(vals, noise=self._noise(metric, self._key(point))) if vals else None
+        groups = {k: [r.metrics for r in g] for k, g in self._reps.items()}
+        return job_estimate(groups, self._key(point), metric, self._floor)
 
     def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
         """The job's noise floor on this machine: ``point`` (the baseline) run up to ``repeats``

@@ -216,6 +216,13 @@ class ProgressLines(CampaignListener):
             if self._bar is not None:
                 self._bar.update(min(event.runs, event.budget), event.budget)
 
+    def retrying(self, campaign: str, trial: int, point: dict[str, Any], retry: int, allowed: int,
+                 failed: Result) -> None:
+        why = " ".join((failed.reason or "").split())[:200]
+        with self._lock:
+            self._print(sanitize(f"{campaign} trial {trial}: retry {retry} of {allowed} after "
+                                 f"{failed.failure_kind}" + (f" ({why})" if why else "")))
+
     def stopped(self, campaign: str, reason: str) -> None:
         with self._lock:
             if self._bar is not None:

@@ -154,5 +154,26 @@ class Config(Storable):
             raise
 
 
+class JobConfig(Storable):
+    """A user's job (``cubic campaign run --objective``) as the trial store keys its runs: the
+    command line (template, launcher, processes: the "workload") and the values filled into it
+    (the "config"). ``kind`` tells a stored job row from a cubic Config."""
+
+    kind: Literal["job"] = "job"
+    command: str = Field(min_length=1, max_length=10_000)
+    launcher: str | None = Field(default=None, max_length=10_000)
+    nproc: int = Field(default=1, ge=1, le=1_000_000)
+    values: dict[str, Any] = Field(default_factory=dict)
+    seed: int = Field(default=0, ge=0, le=INT64_MAX)  # the store's seed column (a job's seed is one of its values)
+
+    def job_hash(self) -> str:
+        """The command line's hash: the store's workload hash of every run of this job."""
+        return stable_hash({"command": self.command, "launcher": self.launcher, "nproc": self.nproc})
+
+    def content_hash(self) -> str:
+        """The command line and the values: the store's config hash of one point of this job."""
+        return stable_hash(self.model_dump(mode="json"))
+
+
 def load_config(path: str) -> Config:
     return parse_model(Config, read_structured(path), source=str(path))

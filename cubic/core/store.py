@@ -27,6 +27,12 @@ away) raises :class:`StoreError` -- a store error, never a run failure -- after 
 the local pending file (``$CUBIC_PENDING`` or ``<cwd>/.cubic/pending.jsonl``, one JSON object per
 line, tagged with the store's redacted URL). The next command whose store works imports the lines
 meant for that store (:meth:`TrialStore.import_pending`) and removes them from the file.
+
+Rooms: this module holds the records (Campaign, Trial, Served) and :class:`TrialStore` (writes and
+queries); the schema and migrations are in :mod:`cubic.core.store_schema`, the database URL
+(redaction, timeouts) and :class:`StoreError` in :mod:`cubic.core.store_db`, the pending file
+(validation, quarantine) in :mod:`cubic.core.store_pending`. Their public names are importable
+from here, as before.
 """
 
 from __future__ import annotations
@@ -35,140 +41,40 @@ import fcntl
 import json
 import logging
 import os
-import re
 import time
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    Column,
-    Float,
-    DateTime,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    create_engine,
-    event,
-    func,
-    insert,
-    inspect,
-    select,
-    text,
-    type_coerce,
-    update,
-)
-from sqlalchemy.engine import Engine, make_url
+from pydantic import BaseModel
+from sqlalchemy import create_engine, func, insert, select, text, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, ProgrammingError, SQLAlchemyError
 
-from cubic.core.config import Config
+from cubic.core.config import Config, JobConfig
 from cubic.core.fingerprint import code_version as _code_version
 from cubic.core.fingerprint import fingerprint_hash as _fingerprint_hash
 from cubic.core.result import TRANSIENT_FAILURES, Result
 from cubic.core.stats import NoiseModel, Pooled, Repeat, contention, cores_available, noise_models, pool, pooled_result
 from cubic.core.spec import SpecError, Workload
+# the store's rooms (schema, database URL, pending file); their public names are re-exported here
+from cubic.core.store_db import (  # noqa: F401
+    CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_MS, STATEMENT_TIMEOUT_S, StoreError, check_url, default_url,
+    engine_options, redact_url, scrub_error, storage_error_line)
+from cubic.core.store_pending import (  # noqa: F401
+    PENDING_ENV, PendingRow, _keep_pending, _quarantine, check_pending_line, pending_path)
+from cubic.core.store_schema import (  # noqa: F401
+    SCHEMA_VERSION, Source, _ADDED_BY_MIGRATION, _JSON_COLUMNS, _SCHEMA_LOCK_KEY, _as_utc, _configure_sqlite,
+    _finite, _migrate, _rename_old_tables, _restore_nonfinite, _select_raw, _utcnow, campaigns_table, metadata,
+    noise_floors_table, schema_version_table, sharding_samples_table, trials_table)
 
-SCHEMA_VERSION = 2  # 2: trials.contended
 STORE_ENV = "CUBIC_STORE"
-PENDING_ENV = "CUBIC_PENDING"
-SQLITE_BUSY_TIMEOUT_MS = 60_000
-_SCHEMA_LOCK_KEY = 0x637562696300  # "cubic": serialises schema creation on PostgreSQL
-Source = Literal["measured", "simulated"]
-
-metadata = MetaData()
-
-schema_version_table = Table(
-    "cubic_schema_version",
-    metadata,
-    Column("version", Integer, primary_key=True, autoincrement=False),
-    Column("applied_at", DateTime(timezone=True), nullable=False),
-)
-
-campaigns_table = Table(
-    "cubic_campaigns",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("name", String(200), nullable=False, unique=True),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("spec", JSON, nullable=False),
-    Column("status", String(32), nullable=False),
-    Column("workload", String(200), nullable=False),
-)
-
-trials_table = Table(
-    "cubic_trials",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("campaign_id", Integer, ForeignKey("cubic_campaigns.id"), nullable=True, index=True),
-    Column("workload", String(200), nullable=False),
-    Column("workload_hash", String(64), nullable=False),
-    Column("config_hash", String(64), nullable=False),
-    Column("config", JSON, nullable=False),
-    Column("fingerprint_hash", String(64), nullable=False),
-    Column("fingerprint", JSON, nullable=False),
-    Column("seed", Integer, nullable=False),
-    Column("source", String(16), nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("failure_kind", String(16), nullable=True),
-    Column("reason", Text, nullable=True),
-    Column("metrics", JSON, nullable=False),
-    Column("result", JSON, nullable=False),
-    Column("code_version", String(64), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("attempt", Integer, nullable=False),
-    # how long the run was: a 10-step result must not be served for a 300-step request
-    Column("steps", Integer, nullable=True),
-    Column("warmup", Integer, nullable=True),
-    # the run shared its cores (cubic.core.stats.contention); null: rows from before schema 2
-    Column("contended", Boolean, nullable=True),
-    Index("ix_trials_cache_key", "workload_hash", "config_hash", "fingerprint_hash", "source"),
-)
-
-# the sharding cost model's training samples (sharding.collect): a rank's shard set and its
-# measured compute time on one machine -- not runs of a workload, so not trials
-sharding_samples_table = Table(
-    "cubic_sharding_samples",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("sample_hash", String(64), nullable=False),
-    Column("batch_size", Integer, nullable=False),
-    Column("sample", JSON, nullable=False),  # {"tables": [...], "shards": [...]}
-    Column("metrics", JSON, nullable=False),  # compute_ms, fwd_ms, bwd_ms, ...
-    Column("fingerprint_hash", String(64), nullable=False, index=True),
-    Column("fingerprint", JSON, nullable=False),
-    Column("code_version", String(64), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-)
-# a machine's noise floor (NOISE_FLOOR_*): the between-process spread of one config repeated in
-# fresh processes, per machine fingerprint; what a one-repeat interval is widened by when no config
-# measured on the machine at that run length has two repeats yet. A new table, created where missing.
-noise_floors_table = Table(
-    "cubic_noise_floors",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("fingerprint_hash", String(64), nullable=False, index=True),
-    Column("metric", String(64), nullable=False),
-    Column("sd", Float, nullable=False),  # sd of log(value) between fresh processes
-    Column("df", Integer, nullable=False),
-    Column("how", JSON, nullable=False),  # workload, config hash, steps, the repeats' values
-    Column("cubic_version", String(32), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-)
 # stale (re-measured by the next campaign): older than this, or measured by another cubic release
 NOISE_FLOOR_MAX_AGE_DAYS = 7
 # before this machine's floor is measured: the project's measurement_noise study's repeat-to-repeat
 # noise (6.5%), labelled as assumed wherever it is used
 ASSUMED_NOISE_FLOOR = NoiseModel(0.063, 10, "an ASSUMED noise floor (not yet measured on this machine)")
-_OLD_NAMES = {"schema_version": "cubic_schema_version", "campaigns": "cubic_campaigns", "trials": "cubic_trials"}
 
 
 class Campaign(BaseModel):
@@ -206,16 +112,6 @@ class Trial(BaseModel):
     contended: bool | None = None
 
 
-class StoreError(RuntimeError):
-    """The trial store could not be written. Not bad input and not a failed run: the result is kept
-    in the pending file (see the module docstring) and the command stops with a store error."""
-
-
-def pending_path() -> Path:
-    env = os.environ.get(PENDING_ENV)
-    return Path(env) if env else Path.cwd() / ".cubic" / "pending.jsonl"
-
-
 @dataclass
 class Served:
     """What the store holds for one config (:meth:`TrialStore.serve`)."""
@@ -240,137 +136,6 @@ class Served:
         if self.failure:
             return True
         return self.pooled is not None and (self.good >= repeats or self.pooled.n >= 2 * repeats)
-
-
-# greedy to the last "@": an unescaped "@" or "/" inside a password must not leave a piece of it behind
-_PASSWORD_IN_URL = re.compile(r"(://[^:/?#@\s]*:)\S*@")
-# what may separate the pieces a URL parser (SQLAlchemy, libpq) splits a mistyped password into
-_URL_SEPARATORS = re.compile(r"[@/:?#&=;,\s]+")
-
-CONNECT_TIMEOUT_S = float(os.environ.get("CUBIC_DB_CONNECT_TIMEOUT_S", "10"))
-STATEMENT_TIMEOUT_S = float(os.environ.get("CUBIC_DB_STATEMENT_TIMEOUT_S", "300"))
-
-
-def redact_url(url: str | None) -> str:
-    """The URL with any password replaced by ``***`` -- the one redaction every message uses.
-
-    Everything between ``://user:`` and the LAST ``@`` goes first (a password with an unescaped
-    "@" or "/" would otherwise be split by the parser and show up as a host or database), then
-    SQLAlchemy renders what is left with ``hide_password``; an unparsable URL keeps the textual
-    redaction, and one with an "@" but no "user:" loses everything up to that "@"."""
-    if url is None:
-        return ""
-    url = _PASSWORD_IN_URL.sub(r"\1***@", url)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparsable: the textual scrub alone, and nothing of a user part kept
-        return re.sub(r"://.*@", "://***@", url) if "://" in url else re.sub(r"^.*@", "***@", url)
-
-
-def _password_pieces(url: str | None) -> list[str]:
-    """The password of ``url`` as typed, as SQLAlchemy parses it, and every piece a parser could
-    split it into (what a driver may echo as a host or database name), longest first."""
-    if not url:
-        return []
-    found: set[str] = set()
-    try:
-        if make_url(url).password:
-            found.add(str(make_url(url).password))
-    except Exception:
-        pass
-    m = _PASSWORD_IN_URL.search(url)
-    if m:
-        typed = m.group(0)[len(m.group(1)):-1]
-        found.add(typed)
-        found.update(_URL_SEPARATORS.split(typed))
-    return sorted((p for p in found if len(p) >= 3), key=len, reverse=True)
-
-
-def scrub_error(err: BaseException | str, *urls: str | None) -> str:
-    """One line of a driver error (or text) with the password of each URL, and its pieces, removed."""
-    text = " ".join(str(getattr(err, "orig", None) or err).split())
-    for url in urls:
-        for piece in _password_pieces(url):
-            text = text.replace(piece, "***")
-    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
-    # a driver echoing a host it split at a password's "@" ("wd@127.0.0.1"): drop what precedes "@"
-    # (not a URL, already redacted above: its scheme and user stay)
-    text = re.sub(r"(?<=[\s\"'(])[^\s\"'@/]+@", "***@", text)
-    hint = f"(no answer within the connect timeout, {CONNECT_TIMEOUT_S:g} s)"
-    if ("timeout expired" in text or "timed out" in text) and hint not in text:
-        text += " " + hint
-    return text[:300]
-
-
-def storage_error_line(err: BaseException, *urls: str | None) -> str | None:
-    """One scrubbed line for a database failure -- SQLAlchemy's, a DB-API driver's, or Optuna's
-    storage errors (whose own text is generic: its cause is what says "disk is full") -- or None
-    when ``err`` is not one. The CLI and the worker print this instead of a traceback."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    optuna_storage = type(err).__name__ == "StorageInternalError" and type(err).__module__.startswith("optuna")
-    driver = type(err).__module__.split(".")[0] in ("sqlite3", "psycopg2", "psycopg", "pymysql", "MySQLdb")
-    if isinstance(err, StoreError):  # already one scrubbed line, the pending file named
-        return str(err)
-    if not (isinstance(err, SQLAlchemyError) or optuna_storage or driver):
-        return None
-    cause = err.__cause__ if optuna_storage and err.__cause__ is not None else err
-    line = scrub_error(cause, *urls)
-    if "disk I/O error" in line or "disk is full" in line:  # SQLite's words for a file that cannot grow
-        line += " (is the disk full?)"
-    return line
-
-
-def check_url(url: str, origin: str) -> Any:
-    """The parsed URL, or a SpecError naming ``origin`` (the flag or variable) with the URL redacted.
-
-    An "@" after the user part's "@" (before any query) means a password with an unescaped "@":
-    SQLAlchemy would connect to part of the password as a host, so it is refused."""
-    safe = redact_url(url)
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise SpecError(f"not a database URL: {safe!r}", field=origin) from None
-    rest = url.split("?", 1)[0].split("://", 1)[-1]
-    if not rest.startswith("/") and rest.count("@") > 1:  # (a file path, sqlite:////a@b@c.db, has no user part)
-        raise SpecError(f"{safe!r} has more than one '@' before its host: write an '@' in a password as %40",
-                        field=origin)
-    return parsed
-
-
-def engine_options(url: str) -> dict[str, Any]:
-    """``create_engine`` keyword arguments with connect and statement timeouts for ``url``'s
-    driver, so that a server that accepts and never answers fails in seconds instead of hanging.
-    Timeouts written in the URL's query win; $CUBIC_DB_CONNECT_TIMEOUT_S (default 10) and
-    $CUBIC_DB_STATEMENT_TIMEOUT_S (default 300) set them otherwise."""
-    parsed = make_url(url)
-    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
-    given = set(parsed.query)
-    args: dict[str, Any] = {}
-    if backend == "sqlite":
-        args["timeout"] = SQLITE_BUSY_TIMEOUT_MS / 1000
-    elif backend == "postgresql" and driver in ("psycopg2", "psycopg", "psycopg2cffi"):
-        args["connect_timeout"] = max(1, round(CONNECT_TIMEOUT_S))
-        args["options"] = f"-c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)}"
-    elif backend == "postgresql" and driver == "pg8000":
-        args["timeout"] = CONNECT_TIMEOUT_S
-    elif backend in ("mysql", "mariadb"):
-        args.update(connect_timeout=max(1, round(CONNECT_TIMEOUT_S)), read_timeout=round(STATEMENT_TIMEOUT_S),
-                    write_timeout=round(STATEMENT_TIMEOUT_S))
-    return {"connect_args": {k: v for k, v in args.items() if k not in given}}
-
-
-def default_url() -> str:
-    return f"sqlite:///{Path.cwd() / '.cubic' / 'trials.db'}"
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _as_utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; everything we write is UTC
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
 class TrialStore:
@@ -593,7 +358,18 @@ class TrialStore:
         except StoreError as e:
             raise StoreError(f"{e}; {_keep_pending(row, self._safe)}") from None
 
-    def _row(self, workload_name: str, workload_hash: str, config: Config, result: Result,
+    def record_job(self, job: JobConfig, label: str, result: Result, campaign: str | int | None = None,
+                   attempt: int = 1, *, fingerprint_hash: str | None = None) -> int:
+        """Persist one run of a user's job (``--objective``): keyed by its command line
+        (``job.job_hash()``, the workload hash) and its values (``job.content_hash()``, the config
+        hash), named ``label`` (the job's script) in the workload column. As :meth:`record`."""
+        row = self._row(label, job.job_hash(), job, result, campaign, attempt, None, None, fingerprint_hash)
+        try:
+            return self._insert(row)
+        except StoreError as e:
+            raise StoreError(f"{e}; {_keep_pending(row, self._safe)}") from None
+
+    def _row(self, workload_name: str, workload_hash: str, config: Config | JobConfig, result: Result,
              campaign: str | int | None, attempt: int, steps: int | None, warmup: int | None,
              fingerprint_hash: str | None) -> dict[str, Any]:
         fp_hash = result.fingerprint_hash or fingerprint_hash or _fingerprint_hash(result.fingerprint)
@@ -985,18 +761,6 @@ class TrialStore:
             return [dict(r) for r in conn.execute(q).mappings()]
 
 
-def _rename_old_tables(conn) -> None:
-    """A store from before the ``cubic_`` prefix: rename its tables (its own ``campaigns`` table
-    tells it apart from an Optuna storage, which has ``trials`` but no ``campaigns``)."""
-    from sqlalchemy import inspect
-
-    names = set(inspect(conn).get_table_names())
-    if "campaigns" in names and "cubic_campaigns" not in names:
-        for old, new in _OLD_NAMES.items():
-            if old in names:
-                conn.exec_driver_sql(f'ALTER TABLE "{old}" RENAME TO "{new}"')
-
-
 def pooled_trials(ok: list[Trial], noise: dict[str, NoiseModel] | None = None,
                   floor: dict[str, NoiseModel] | None = None) -> tuple[Result, list[Trial], Pooled]:
     """Pool stored ok trials (repeats of one config): the pooled Result, its rows, the pooling."""
@@ -1004,156 +768,4 @@ def pooled_trials(ok: list[Trial], noise: dict[str, NoiseModel] | None = None,
     return pooled_result([t.result for t in ok], p), ok, p
 
 
-class PendingRow(BaseModel):
-    """One trial row as :meth:`TrialStore._row` writes it to the pending file, read back strictly."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    workload: str = Field(max_length=200)
-    workload_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    config_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    config: dict[str, Any]
-    fingerprint_hash: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
-    fingerprint: dict[str, Any]
-    seed: int
-    source: Source
-    status: Literal["ok", "failed"]
-    failure_kind: str | None = Field(default=None, max_length=16)
-    reason: str | None = None
-    metrics: dict[str, float | None]
-    result: dict[str, Any]
-    code_version: str = Field(max_length=64)
-    attempt: int = Field(ge=1)
-    steps: int | None = Field(default=None, ge=0)
-    warmup: int | None = Field(default=None, ge=0)
-    created_at: AwareDatetime = Field(strict=False)  # written as an ISO string
-    contended: bool | None = None
-    campaign: str | int | None = None
-
-
-def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
-    """A pending-file line checked like user input: (the store it is meant for, the row ready to
-    insert). ValueError says, in one line, what is wrong with it."""
-    from pydantic import ValidationError
-
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg}, a line torn by a crash?)") from None
-    if not isinstance(entry, dict):
-        raise ValueError(f"a JSON {type(entry).__name__}, not an object with 'store' and 'row'")
-    store, row = entry.get("store"), entry.get("row")
-    if not isinstance(store, str):
-        raise ValueError("no 'store' (the store the row is meant for)")
-    if not isinstance(row, dict):
-        raise ValueError("no 'row' object")
-    try:
-        r = PendingRow.model_validate(row)
-        result = Result.model_validate(_restore_nonfinite(r.result))
-        config = Config.model_validate(r.config)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        raise ValueError(f"row field {where!r}: {err.get('msg')}") from None
-    if (result.status, result.source) != (r.status, r.source):
-        raise ValueError(f"row 'status'/'source' ({r.status}/{r.source}) disagree with its result's "
-                         f"({result.status}/{result.source})")
-    if config.content_hash() != r.config_hash:
-        raise ValueError("row 'config_hash' is not the hash of its config")
-    out = r.model_dump()
-    out["metrics"] = _finite({k: (float("nan") if v is None else v) for k, v in r.metrics.items()})
-    return store, out
-
-
-def _quarantine(path: Path, line_no: int, line: str, why: str) -> None:
-    """Move a bad pending line beside the file (``<file>.quarantine``), with one warning."""
-    q = path.with_name(path.name + ".quarantine")
-    try:
-        with open(q, "a", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(json.dumps({"file": str(path), "line": line_no, "why": why, "text": line[:100_000]}) + "\n")
-        where = f"moved to {q}"
-    except OSError as e:
-        where = f"dropped ({q} could not be written: {e.strerror})"
-    _log.warning("cubic: warning: %s line %d is not a pending result (%s): %s, not imported",
-                 path, line_no, why[:200], where)
-
-
-def _keep_pending(row: dict[str, Any], store: str) -> str:
-    """Append a trial row that could not be written to the pending file; says where (or that it could not)."""
-    path = pending_path()
-    entry = {"id": uuid.uuid4().hex, "store": store, "written_at": _utcnow().isoformat(), "row": row}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(json.dumps(entry, default=str) + "\n")
-        return f"the result is kept in {path} and will be imported by the next command whose store works"
-    except OSError as e:
-        return f"and the pending file {path} could not be written either ({e.strerror}): the result is only " \
-               "in this command's output"
-
-
-# columns an older cubic store lacks and _migrate adds (not a sign of a foreign table)
-_ADDED_BY_MIGRATION = {"cubic_trials": {"contended"}}
-
-
-def _migrate(conn: Any, found: int) -> None:
-    """Bring a store of an older schema up to :data:`SCHEMA_VERSION` (columns added, nothing removed)."""
-    cols = {c["name"] for c in inspect(conn).get_columns(trials_table.name)}
-    if "contended" not in cols:
-        conn.execute(text(f"ALTER TABLE {trials_table.name} ADD COLUMN contended BOOLEAN"))
-    conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION, applied_at=_utcnow()))
-
-
-_JSON_COLUMNS = frozenset(c.name for table in (trials_table, campaigns_table) for c in table.c
-                          if isinstance(c.type, JSON))
 _log = logging.getLogger("cubic.store")
-
-
-def _select_raw(table: Table):
-    """SELECT of ``table`` with its JSON columns as text, so that each row is decoded by
-    :meth:`TrialStore._decoded` (a driver that decodes JSON itself, psycopg2, hands back objects)."""
-    # DateTime columns too: SQLite keeps whatever text was written, and SQLAlchemy's own parse of a
-    # garbage timestamp would fail the whole query instead of that row
-    return select(*(type_coerce(c, Text).label(c.name) if isinstance(c.type, (JSON, DateTime)) else c
-                    for c in table.c))
-
-
-def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
-    # JSON has no NaN/inf; a NaN metric (e.g. loss of a diverged run) is stored as null
-    import math
-
-    return {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
-
-
-def _restore_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
-    """JSON stored a NaN/inf figure as null; give it back as NaN so the Result validates."""
-    nan = float("nan")
-    out = dict(result)
-    for key in ("metrics", "phases_ms"):
-        out[key] = {k: (nan if v is None else v) for k, v in (out.get(key) or {}).items()}
-    out["trajectory"] = [{k: (nan if v is None else v) for k, v in p.items()} for p in out.get("trajectory") or []]
-    return out
-
-
-def _configure_sqlite(engine: Engine) -> None:
-    """WAL + busy timeout on every connection, and BEGIN IMMEDIATE for write transactions.
-
-    pysqlite's own transaction handling is switched off (isolation_level None) so that SQLAlchemy
-    emits BEGIN itself -- the recipe in SQLAlchemy's SQLite dialect documentation.
-    """
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # noqa: ANN001
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # noqa: ANN001
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("cubic_write") else "BEGIN")

@@ -42,12 +42,78 @@ class Runner(ABC):
         """Run and return a Result; failures are failed Results, never exceptions."""
 
 
+def sharded_field(config: Config) -> str | None:
+    """The config field that asks for tables sharded over several processes (None: one process runs it)."""
+    s = config.sharding
+    for field, on in (("sharding.plan", s.plan is not None), ("sharding.group_size", bool(s.group_size)),
+                      ("sharding.sync", s.sync is not None), ("sharding.sync_interval", s.sync_interval is not None)):
+        if on:
+            return field
+    from sharding.types import NONE_NAMES
+
+    return None if s.planner in NONE_NAMES else "sharding.planner"
+
+
+def needs_world_size(config: Config) -> str:
+    """What a sharded config needs, naming the flag that gives it (one wording for every command)."""
+    ranks = (config.sharding.plan or {}).get("world_size")
+    n = f"{ranks}" if isinstance(ranks, int) and not isinstance(ranks, bool) else "N"
+    return (f"a sharded config runs on several processes: add --world-size {n}"
+            f"{' (N >= 2)' if n == 'N' else ''} (or --simulate CLUSTERxN for the simulated cluster); "
+            "one process runs only sharding.planner: none")
+
+
+def _nested(e: SpecError, prefix: str, source: str | None) -> SpecError:
+    """A document's error (raised without a source) re-said at its place in the config file."""
+    msg = str(e)
+    if e.field and msg.startswith(f"{e.field}: "):
+        msg = msg[len(e.field) + 2:]
+    return SpecError(msg, source=source, field=".".join(p for p in (prefix, e.field) if p))
+
+
+def check_config_values(config: Config, source: str | None = None) -> None:
+    """Raise a one-line SpecError (naming ``source`` and the field) when a config value names
+    something that does not exist: a planner (``sharding.types.PLANNERS``, the list
+    ``sharding.registry`` builds), an explicit plan document (its sharding types and compute kernels:
+    ``sharding.kernels``) or an FP8 placement document (its recipes and kernels: ``fp8.kernels``).
+    Recipes, the embedding kernel and the optimizers are checked when the config is parsed (their
+    one tables live in ``cubic.core``: recipes.py, config.Kernels, spec.Optimizers). Here, not in
+    cubic.core, because planners and placements belong to the feature packages."""
+    from sharding.types import NONE_NAMES, PLANNERS, plan_from_dict
+
+    s = config.sharding
+    if s.planner not in NONE_NAMES and s.planner not in PLANNERS:
+        raise SpecError(f"unknown planner {s.planner!r} (known: none, {', '.join(PLANNERS)})",
+                        source=source, field="sharding.planner")
+    if s.plan is not None:
+        try:
+            plan_from_dict(s.plan, source=None)
+        except SpecError as e:
+            raise _nested(e, "sharding.plan", source) from None
+    if config.fp8.policy == "placement" and config.fp8.placement is None:
+        raise SpecError("policy 'placement' needs a placement document (`cubic fp8 place` writes one)",
+                        source=source, field="fp8.placement")
+    if config.fp8.placement is not None:
+        if find_spec("fp8.placement") is None:
+            raise SpecError("an FP8 placement needs fp8/, which is not installed in this checkout",
+                            source=source, field="fp8.placement")
+        from fp8.placement import parse_placement
+
+        try:
+            parse_placement(config.fp8.placement, source=None)
+        except SpecError as e:
+            raise _nested(e, "fp8.placement", source) from None
+
+
 def validate_config(workload: Workload, config: Config) -> str | None:
     """Why the local single-process runner cannot execute ``config`` (None when it can)."""
-    if config.sharding.planner != "none" or config.sharding.plan is not None or config.sharding.group_size \
-            or config.sharding.sync is not None or config.sharding.sync_interval is not None:
-        return ("sharded configs (sharding.planner / sharding.plan / group_size / sync) run through sharding's "
-                "distributed runner, not the local single-process runner")
+    try:
+        check_config_values(config)
+    except SpecError as e:
+        return str(e)
+    field = sharded_field(config)
+    if field is not None:
+        return f"{field}: {needs_world_size(config)}"
     if config.fp8.policy != "off" and find_spec("fp8.runtime") is None:
         return f"fp8.policy={config.fp8.policy!r} needs fp8.runtime, which is not installed in this checkout"
     try:

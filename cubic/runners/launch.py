@@ -64,6 +64,10 @@ def _inputs(args):
         raise SpecError("steps must be >= 1 and warmup >= 0", field="--steps")
     workload = load_workload(args.workload)
     config = load_config(args.config) if args.config else Config()
+    if args.config:
+        from cubic.runners.base import check_config_values
+
+        check_config_values(config, source=args.config)
     if args.plan:
         from sharding.types import plan_from_dict
 

@@ -1,0 +1,165 @@
+"""Config values are checked against what exists when the config is loaded (issue 22, point 7):
+planners (sharding.types.PLANNERS, which sharding.registry builds), FP8 recipes
+(cubic.core.recipes), the embedding kernel, optimizers, and the plan and placement documents a
+config holds (their compute kernels, recipes and FP8 kernels). A bad value is one line on stderr
+naming the file and the field, exit 2, nothing run, nothing recorded; a valid sharded config on
+one process names the flag that fixes it (--world-size)."""
+
+import json
+
+import pytest
+
+from cubic.cli import app as cli
+from cubic.cli import common as cli_common
+from cubic.core.config import Config, ShardingChoice
+from cubic.core.result import Result
+from cubic.core.spec import SpecError
+from cubic.core.store import TrialStore
+from cubic.core.workloads import load_workload
+from cubic.runners.base import check_config_values, validate_config
+
+BAD = (  # (config body, the field the message names)
+    ("sharding: {planner: foo}\n", "sharding.planner"),
+    ("fp8: {policy: all, recipe: foo}\n", "fp8.recipe"),
+    ("kernels: {embedding: foo}\n", "kernels.embedding"),
+    ("kernels: {dense_dtype: fp7}\n", "kernels.dense_dtype"),
+    ("optimizers: {embedding: foo}\n", "optimizers.embedding"),
+    ("fp8: {policy: placement}\n", "fp8.placement"),
+    ("fp8: {policy: placement, placement: {sites: {a: {m: 1, k: 1, n: 1, recipe: foo, kernel: x}},"
+     " module_filter: [a]}}\n", "fp8.placement.sites.a.recipe"),
+    ("fp8: {policy: placement, placement: {sites: {a: {m: 1, k: 1, n: 1, recipe: tensorwise, kernel: foo}},"
+     " module_filter: [a]}}\n", "fp8.placement.sites.a"),
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CUBIC_PENDING", raising=False)
+    url = f"sqlite:///{tmp_path}/trials.db"
+    monkeypatch.setenv("CUBIC_STORE", url)
+    return url
+
+
+class Counting:
+    """A runner that counts its runs (none may happen for a bad config)."""
+
+    source = "measured"
+    calls = 0
+
+    def fingerprint_hash(self):
+        return "fake-fp"
+
+    def run(self, workload, config, *, steps=50, warmup=5, progress=None):
+        self.calls += 1
+        return Result(status="ok", metrics={"examples_per_s": 1000.0, "step_time_median_ms": 64.0},
+                      fingerprint={"cpu_count": 2}, fingerprint_hash="fake-fp", config_hash=config.content_hash())
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    r = Counting()
+    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: r)
+    return r
+
+
+def _one_line(err: str, *needles: str) -> str:
+    line = err.strip()
+    assert "\n" not in line and line.startswith("cubic: error:"), line
+    for n in needles:
+        assert n in line, (n, line)
+    return line
+
+
+def _plan(world: int, **update) -> dict:
+    from sharding.from_config import plan_for
+
+    wl = load_workload("dlrm-small")
+    plan = plan_for(wl, Config(sharding=ShardingChoice(planner="greedy")), world).model_dump(mode="json")
+    return {**plan, **update}
+
+
+def test_cubic_run_rejects_each_unknown_value_at_load(tmp_path, capsys, runner, isolated):
+    for body, field in BAD:
+        (tmp_path / "c.yaml").write_text(body)
+        code = cli.main(["run", "--workload", "dlrm-small", "--steps", "2", "--config", "c.yaml"])
+        _, err = capsys.readouterr()
+        assert code == 2, (body, err)
+        _one_line(err, "c.yaml", field)
+    assert runner.calls == 0 and TrialStore(isolated).count() == 0
+    (tmp_path / "c.yaml").write_text("sharding: {planner: foo}\n")
+    cli.main(["run", "--workload", "dlrm-small", "--config", "c.yaml"])
+    assert "known: none, cubic, torchrec, greedy" in capsys.readouterr().err  # what the user may write instead
+
+
+def test_an_unknown_compute_kernel_in_the_configs_plan_is_rejected(tmp_path, capsys, runner, isolated):
+    table = load_workload("dlrm-small").tables[0].name
+    plan = _plan(2, kernels={table: {"compute_kernel": "foo"}})
+    (tmp_path / "c.json").write_text(json.dumps({"sharding": {"plan": plan}}))
+    code = cli.main(["run", "--workload", "dlrm-small", "--world-size", "2", "--config", "c.json"])
+    assert code == 2
+    _one_line(capsys.readouterr().err, "c.json", f"sharding.plan.kernels.{table}.compute_kernel")
+    assert runner.calls == 0 and TrialStore(isolated).count() == 0
+
+
+def test_a_sharded_config_on_one_process_names_world_size(tmp_path, capsys, runner, isolated):
+    (tmp_path / "c.yaml").write_text("sharding: {planner: greedy}\n")
+    assert cli.main(["run", "--workload", "dlrm-small", "--config", "c.yaml"]) == 2
+    line = _one_line(capsys.readouterr().err, "c.yaml", "sharding.planner", "--world-size N")
+    assert "distributed runner" not in line
+    # an explicit plan: the flag with the plan's own number of ranks, on one process and on the wrong number
+    (tmp_path / "p.json").write_text(json.dumps({"sharding": {"plan": _plan(2)}}))
+    assert cli.main(["run", "--workload", "dlrm-small", "--config", "p.json"]) == 2
+    _one_line(capsys.readouterr().err, "p.json", "sharding.plan", "--world-size 2")
+    assert cli.main(["run", "--workload", "dlrm-small", "--config", "p.json", "--world-size", "4"]) == 2
+    _one_line(capsys.readouterr().err, "p.json", "sharding.plan.world_size", "--world-size 2")
+    assert runner.calls == 0 and TrialStore(isolated).count() == 0
+
+
+def test_campaign_baseline_and_sim_configs_are_checked_before_anything_is_recorded(tmp_path, capsys, isolated):
+    (tmp_path / "bad.yaml").write_text("sharding: {planner: foo}\n")
+    code = cli.main(["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "1",
+                     "--baseline", "bad.yaml", "--storage", f"sqlite:///{tmp_path}/c.db"])
+    assert code == 2
+    _one_line(capsys.readouterr().err, "bad.yaml", "sharding.planner")
+    assert not (tmp_path / "c.db").exists() and TrialStore(isolated).count() == 0
+    (tmp_path / "greedy.yaml").write_text("sharding: {planner: greedy}\n")  # a local campaign runs one process
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "1",
+                     "--baseline", "greedy.yaml", "--storage", f"sqlite:///{tmp_path}/c.db"]) == 2
+    _one_line(capsys.readouterr().err, "greedy.yaml", "--world-size")
+    assert not (tmp_path / "c.db").exists() and TrialStore(isolated).count() == 0
+    assert cli.main(["sim", "predict", "--workload", "dlrm-small", "--simulate", "h100x8", "--config", "bad.yaml"]) == 2
+    _one_line(capsys.readouterr().err, "bad.yaml", "sharding.planner")
+
+
+def test_every_listed_planner_passes_and_the_registry_builds_each():
+    """One list of planner names: the check accepts each and sharding.registry builds each."""
+    from sharding.registry import make_planner
+    from sharding.types import NONE_NAMES, PLANNERS
+
+    for name in (*PLANNERS, *NONE_NAMES):
+        check_config_values(Config(sharding=ShardingChoice(planner=name)), source="c.yaml")
+    for name in PLANNERS:
+        if name != "torchrec":  # builds TorchRec's planner: imports torchrec (covered by the sharding tests)
+            assert make_planner(name).plan  # an unknown name would raise SpecError
+    with pytest.raises(SpecError, match=r"c.yaml: sharding.planner: unknown planner 'foo'"):
+        check_config_values(Config(sharding=ShardingChoice(planner="foo")), source="c.yaml")
+
+
+def test_the_local_runner_names_world_size_for_a_sharded_config():
+    wl = load_workload("dlrm-small")
+    why = validate_config(wl, Config(sharding=ShardingChoice(planner="greedy")))
+    assert why.startswith("sharding.planner:") and "--world-size" in why and "distributed runner" not in why
+    assert "unknown planner" in validate_config(wl, Config(sharding=ShardingChoice(planner="foo")))
+
+
+def test_a_sharded_config_loads_where_it_can_run(tmp_path):
+    """No false rejection: a planner config with --world-size 2, on the simulated cluster (any size),
+    and a plan for exactly the run's ranks."""
+    from cubic.cli.common import load_checked_config
+
+    (tmp_path / "g.yaml").write_text("sharding: {planner: size_lookup_greedy}\n")
+    assert load_checked_config(str(tmp_path / "g.yaml"), processes=2).sharding.planner == "size_lookup_greedy"
+    assert load_checked_config(str(tmp_path / "g.yaml"), processes=None).sharding.planner == "size_lookup_greedy"
+    (tmp_path / "p.json").write_text(json.dumps({"sharding": {"plan": _plan(2)}}))
+    assert load_checked_config(str(tmp_path / "p.json"), processes=2).sharding.plan["world_size"] == 2
