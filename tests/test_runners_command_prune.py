@@ -57,3 +57,27 @@ def test_search_learns_from_pruned_runs():
     s = ProxyGuided(n_inner=32, families=("xgboost", "ridge")).bind(SearchContext(space=space, seed=0))
     picks = [p.point["x"] for p in s.propose(hist, 4)]
     assert sum(x >= 14 for x in picks) <= 1  # the pruned region is avoided
+
+
+def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, monkeypatch, capsys):
+    """`cubic campaign run --objective ... --prune median`: the pruner reaches the job's runs through
+    the CLI (kept in the campaign's context), a run worse than the earlier ones at a step is stopped
+    and stored as pruned."""
+    from cubic.cli.app import main
+    from cubic.core.store import TrialStore
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "space.yaml").write_text("version: 1\nname: lr\nobjectives: [{metric: loss, direction: minimize}]\n"
+                                         "parameters:\n  - {name: lr, type: categorical, choices: [0.1, 0.11, 0.12, 5.0, 6.0]}\n")
+    rc = main(["campaign", "run", "--objective", f"{sys.executable} train.py {{lr}}", "--space", "space.yaml",
+               "--name", "p", "--strategy", "random", "--budget", "5", "--batch", "1", "--prune", "median",
+               "--no-baseline", "--confirm-repeats", "0", "--storage", f"sqlite:///{tmp_path}/c.db",
+               "--store", f"sqlite:///{tmp_path}/t.db"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    runs = {t.config["values"]["lr"]: t for t in TrialStore(f"sqlite:///{tmp_path}/t.db").trials(campaign="p")}
+    assert len(runs) == 5 and all(runs[lr].status == "ok" for lr in (0.1, 0.11, 0.12))  # good curves run out
+    pruned = [lr for lr in (5.0, 6.0) if runs[lr].failure_kind == "pruned"]
+    assert pruned and all(runs[lr].metrics["pruned_step"] < 10 for lr in pruned)  # (the seeded order runs one late)
+    assert main(["campaign", "run", "--objective", "x {lr}", "--space", "space.yaml", "--prune", "asha"]) == 2

@@ -600,6 +600,11 @@ def _add_job_flags(run: Any) -> None:
     g.add_argument("--metric", help="the metric to optimize (default: the space's first objective)")
     g.add_argument("--direction", choices=("maximize", "minimize"),
                    help="of --metric (default: the space's, else maximize)")
+    g.add_argument("--prune", choices=tuple(PRUNERS), default="none",
+                   help="stop a run early from the intermediate lines it prints ({\"step\": n, METRIC: v}): "
+                        "median (Optuna's MedianPruner: below the median of earlier runs at that step, after 2 "
+                        "runs and 1 step) or halving (Optuna's SuccessiveHalvingPruner, ASHA's rule); default none. "
+                        "A stopped run is recorded as pruned and the search learns from it")
     g.add_argument("--baseline", metavar="FILE", help="what the answer compares the winner with, measured once "
                    "before the campaign: a cubic Config (with --workload) or parameter values (with --objective; a "
                    "previous winner.yaml works); default: the workload's defaults / the space's default point")
@@ -640,9 +645,16 @@ def _with_objective(space, metric: str | None, direction: str | None):
     return space.model_copy(update={"objectives": [new, *rest]})
 
 
+PRUNERS = {  # --prune: Optuna's own pruners over the job's intermediate lines
+    "none": None,
+    "median": lambda: __import__("optuna").pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+    "halving": lambda: __import__("optuna").pruners.SuccessiveHalvingPruner(),
+}
+
+
 def _job_context(args: argparse.Namespace, space) -> dict[str, Any]:
     job = {"objective": args.objective, "launcher": args.launcher, "nproc": args.nproc, "cwd": os.getcwd(),
-           "timeout": args.timeout}
+           "timeout": args.timeout, "prune": args.prune}
     _job_runner(job, space, None, None)  # a bad command line fails now, before any run
     from cubic.core.store import redact_url
 
@@ -656,9 +668,11 @@ def _job_runner(job: dict[str, Any], space, metric: str | None, name: str | None
     from cubic.core.paths import under
 
     logs = under(Path(".cubic") / "jobs", name) if name else None  # a name is never a path
+    make_pruner = PRUNERS.get(job.get("prune") or "none")
     return CommandRunner(job["objective"], space.param_names, metric=metric or space.primary.metric,
                          launcher=job.get("launcher"), nproc=job.get("nproc", 1), timeout_s=job.get("timeout", 300.0),
-                         cwd=job.get("cwd"), logs_dir=logs)
+                         cwd=job.get("cwd"), logs_dir=logs, pruner=make_pruner() if make_pruner else None,
+                         direction=space.primary.direction)
 
 
 def _job_build(name: str, ctx: dict[str, Any], space, store_url: str | None):
