@@ -40,7 +40,14 @@ reference (:func:`reference_run`: a plain ``TrainSession`` on the global batch, 
 therefore computes the same function. What differs is float summation order: the pooled sums, the
 all-reduce of gradients and the reassembly add in another order, and Adam's division by
 ``sqrt(v) + eps`` amplifies tiny differences in near-zero gradient coordinates, so two runs that
-differ only in summation order drift apart the way chaotic dynamics do. Tolerances, from what was
+differ only in summation order drift apart the way chaotic dynamics do. A ReLU whose pre-activation sits
+within that noise of zero can flip between two such runs, and row-wise AdaGrad's step on a row with
+a small accumulator (~lr * g / rms(g), whatever g's size) turns the changed gradient into a visible
+gap (issue 24, experiments/two_d.py's study workload, data seed 5: one example's top-MLP unit at
++3.7e-8 vs -9.7e-8 at step 3, loss gap 3.4e-6 at step 4, 7e-3 by step 11; which run lands on which
+side is chance). The exact check is in float64, where no such flip occurs: 1D and 2D runs equal the
+one-process run to 1e-12 on batches with empty bags and duplicate ids
+(tests/test_runners_distributed_exact.py). Tolerances, from what was
 measured on this CPU (2 gloo ranks, per-rank batch 512, 200 steps; see tests/test_runners_distributed.py):
 
 - per-step training loss over the first :data:`EARLY_STEPS` steps within :data:`LOSS_RTOL` = 1e-4
@@ -508,6 +515,27 @@ def compare_to_reference(losses: list[float], trajectory: list[dict], ref: dict)
             "ne_end_single_process": ne_ref, "matches_single_process": float(ok)}
 
 
+def rank_session(workload: Workload, config: Config, plan: Plan | None, *, rank: int, world: int,
+                 device: torch.device, transform=None):
+    """This rank's :class:`cubic.core.train.TrainSession` on the global config (:func:`_global_config`):
+    the workload's model whose embedding stage is this rank's :class:`ShardedEmbedding` (1D: its
+    pieces of the plan; 2D: its pieces in its group, with the replica groups), or the local stage in
+    one process. The process group must be initialised when ``world > 1``; every rank calls this in
+    the same order (it creates process groups)."""
+    from cubic.core.train import TrainSession
+
+    gconf = _global_config(config, plan, world)
+    wl = gconf.apply(workload)
+    two_d = (TwoD.create(rank, world, plan.group_size, config.sharding.sync, config.sharding.sync_interval)
+             if plan is not None and world > 1 and plan.group_size < world else None)
+    if two_d is not None:
+        emb = ShardedEmbedding(wl, plan, rank % two_d.group_size, two_d.group_size, seed=config.seed, device=device,
+                               two_d=two_d)
+    else:
+        emb = ShardedEmbedding(wl, plan, rank, world, seed=config.seed, device=device) if world > 1 else None
+    return TrainSession(workload, gconf, device, transform=transform, embedding=emb, rank=rank, world_size=world)
+
+
 def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: int, warmup: int = 5,
                rank: int = 0, world: int = 1, device: str = "auto", eval_every: int | None = None,
                check_single: bool | None = None, versions_info: dict[str, str] | None = None,
@@ -520,7 +548,7 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     import torch.distributed as dist
 
     from cubic.core.fingerprint import fingerprint, fingerprint_hash, versions
-    from cubic.core.train import NonFiniteLoss, PhaseClock, TrainSession, window_stats
+    from cubic.core.train import NonFiniteLoss, PhaseClock, window_stats
     from cubic.runners.base import peak_memory, proc_status_bytes, reset_peak_rss, resolve_device, result_header
     from cubic.runners.local import PHASES, CpuMeter, fp8_transform
 
@@ -531,14 +559,9 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     gconf = _global_config(config, plan, world)
     transform = fp8_transform(config, workload, fp8_choice)
     wl = gconf.apply(workload)
-    two_d = (TwoD.create(rank, world, plan.group_size, config.sharding.sync, config.sharding.sync_interval)
-             if plan is not None and world > 1 and plan.group_size < world else None)
-    if two_d is not None:
-        emb = ShardedEmbedding(wl, plan, rank % two_d.group_size, two_d.group_size, seed=config.seed, device=dev,
-                               two_d=two_d)
-    else:
-        emb = ShardedEmbedding(wl, plan, rank, world, seed=config.seed, device=dev) if world > 1 else None
-    session = TrainSession(workload, gconf, dev, transform=transform, embedding=emb, rank=rank, world_size=world)
+    session = rank_session(workload, config, plan, rank=rank, world=world, device=dev, transform=transform)
+    emb = session.model.embedding if world > 1 else None
+    two_d: TwoD | None = getattr(emb, "two_d", None)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     total = warmup + steps
