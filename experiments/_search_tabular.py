@@ -64,8 +64,14 @@ def prior_first_pick(space: Space, table: dict[str, Result], prior: Callable[[di
     v = feasible_value(space, table[space.key(first)])
     measured = [feasible_value(space, table[space.key(p)]) for p in pts]
     best_i = int(np.argmax([-math.inf if m is None else m for m in measured]))
+    # a second look: the first pick's kept (fastest) value against the best's slower pass (the best's
+    # kept value / its top2_spread): the pick must lose to the best even when the best repeats badly
+    best_slow = best / float(table[space.key(pts[best_i])].metrics.get("top2_spread", 1.0))
     return {"point": first, "measured": v, "fraction_of_best": (v or 0.0) / best,
+            "fraction_of_best_slower_pass": (v or 0.0) / best_slow,
             "prior_rank_of_measured_best": int(np.where(order == best_i)[0][0]) + 1,
+            # configurations the prior cannot tell from its first pick (a tie broken by enumeration order)
+            "prior_ties_at_top": int(np.sum(preds >= preds[order[0]] - 1e-9)),
             "note": "fraction 0 = the prior's first pick failed or broke a constraint"}
 
 
@@ -120,7 +126,7 @@ def optuna_cubic_curve(space: Space, table: dict[str, Result], seed: int, budget
                            run_context=run_context, constraints_func=lambda t: t.user_attrs.get("constraints", [1.0]))
     study = optuna.create_study(direction="maximize" if space.primary.direction == "maximize" else "minimize",
                                 sampler=sampler)
-    study.optimize(objective, n_trials=budget, catch=(Exception,))
+    study.optimize(objective, n_trials=budget)
     return curve(space, table, points)
 
 

@@ -15,6 +15,14 @@ vs random search, several seeds, side by side, on two spaces:
    constraint lowered to the 40th percentile of the configurations' peak memory, so that most
    configurations are infeasible; the target is that at most 20% of cubic's runs are.
 
+4. **hard real space** (MEASURED, tabular; ``--hard``): wukong-small over batch size, embedding
+   kernel, dense dtype, FP8 policy and recipe (60 configurations), where the step-model prior's first
+   pick is checked against the measured best (``prior_first_pick``; the space counts as hard only
+   below 98%). Every configuration is run ``--passes`` times (default 2: the test-retest tau), then
+   cubic, TPE, random, cubic-noprior and CubicSampler through ``study.optimize`` replay the table
+   (median runs to 98% over seeds). Logic: experiments/_search_tabular.py. A configuration slower
+   than ``--hard-timeout`` is a timeout failure in the table (data, as in a campaign).
+
 ``targets`` in the JSON: each target, what it was measured as, and whether it is met. Today's
 figures (best-of-5 passes, 5 seeds) are the bar: no figure may be worse.
 
@@ -25,6 +33,8 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --quick    # smoke run: 2 seeds, small budgets,
                                                                 # simulated spaces only (minutes)
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
+    .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
+                                                        # the hard space only (~60 runs x 2 passes)
 """
 
 from __future__ import annotations
@@ -330,6 +340,9 @@ def targets(results: dict) -> dict:
             "tpe": mb["infeasible_share_of_runs"]["tpe"]["mean"],
             "random": mb["infeasible_share_of_runs"]["random"]["mean"]}
     for name, sp in results["spaces"].items():
+        if name.startswith("hard:"):
+            out.update(hard_targets(name, sp))  # its own targets (the prior's pick, medians, the sampler)
+            continue
         t = [row["held_out_tau"] for row in sp.get("holdout_tau", [])]
         if t:
             tau = float(np.mean(t))
@@ -510,8 +523,9 @@ def hard_targets(name: str, r: dict) -> dict:
     from experiments import _search_tabular as tab
 
     med = {m: v["median_runs_to_target"] for m, v in r["methods"].items()}
-    frac = r["prior_first_pick"]["fraction_of_best"]
-    out = {f"{name}: prior's first pick < {TARGET:.0%} of the best (the space is hard)": {
+    pk = r["prior_first_pick"]
+    frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
+    out = {f"{name}: prior's first pick < {TARGET:.0%} of the best, also against the best's slower pass (the space is hard)": {
         "measured": frac, "target": TARGET, "met": frac < TARGET,
         **({"reason_if_missed": "the prior's first pick is already near the best: this space measures the prior"}
            if frac >= TARGET else {})}}

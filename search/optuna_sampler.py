@@ -201,7 +201,7 @@ class CubicSampler(BaseSampler):
                 res = Result.failed("killed", "pruned before any report", metrics=metrics, extra={"pruned": True})
             else:
                 res = Result.failed("error", str(t.system_attrs.get("fail_reason", "trial failed")), metrics=metrics)
-            out.append(Observation(point, res, violation=violation))
+            out.append(Observation(point, res, violation=violation, context=dict(self._run_context)))
         return out
 
     def _strategy(self, space: Space, trials: Sequence[FrozenTrial]) -> Strategy:

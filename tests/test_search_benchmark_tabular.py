@@ -44,7 +44,7 @@ def test_prior_first_pick_fraction_and_rank(space):
     # a prior that believes b matters most and prefers a=3 (infeasible): its first pick breaks a constraint
     pick = tab.prior_first_pick(space, t, lambda p: p["a"] + (5 if p["b"] == "z" else 0))
     assert pick["point"] == {"a": 3, "b": "z"} and pick["fraction_of_best"] == 0.0
-    assert pick["prior_rank_of_measured_best"] == 2
+    assert pick["prior_rank_of_measured_best"] == 2 and pick["prior_ties_at_top"] == 1
     # a prior that favours a=1: its first pick measures 80/90 of the best
     pick = tab.prior_first_pick(space, t, lambda p: -abs(p["a"] - 1) + (0.5 if p["b"] == "z" else 0))
     assert pick["point"] == {"a": 1, "b": "z"}
@@ -81,3 +81,15 @@ def test_optuna_sampler_replays_the_table(space):
     c = tab.optuna_cubic_curve(space, t, seed=0, budget=8, batch_size=2, target=0.98 * 90)
     assert 1 <= len(c) <= 8
     assert all(math.isnan(v) or v <= 90.0 for v in c)  # never the infeasible a=3
+
+
+def test_optuna_sampler_featurizes_history_with_the_run_context(space):
+    """CubicSampler's history must be featurized with the study's run context, as its candidates are
+    (it once used an empty context: the proxy was fit on fewer columns than it predicted on)."""
+    t = table_for(space)
+
+    def feat(p, c):
+        return np.array([float(p["a"]) * c["scale"]])
+
+    c = tab.optuna_cubic_curve(space, t, seed=1, budget=10, batch_size=2, featurize=feat, run_context={"scale": 2.0})
+    assert len(c) == 10 and c[-1] == 90.0  # every trial ran, no duplicate, the best (90) found in 10 of 12
