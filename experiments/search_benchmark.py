@@ -527,7 +527,12 @@ def hard_targets(name: str, r: dict) -> dict:
     frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
     out = {f"{name}: prior's first pick < {TARGET:.0%} of the best, also against the best's slower pass (the space is hard)": {
         "measured": frac, "target": TARGET, "met": frac < TARGET,
-        **({"reason_if_missed": "the prior's first pick is already near the best: this space measures the prior"}
+        "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
+        **({"reason_if_missed": (
+            f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best by the kept (fastest) passes and "
+            f"{pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's slower pass: the leaders "
+            "(fp32, FP8 off, batch >= 1024, either kernel) are within this machine's pass-to-pass noise, so the "
+            "space is not measurably hard here and 'runs to 98%' still largely measures the prior")}
            if frac >= TARGET else {})}}
     for other in ("tpe", "random"):
         out[f"{name}: cubic median runs to {TARGET:.0%} <= {other}'s"] = {
@@ -535,10 +540,19 @@ def hard_targets(name: str, r: dict) -> dict:
     out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
         f"max({tab.MATCH_RUNS:g}, {tab.MATCH_SHARE:.0%}))"] = {
         "measured": med["cubic-optuna"], "target": med["cubic"], "met": tab.matches(med["cubic"], med["cubic-optuna"])}
+    if not tab.matches(med["cubic"], med["cubic-optuna"]):
+        out[next(reversed(out))]["reason_if_missed"] = (
+            "not diagnosed yet: the sampler's median is close to cubic-noprior's "
+            f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
+            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided('tpe', n_inner=128, "
+            "reselect_every=4), and failed trials entering as 'error' rather than their failure kind)")
     taus = [row["held_out_tau"] for row in r["holdout_tau"]]
     tau = float(np.mean(taus))
     retest = r["measurement"]["retest_tau_between_passes"] or {}
-    t = {"measured": tau, "target": 0.8, "met": tau >= 0.8, "retest_tau": retest}
+    po = [row["prior_only_tau"] for row in r["holdout_tau"] if row.get("prior_only_tau") is not None]
+    # the step model alone on the same held-out configurations: what the runs added over the prior
+    t = {"measured": tau, "target": 0.8, "met": tau >= 0.8, "retest_tau": retest,
+         "prior_only_tau": float(np.mean(po)) if po else None}
     if tau < 0.8:
         rt = min(retest.values()) if retest else None
         t["reason_if_missed"] = (f"the held-out values are single measurements (fastest of the passes) that rank this "
