@@ -93,3 +93,16 @@ def test_optuna_sampler_featurizes_history_with_the_run_context(space):
 
     c = tab.optuna_cubic_curve(space, t, seed=1, budget=10, batch_size=2, featurize=feat, run_context={"scale": 2.0})
     assert len(c) == 10 and c[-1] == 90.0  # every trial ran, no duplicate, the best (90) found in 10 of 12
+
+
+def test_optuna_sampler_runs_the_prior_first_round(space):
+    """A featurizer's prior column (keyed by the space's metric) reaches CubicSampler's strategy
+    although the study renames the objective: the first trial is the prior's top feasible pick."""
+    t = table_for(space)
+
+    def feat(p, c):
+        return np.array([math.log(50 + 10 * p["a"] + (20 if p["b"] == "z" else 0)) - (9 if p["a"] == 3 else 0)])
+
+    feat.prior_columns = {"examples_per_s": 0}
+    c = tab.optuna_cubic_curve(space, t, seed=0, budget=4, batch_size=4, featurize=feat, run_context={})
+    assert c[0] == 90.0  # a=2, b=z: the prior's best (a=3 is pushed down), found first
