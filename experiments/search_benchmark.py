@@ -15,6 +15,14 @@ vs random search, several seeds, side by side, on two spaces:
    constraint lowered to the 40th percentile of the configurations' peak memory, so that most
    configurations are infeasible; the target is that at most 20% of cubic's runs are.
 
+4. **hard real space** (MEASURED, tabular; ``--hard``): wukong-small over batch size, embedding
+   kernel, dense dtype, FP8 policy and recipe (60 configurations), where the step-model prior's first
+   pick is checked against the measured best (``prior_first_pick``; the space counts as hard only
+   below 98%). Every configuration is run ``--passes`` times (default 2: the test-retest tau), then
+   cubic, TPE, random, cubic-noprior and CubicSampler through ``study.optimize`` replay the table
+   (median runs to 98% over seeds). Logic: experiments/_search_tabular.py. A configuration slower
+   than ``--hard-timeout`` is a timeout failure in the table (data, as in a campaign).
+
 ``targets`` in the JSON: each target, what it was measured as, and whether it is met. Today's
 figures (best-of-5 passes, 5 seeds) are the bar: no figure may be worse.
 
@@ -25,6 +33,8 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --quick    # smoke run: 2 seeds, small budgets,
                                                                 # simulated spaces only (minutes)
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
+    .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
+                                                        # the hard space only (~60 runs x 2 passes)
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from search.strategies import Observation, ProxyGuided, objective_value, prior_c
 TARGET = 0.98
 METHODS = ("cubic", "tpe", "random", "cubic-noprior")  # the last: ablation without the step-model prior
 STORE_PATH = ROOT / ".cubic" / "search_benchmark.db"
+HARD_STORE_PATH = ROOT / ".cubic" / "search_benchmark_hard.db"
 
 SIM_SPACE_PATH = ROOT / "cubic" / "data" / "space-sim-default.yaml"
 MEMORY_QUANTILE = 0.4  # the binding memory limit: this quantile of the configurations' peak memory
@@ -329,6 +340,9 @@ def targets(results: dict) -> dict:
             "tpe": mb["infeasible_share_of_runs"]["tpe"]["mean"],
             "random": mb["infeasible_share_of_runs"]["random"]["mean"]}
     for name, sp in results["spaces"].items():
+        if name.startswith("hard:"):
+            out.update(hard_targets(name, sp))  # its own targets (the prior's pick, medians, the sampler)
+            continue
         t = [row["held_out_tau"] for row in sp.get("holdout_tau", [])]
         if t:
             tau = float(np.mean(t))
@@ -429,6 +443,125 @@ def plot_public(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def run_hard(args) -> None:
+    """The hard real space: measured table (every configuration, ``passes`` passes, fastest kept),
+    then cubic / TPE / random / cubic-noprior campaigns and CubicSampler through study.optimize
+    replayed against it, the prior's first pick, the held-out tau and the test-retest tau."""
+    import json
+
+    from cubic.core.store import TrialStore
+    from cubic.runners.local import LocalRunner
+    from experiments import _search_tabular as tab
+    from experiments.common import RESULTS
+
+    passes = args.passes if args.passes != 5 else 2  # 5 is the old space's default; 2 keeps this one <= ~20 min
+    seeds = list(range(args.seeds))
+    wl = DEFAULT_WORKLOADS[args.hard_workload]
+    space = load_space().for_workload(wl, shape=False)
+    if args.hard_batch_sizes:
+        doc = space.to_json()
+        for prm in doc["parameters"]:
+            if prm["name"] == "batch_size":
+                prm["choices"] = list(args.hard_batch_sizes)
+        space = Space.model_validate(doc)
+    n = len(space.enumerate())
+    store = TrialStore(f"sqlite:///{args.hard_store}")
+    runner = LocalRunner(timeout_s=args.hard_timeout, device="cpu", threads=1, eval_every=args.steps + args.warmup)
+    log(f"hard space {space.name}: {n} configs x {passes} passes x {args.steps} steps (1 thread)")
+    t0 = time.time()
+    table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=passes)
+    measure_wall = time.time() - t0
+    if args.measure_only:
+        return
+    context = {"workload": wl.name, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
+    feat = cubic_featurizer(space)
+    col = feat.prior_columns[space.primary.metric]
+    pick = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]))
+    log(f"  prior's first pick {pick['point']}: {pick['fraction_of_best']:.3f} of the best "
+        f"(the measured best is the prior's #{pick['prior_rank_of_measured_best']})")
+    budget, k = n, 2 if n <= 30 else 4
+    target = TARGET * tab.best_known(space, table)
+    methods = {m: (lambda seed, m=m: run_method(space, table, m, seed, budget, k, feat, context, 128,
+                                                target=target)[0].best_so_far) for m in METHODS}
+    methods["cubic-optuna"] = lambda seed: tab.optuna_cubic_curve(space, table, seed, budget, k, feat, context, target)
+    r = tab.compare_on_table(space, table, methods, seeds, budget, TARGET, log=log)
+    r["kind"] = "measured (replayed from a table of real runs: tabular benchmark)"
+    r["batch_size"] = k
+    r["prior_first_pick"] = pick
+    r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
+    retest = next(iter(table.values())).extra.get("retest_tau")
+    r["measurement"] = {
+        "label": "MEASURED", "runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
+        "steps": args.steps, "warmup": args.warmup, "passes": passes, "store": args.hard_store,
+        "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": run_context("mixed"),
+        "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
+                                 "failure_kind": table[space.key(p)].failure_kind,
+                                 "metrics": table[space.key(p)].metrics} for p in space.enumerate()},
+        "note": ("every configuration run once per pass (fastest successful pass kept, the store records machine "
+                 "and code version per trial); every method x seed replays the table, a 'real run' is a look-up")}
+    # a restricted grid is a test of the script, not the benchmark: it goes to the quick JSON
+    name = "search_benchmark_quick" if args.hard_batch_sizes else "search_benchmark"
+    r["grid"] = {"batch_sizes": args.hard_batch_sizes or "all of the space's",
+                 "note": "restricted grid: a test of the script, not the benchmark" if args.hard_batch_sizes else
+                 "the full grid of the space (no shape knobs)"}
+    path = RESULTS / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}}
+    stored.setdefault("spaces", {})[f"hard:{wl.name}"] = r
+    old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith("hard:")}
+    stored["targets"] = {**old, **hard_targets(f"hard:{wl.name}", r)}
+    path.write_text(json.dumps(stored, indent=2) + "\n")
+    plot(stored, png_path(name))
+    log(f"wrote {path}")
+    for what, t in stored["targets"].items():
+        if what.startswith("hard:"):
+            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+def hard_targets(name: str, r: dict) -> dict:
+    """The hard space's targets: it is hard, cubic's median runs to target beat TPE's and random's,
+    the Optuna sampler matches cubic's campaign, held-out tau >= 0.8 (or the test-retest bound)."""
+    from experiments import _search_tabular as tab
+
+    med = {m: v["median_runs_to_target"] for m, v in r["methods"].items()}
+    pk = r["prior_first_pick"]
+    frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
+    out = {f"{name}: prior's first pick < {TARGET:.0%} of the best, also against the best's slower pass (the space is hard)": {
+        "measured": frac, "target": TARGET, "met": frac < TARGET,
+        "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
+        **({"reason_if_missed": (
+            f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best by the kept (fastest) passes and "
+            f"{pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's slower pass: the leaders "
+            "(fp32, FP8 off, batch >= 1024, either kernel) are within this machine's pass-to-pass noise, so the "
+            "space is not measurably hard here and 'runs to 98%' still largely measures the prior")}
+           if frac >= TARGET else {})}}
+    for other in ("tpe", "random"):
+        out[f"{name}: cubic median runs to {TARGET:.0%} <= {other}'s"] = {
+            "measured": med["cubic"], "target": med[other], "met": med["cubic"] <= med[other]}
+    out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
+        f"max({tab.MATCH_RUNS:g}, {tab.MATCH_SHARE:.0%}))"] = {
+        "measured": med["cubic-optuna"], "target": med["cubic"], "met": tab.matches(med["cubic"], med["cubic-optuna"])}
+    if not tab.matches(med["cubic"], med["cubic-optuna"]):
+        out[next(reversed(out))]["reason_if_missed"] = (
+            "not diagnosed yet: the sampler's median is close to cubic-noprior's "
+            f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
+            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided('tpe', n_inner=128, "
+            "reselect_every=4), and failed trials entering as 'error' rather than their failure kind)")
+    taus = [row["held_out_tau"] for row in r["holdout_tau"]]
+    tau = float(np.mean(taus))
+    retest = r["measurement"]["retest_tau_between_passes"] or {}
+    po = [row["prior_only_tau"] for row in r["holdout_tau"] if row.get("prior_only_tau") is not None]
+    # the step model alone on the same held-out configurations: what the runs added over the prior
+    t = {"measured": tau, "target": 0.8, "met": tau >= 0.8, "retest_tau": retest,
+         "prior_only_tau": float(np.mean(po)) if po else None}
+    if tau < 0.8:
+        rt = min(retest.values()) if retest else None
+        t["reason_if_missed"] = (f"the held-out values are single measurements (fastest of the passes) that rank this "
+                                 f"space with test-retest tau {rt:.2f} between passes" if rt is not None else
+                                 "no test-retest figure (one pass)") + "; a model cannot rank them much better"
+    out[f"{name}: proxy Kendall tau on held-out configurations >= 0.8"] = t
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, small budgets")
@@ -451,9 +584,20 @@ def main() -> None:
                          "the JSON beside the stored real/simulated sections")
     ap.add_argument("--public-budget", type=int, default=100)
     ap.add_argument("--public-problems", nargs="*", default=["branin", "hartmann6", "mlp-tabular"])
+    ap.add_argument("--hard", action="store_true",
+                    help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
+                         "table (--passes, default here 2) and replay the searches; merged into the JSON")
+    ap.add_argument("--hard-workload", default="wukong-small")
+    ap.add_argument("--hard-store", default=str(HARD_STORE_PATH))
+    ap.add_argument("--hard-batch-sizes", nargs="*", type=int, default=None,
+                    help="restrict the hard space's batch sizes (a smaller grid, e.g. to test the script)")
+    ap.add_argument("--hard-timeout", type=float, default=60.0,
+                    help="per-run timeout (s): a configuration slower than this is a timeout failure in the table")
     args = ap.parse_args()
     if args.public:
         return run_public(args)
+    if args.hard:
+        return run_hard(args)
     if args.replot or args.retarget:
         import json
 

@@ -201,15 +201,31 @@ class CubicSampler(BaseSampler):
                 res = Result.failed("killed", "pruned before any report", metrics=metrics, extra={"pruned": True})
             else:
                 res = Result.failed("error", str(t.system_attrs.get("fail_reason", "trial failed")), metrics=metrics)
-            out.append(Observation(point, res, violation=violation))
+            out.append(Observation(point, res, violation=violation, context=dict(self._run_context)))
         return out
+
+    def _featurizer_for(self, space: Space):
+        """The featurizer with its prior columns named by the study's objectives (``space_for``
+        renames the given space's objectives to the study's values: a prior column keyed by the
+        original metric would otherwise never be found, and the prior's first round never run)."""
+        f, cols = self._featurize, getattr(self._featurize, "prior_columns", None) or {}
+        if f is None or not cols or self._space is None:
+            return f
+        renamed = {new.metric: cols[old.metric] for old, new in zip(self._space.objectives, space.objectives)
+                   if old.metric in cols}
+
+        def featurize(point, context):
+            return f(point, context)
+
+        featurize.prior_columns = renamed
+        return featurize
 
     def _strategy(self, space: Space, trials: Sequence[FrozenTrial]) -> Strategy:
         sig = space.model_dump_json()
         if self._bound is None or self._bound[0] != sig:
             s = self._strategy_arg
             strat = make_strategy(s) if isinstance(s, str) else s
-            strat.bind(SearchContext(space=space, seed=self._seed, featurize=self._featurize, warm=self._warm,
+            strat.bind(SearchContext(space=space, seed=self._seed, featurize=self._featurizer_for(space), warm=self._warm,
                                      run_context=self._run_context))
             # the state a restarted (or another) process left: the latest trial that holds one
             for t in sorted(trials, key=lambda t: t.number, reverse=True):

@@ -1,0 +1,134 @@
+"""Tabular search benchmark (as HPOBench / NAS-Bench): a finite space measured once per pass with the
+real runner, then many search seeds replayed against that table. Pure logic on a table, so that a
+test can drive it with a synthetic one; experiments/search_benchmark.py ``--hard`` owns the
+measuring and the JSON.
+
+A space counts as *hard* only when the step-model prior's first pick (the configuration it
+predicts fastest) measures below ``target`` of the best: otherwise "runs to 98%" measures the
+prior, not the search."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from cubic.core.result import Result
+from search.space import Space
+
+# CubicSampler through study.optimize "matches" cubic's campaign when the median runs to target
+# differ by at most this many runs or this share of the campaign's median, whichever is larger
+MATCH_RUNS, MATCH_SHARE = 2.0, 0.25
+
+
+def feasible_value(space: Space, e: Result) -> float | None:
+    """The primary objective of a successful run within every constraint, else None."""
+    if not e.ok or space.primary.metric not in e.metrics:
+        return None
+    if max((c.violation(e.metrics) for c in space.constraints), default=0.0) > 0:
+        return None
+    return float(e.metrics[space.primary.metric])
+
+
+def best_known(space: Space, table: dict[str, Result]) -> float:
+    return max(v for e in table.values() if (v := feasible_value(space, e)) is not None)
+
+
+def curve(space: Space, table: dict[str, Result], points) -> list[float]:
+    """Best feasible value after each look-up of ``points`` (NaN before the first feasible one)."""
+    out, best = [], math.nan
+    for p in points:
+        v = feasible_value(space, table[space.key(p)])
+        if v is not None and not (best >= v):
+            best = v
+        out.append(best)
+    return out
+
+
+def runs_to_target(best_so_far: list[float], target: float) -> int | None:
+    for i, v in enumerate(best_so_far):
+        if not math.isnan(v) and v >= target:
+            return i + 1
+    return None
+
+
+def prior_first_pick(space: Space, table: dict[str, Result], prior: Callable[[dict], float]) -> dict[str, Any]:
+    """The configuration the prior predicts fastest, what it measured, and its fraction of the best;
+    ``prior(point)`` is the prior's (log) prediction of the primary objective."""
+    pts = space.enumerate()
+    preds = np.array([prior(p) for p in pts], dtype=float)
+    order = np.argsort(-preds, kind="stable")
+    best = best_known(space, table)
+    first = pts[int(order[0])]
+    v = feasible_value(space, table[space.key(first)])
+    measured = [feasible_value(space, table[space.key(p)]) for p in pts]
+    best_i = int(np.argmax([-math.inf if m is None else m for m in measured]))
+    # a second look: the first pick's kept (fastest) value against the best's slower pass (the best's
+    # kept value / its top2_spread): the pick must lose to the best even when the best repeats badly
+    best_slow = best / float(table[space.key(pts[best_i])].metrics.get("top2_spread", 1.0))
+    return {"point": first, "measured": v, "fraction_of_best": (v or 0.0) / best,
+            "fraction_of_best_slower_pass": (v or 0.0) / best_slow,
+            "prior_rank_of_measured_best": int(np.where(order == best_i)[0][0]) + 1,
+            # configurations the prior cannot tell from its first pick (a tie broken by enumeration order)
+            "prior_ties_at_top": int(np.sum(preds >= preds[order[0]] - 1e-9)),
+            "note": "fraction 0 = the prior's first pick failed or broke a constraint"}
+
+
+def summarize(rows: list[dict], budget: int) -> dict[str, Any]:
+    """Runs to target over seeds: median and mean, a seed that never reached it counted as budget+1
+    (a lower bound, flagged by ``reached``)."""
+    ns = [r["runs_to_target"] if r["runs_to_target"] is not None else budget + 1 for r in rows]
+    return {"per_seed": rows, "median_runs_to_target": float(np.median(ns)),
+            "mean_runs_to_target": float(np.mean(ns)), "reached": sum(r["runs_to_target"] is not None for r in rows),
+            "seeds": len(rows)}
+
+
+def compare_on_table(space: Space, table: dict[str, Result], methods: dict[str, Callable[[int], list[float]]],
+                     seeds, budget: int, target_fraction: float = 0.98, log=None) -> dict[str, Any]:
+    """Each method (``seed -> best_so_far curve`` against the table) over the seeds."""
+    best = best_known(space, table)
+    target = target_fraction * best
+    out = {"best_known": best, "target": target, "space_size": len(table), "budget": budget, "methods": {}}
+    for name, fn in methods.items():
+        rows = []
+        for seed in seeds:
+            c = list(fn(seed))
+            n = runs_to_target(c, target)
+            rows.append({"seed": seed, "runs_to_target": n, "best_so_far": c})
+            if log:
+                log(f"  {name} seed {seed}: runs to {target_fraction:.0%} = {n} (budget {budget})")
+        out["methods"][name] = summarize(rows, budget)
+    return out
+
+
+def optuna_cubic_curve(space: Space, table: dict[str, Result], seed: int, budget: int, batch_size: int,
+                       featurize=None, run_context=None, target: float | None = None) -> list[float]:
+    """cubic's search as Optuna users run it: CubicSampler in ``study.optimize`` against the table
+    (constraints through ``constraints_func``; a failed configuration is a failed trial)."""
+    import optuna
+
+    from search.optuna_sampler import CubicSampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    points: list[dict] = []
+
+    def objective(trial):
+        p = space.suggest(trial)
+        points.append(p)
+        e = table[space.key(p)]
+        trial.set_user_attr("constraints", [c.violation(e.metrics) for c in space.constraints] if e.ok else [1.0])
+        if target is not None and (v := feasible_value(space, e)) is not None and v >= target:
+            trial.study.stop()
+        return float(e.metrics[space.primary.metric]) if e.ok else float("nan")
+
+    sampler = CubicSampler(space=space, batch_size=batch_size, seed=seed, featurize=featurize,
+                           run_context=run_context, constraints_func=lambda t: t.user_attrs.get("constraints", [1.0]))
+    study = optuna.create_study(direction="maximize" if space.primary.direction == "maximize" else "minimize",
+                                sampler=sampler)
+    study.optimize(objective, n_trials=budget)
+    return curve(space, table, points)
+
+
+def matches(campaign_median: float, sampler_median: float) -> bool:
+    return abs(campaign_median - sampler_median) <= max(MATCH_RUNS, MATCH_SHARE * campaign_median)

@@ -1,0 +1,108 @@
+"""The tabular search benchmark's logic on a tiny synthetic table (no runs, seconds)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from cubic.core.result import Result
+from experiments import _search_tabular as tab
+from search.space import Space
+
+DOC = {"version": 1, "name": "tiny", "objectives": [{"metric": "examples_per_s", "direction": "maximize"}],
+       "constraints": [{"name": "memory", "metric": "peak_mem_bytes", "max": 100.0}],
+       "parameters": [{"name": "a", "type": "categorical", "choices": [0, 1, 2, 3]},
+                      {"name": "b", "type": "categorical", "choices": ["x", "y", "z"]}]}
+
+
+def table_for(space):
+    """Throughput peaks at a=2, b=z (100); a=3 is fast but over the memory limit; a=0,b=x fails."""
+    t = {}
+    for p in space.enumerate():
+        if p["a"] == 0 and p["b"] == "x":
+            t[space.key(p)] = Result.failed("oom", "synthetic")
+            continue
+        v = 50 + 10 * p["a"] + {"x": 0, "y": 10, "z": 20}[p["b"]]
+        mem = 200.0 if p["a"] == 3 else 10.0
+        t[space.key(p)] = Result(status="ok", metrics={"examples_per_s": float(v), "peak_mem_bytes": mem})
+    return t
+
+
+@pytest.fixture
+def space():
+    return Space.model_validate(DOC)
+
+
+def test_best_known_skips_failed_and_infeasible(space):
+    t = table_for(space)
+    assert tab.best_known(space, t) == 90.0  # a=3 (100+) is over the memory limit
+    assert tab.feasible_value(space, t[space.key({"a": 0, "b": "x"})]) is None
+
+
+def test_prior_first_pick_fraction_and_rank(space):
+    t = table_for(space)
+    # a prior that believes b matters most and prefers a=3 (infeasible): its first pick breaks a constraint
+    pick = tab.prior_first_pick(space, t, lambda p: p["a"] + (5 if p["b"] == "z" else 0))
+    assert pick["point"] == {"a": 3, "b": "z"} and pick["fraction_of_best"] == 0.0
+    assert pick["prior_rank_of_measured_best"] == 2 and pick["prior_ties_at_top"] == 1
+    # a prior that favours a=1: its first pick measures 80/90 of the best
+    pick = tab.prior_first_pick(space, t, lambda p: -abs(p["a"] - 1) + (0.5 if p["b"] == "z" else 0))
+    assert pick["point"] == {"a": 1, "b": "z"}
+    assert pick["fraction_of_best"] == pytest.approx(80 / 90)
+
+
+def test_curve_and_runs_to_target(space):
+    t = table_for(space)
+    pts = [{"a": 0, "b": "x"}, {"a": 3, "b": "z"}, {"a": 1, "b": "y"}, {"a": 2, "b": "z"}]
+    c = tab.curve(space, t, pts)
+    assert math.isnan(c[0]) and math.isnan(c[1]) and c[2:] == [70.0, 90.0]
+    assert tab.runs_to_target(c, 0.98 * 90) == 4
+    assert tab.runs_to_target(c[:3], 0.98 * 90) is None
+
+
+def test_compare_counts_misses_as_budget_plus_one(space):
+    t = table_for(space)
+    order = space.enumerate()
+    best = [p for p in order if p == {"a": 2, "b": "z"}]
+    methods = {"oracle": lambda seed: tab.curve(space, t, best),
+               "never": lambda seed: tab.curve(space, t, [{"a": 0, "b": "y"}] * 3),
+               "seeded": lambda seed: tab.curve(space, t, [order[i] for i in
+                                                          np.random.default_rng(seed).permutation(len(order))])}
+    r = tab.compare_on_table(space, t, methods, seeds=[0, 1, 2], budget=len(order))
+    assert r["methods"]["oracle"]["median_runs_to_target"] == 1.0
+    assert r["methods"]["never"]["median_runs_to_target"] == len(order) + 1
+    assert r["methods"]["never"]["reached"] == 0
+    assert r["methods"]["seeded"]["reached"] == 3
+    assert tab.matches(10, 12) and tab.matches(20, 25) and not tab.matches(4, 8)
+
+
+def test_optuna_sampler_replays_the_table(space):
+    t = table_for(space)
+    c = tab.optuna_cubic_curve(space, t, seed=0, budget=8, batch_size=2, target=0.98 * 90)
+    assert 1 <= len(c) <= 8
+    assert all(math.isnan(v) or v <= 90.0 for v in c)  # never the infeasible a=3
+
+
+def test_optuna_sampler_featurizes_history_with_the_run_context(space):
+    """CubicSampler's history must be featurized with the study's run context, as its candidates are
+    (it once used an empty context: the proxy was fit on fewer columns than it predicted on)."""
+    t = table_for(space)
+
+    def feat(p, c):
+        return np.array([float(p["a"]) * c["scale"]])
+
+    c = tab.optuna_cubic_curve(space, t, seed=1, budget=10, batch_size=2, featurize=feat, run_context={"scale": 2.0})
+    assert len(c) == 10 and c[-1] == 90.0  # every trial ran, no duplicate, the best (90) found in 10 of 12
+
+
+def test_optuna_sampler_runs_the_prior_first_round(space):
+    """A featurizer's prior column (keyed by the space's metric) reaches CubicSampler's strategy
+    although the study renames the objective: the first trial is the prior's top feasible pick."""
+    t = table_for(space)
+
+    def feat(p, c):
+        return np.array([math.log(50 + 10 * p["a"] + (20 if p["b"] == "z" else 0)) - (9 if p["a"] == 3 else 0)])
+
+    feat.prior_columns = {"examples_per_s": 0}
+    c = tab.optuna_cubic_curve(space, t, seed=0, budget=4, batch_size=4, featurize=feat, run_context={})
+    assert c[0] == 90.0  # a=2, b=z: the prior's best (a=3 is pushed down), found first
