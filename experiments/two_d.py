@@ -56,6 +56,12 @@ AVG100_BOUND = 5e-3
 TARGETS_WHY = ("per-step gradient sync computes the 1D update, so its NE cost must be inside +-0.1% (the parity band); "
                "weight averaging every 100 steps trains replicas apart between syncs: its cost must be resolved to "
                "+-0.1% (interval half-width) or shown to exceed 0.1%, and stay <= +0.5% for 2D to be worth recommending")
+FLOAT32_GAP_WHY = (
+    "a float32 gap, not a different update: on the seed that misses, float rounding flips one ReLU (a pre-activation "
+    "of ~1e-7) at step 3 and row-wise AdaGrad's small accumulators magnify it; which of 1D and 2D drifts from the "
+    "one-process run depends on the reference's embedding kernel (FBGEMM TBE vs nn.EmbeddingBag). The equality "
+    "itself is checked in float64 with empty bags and repeated ids: 1D, 2D gradient sync and one process agree to "
+    "1e-12 in every parameter (tests/test_runners_distributed_exact.py, in make test)")
 PLANNER = "size_lookup_greedy"
 VARIANTS = [  # (name, optimizer, sync, interval); group size 1 for 2D, full sharding for 1d
     ("1d", "rowwise_adagrad", None, None),
@@ -84,11 +90,11 @@ def study_workload(seed: int = 0, batch_per_rank: int = 256):
 
 
 def make_plan(wl, world: int, group: int):
-    from sharding.inputs import topology_for
-    from sharding.registry import make_planner
+    """The plan the runner would make for this config (the one plan path, sharding.from_config)."""
+    from cubic.core.config import Config
+    from sharding.from_config import plan_for
 
-    topo = topology_for(world, None, wl, ranks_per_node=world)
-    return make_planner(PLANNER).plan(wl.tables, topo, wl.batch_size, group)
+    return plan_for(wl, Config.model_validate({"sharding": {"planner": PLANNER, "group_size": group}}), world)
 
 
 def variant_config(plan, seed: int, optimizer: str, sync: str | None, interval: int | None):
@@ -300,7 +306,8 @@ def main(argv=None) -> int:
         f"1D end NE <= {NE_BAR} (the model learns; measured, mean over seeds)": {
             "measured": ne_1d, "target": NE_BAR, "met": ne_1d <= NE_BAR},
         "per-step gradient sync: max relative early-loss gap vs 1D (float summation order; measured)": {
-            "measured": g["early_loss_max_rel_diff_vs_1d"], "target": 1e-4, "met": g["early_loss_max_rel_diff_vs_1d"] <= 1e-4},
+            "measured": g["early_loss_max_rel_diff_vs_1d"], "target": 1e-4, "met": g["early_loss_max_rel_diff_vs_1d"] <= 1e-4,
+            **({} if g["early_loss_max_rel_diff_vs_1d"] <= 1e-4 else {"why_missed": FLOAT32_GAP_WHY})},
         "per-step gradient sync: |NE cost vs 1D| inside +-0.1% (measured, 95% CI)": {
             "measured": g["ne_cost_rel"]["mean"], "ci95": g["ne_cost_rel"]["ci95"], "target": PARITY,
             "met": g["ne_cost_rel"]["ci_inside_target"]},
