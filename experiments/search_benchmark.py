@@ -390,7 +390,7 @@ def run_public(args) -> None:
     import json
 
     from experiments.common import RESULTS
-    from experiments.search_public import public_targets, run
+    from experiments._search_public import public_targets, run
 
     name = "search_benchmark"
     path = RESULTS / f"{name}.json"

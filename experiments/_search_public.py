@@ -1,5 +1,5 @@
 """The search benchmark's public part: regret at 25/50/100 evaluations on public test problems
-(experiments/public_problems.py), every method run through Optuna's ``study.optimize``:
+(experiments/_public_problems.py), every method run through Optuna's ``study.optimize``:
 cubic (CubicSampler: the campaign's ProxyGuided, batch 4), Optuna TPE (multivariate), GPSampler,
 random; plus CubicSampler's per-trial overhead (wall time of the study minus the objective's).
 Called by ``experiments/search_benchmark.py --public`` (which merges it into the JSON)."""
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import optuna
 
-from experiments.public_problems import problems, random_median
+from experiments._public_problems import problems, random_median
 
 CHECKPOINTS = (25, 50, 100)
 METHODS = ("cubic", "tpe-multivariate", "gp", "random")
