@@ -51,10 +51,12 @@ class RoleKernel:
     def __init__(self, fp8_roles: tuple[str, ...]):
         self.fp8_roles, self.name = fp8_roles, "rowwise on " + "+".join(fp8_roles)
 
-    def gemm(self, a, b, fmt_a="e4m3", fmt_b="e4m3", role="fwd"):
-        from fp8.recipes import scaled_matmul
+    def gemm(self, a, b, fmt_a="e4m3", fmt_b="e4m3", role="fwd", hp="bf16"):
+        from fp8.recipes import role_matmul, scaled_matmul
 
-        return scaled_matmul(a, b, "rowwise" if role in self.fp8_roles else "bf16", fmt_a, fmt_b, real=True)
+        if role in self.fp8_roles:
+            return scaled_matmul(a, b, "rowwise", fmt_a, fmt_b, real=True)
+        return role_matmul(a, b, hp)
 
 
 def _run(task: tuple) -> tuple:

@@ -50,7 +50,8 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel
 from sqlalchemy import create_engine, func, insert, select, text, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.exc import (ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError,
+                            SQLAlchemyError)
 
 from cubic.core.config import Config, JobConfig
 from cubic.core.fingerprint import code_version as _code_version
@@ -178,7 +179,8 @@ class TrialStore:
         new store at once (SQLite: BEGIN IMMEDIATE serialises them; PostgreSQL: an advisory lock,
         and a retry should a concurrent CREATE still collide)."""
         last: SQLAlchemyError | None = None
-        for attempt in range(10):
+        deadline = time.monotonic() + 60
+        for attempt in range(1000):
             try:
                 with self._write() as conn:
                     if conn.dialect.name == "postgresql":
@@ -200,7 +202,16 @@ class TrialStore:
                 return
             except (IntegrityError, ProgrammingError) as e:  # lost a creation race: look again
                 last = e
+                if attempt >= 9:
+                    break
                 time.sleep(0.05 * (attempt + 1))
+            except OperationalError as e:
+                last = e
+                # SQLite: a lock the busy handler was not asked to wait for (a new file's first
+                # writers); wait for it up to a minute as busy_timeout would
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             except SQLAlchemyError as e:
                 last = e
                 break

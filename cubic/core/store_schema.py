@@ -4,6 +4,8 @@ SQLite's connection settings. Split from :mod:`cubic.core.store`, which re-expor
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -174,7 +176,17 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA journal_mode=WAL")
+        # switching a new file to WAL takes the lock without always consulting the busy handler:
+        # several processes opening one new store at once see "database is locked"; wait instead
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()

@@ -164,4 +164,8 @@ def _write(result, path: str | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cubic.runners._child import exit_without_teardown
+
+    # a rank's interpreter teardown with gloo's threads can abort ("terminate called without an
+    # active exception"), and a rank that dies reads as a failed run whose other ranks are killed
+    exit_without_teardown(main())
