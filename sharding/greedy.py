@@ -23,7 +23,7 @@ from cost_models.comm import FP32, ID_BYTES
 from sharding.enumerate import column_pieces, row_pieces
 from sharding.estimate import Estimator
 from sharding.measure import ShardWork
-from sharding.planners import Context, Planner, Unit, _context, build_units, presplit, to_plan
+from sharding.planners import Context, Planner, Unit, planner_context, build_units, presplit, to_plan
 from sharding.types import PlanDoesNotFit
 
 MIN_CW_COLS = 16  # smallest column-wise piece (64-byte rows; narrower wastes memory sectors)
@@ -47,7 +47,7 @@ class GreedyPlanner(Planner):
     def plan(self, tables, topology, batch_size, group_size=None):
         t0 = time.perf_counter()
         est = self.estimator or default_estimator(topology.device)
-        ctx = _context(tables, topology, batch_size, group_size, est, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target)
         min_k: dict[str, int] = {}
         for _ in range(64):
             splits = self._splits(ctx, min_k)

@@ -94,7 +94,7 @@ class Context:
 TARGETS = ("any", "torchrec")
 
 
-def _context(tables, topology, batch_size, group_size, estimator, target: str = "any") -> Context:
+def planner_context(tables, topology, batch_size, group_size, estimator, target: str = "any") -> Context:
     world = topology.world_size
     group = group_size or world
     if group < 1 or world % group:
@@ -207,7 +207,7 @@ class HeuristicPlanner(Planner):
 
     def plan(self, tables, topology, batch_size, group_size=None):
         t0 = time.perf_counter()
-        ctx = _context(tables, topology, batch_size, group_size, self.estimator, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, self.estimator, self.target)
         units, _ = build_units(ctx, presplit(ctx))
         return to_plan(ctx, self.name, units, self.assign(ctx, units), [], t0)
 
@@ -524,7 +524,7 @@ class CubicPlanner(Planner):
     def _plan(self, tables, topology, batch_size, group_size):
         t0 = time.perf_counter()
         est = self.estimator or LearnedEstimator()
-        ctx = _context(tables, topology, batch_size, group_size, est, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target)
         deadline = t0 + self.time_budget_s
         if not est.can_predict():
             raise SpecError(f"the cubic planner scores plans with Estimator.predict, which {type(est).__name__} "

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from cubic.core.spec import SpecError
 from sharding.estimate import Estimator
-from sharding.planners import Context, Planner, _context, with_prediction
+from sharding.planners import Context, Planner, planner_context, with_prediction
 from sharding.types import Plan, Shard
 
 _TYPE_TO_CUBIC = {"table_wise": "table_wise", "column_wise": "column_wise", "table_column_wise": "column_wise",
@@ -69,7 +69,7 @@ class TorchRecPlanner(Planner):
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
         t0 = time.perf_counter()
-        ctx: Context = _context(tables, topology, batch_size, group_size, self.estimator)
+        ctx: Context = planner_context(tables, topology, batch_size, group_size, self.estimator)
         ebc = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
                                        feature_names=[f"f_{t.name}"]) for t in ctx.tables],

@@ -55,7 +55,7 @@ def ok_result(**metrics):
 
 
 def use_runner(monkeypatch, runner):
-    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: runner)
+    monkeypatch.setattr(cli_common, "local_runner", lambda timeout_s, device, threads=None: runner)
     return runner
 
 

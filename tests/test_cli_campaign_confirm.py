@@ -144,7 +144,7 @@ def _workload_campaign(tmp_path, monkeypatch, capsys, speed):
     from cubic.cli import common as cli_common
 
     runner = _FakeLocal(speed)
-    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: runner)
+    monkeypatch.setattr(cli_common, "local_runner", lambda timeout_s, device, threads=None: runner)
     (tmp_path / "space.yaml").write_text("""
 version: 1
 name: b

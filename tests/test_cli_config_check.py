@@ -59,7 +59,7 @@ class Counting:
 @pytest.fixture
 def runner(monkeypatch):
     r = Counting()
-    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: r)
+    monkeypatch.setattr(cli_common, "local_runner", lambda timeout_s, device, threads=None: r)
     return r
 
 

@@ -47,7 +47,7 @@ class Noisy:
 
 
 def use(monkeypatch, runner):
-    monkeypatch.setattr(cli_common, "_local_runner", lambda timeout_s, device, threads=None: runner)
+    monkeypatch.setattr(cli_common, "local_runner", lambda timeout_s, device, threads=None: runner)
     return runner
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from cubic.core.workloads import generate_tables
 from sharding.estimate import LearnedEstimator
-from sharding.planners import _context, _Placement, build_units, presplit
+from sharding.planners import planner_context, _Placement, build_units, presplit
 from tests.test_sharding_portfolio import topo_for
 
 
@@ -32,7 +32,7 @@ def legal(pl, ranks):
 @pytest.mark.parametrize("seed,n,world,target", [(21, 30, 4, "torchrec"), (22, 45, 8, "any"), (23, 20, 4, "torchrec")])
 def test_refine_from_a_random_placement_is_legal_monotone_and_a_local_optimum(est, seed, n, world, target):
     tables = generate_tables(n, seed=seed)
-    ctx = _context(tables, topo_for(tables, world, world), 256, None, est, target)
+    ctx = planner_context(tables, topo_for(tables, world, world), 256, None, est, target)
     units, dp = build_units(ctx, presplit(ctx))
     pl = _Placement(ctx, est.model, units, dp)
     rng = np.random.default_rng(seed)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, Sequence
 from cubic import __version__
 from cubic.core.spec import SpecError
 from cubic.cli.common import (  # noqa: F401  (re-exported for callers of cubic.cli.app)
-    STORE_HELP, _expected_fingerprint_hash, _local_runner, _make_runner, _nonnegative_int, _positive_float,
-    _positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
+    STORE_HELP, _expected_fingerprint_hash, local_runner, _make_runner, nonnegative_int, positive_float,
+    positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
 
 # Modules that add nouns when present; a missing one is skipped, any other import error surfaces.
 PLUGINS = ("cubic.cli.shard", "cubic.cli.fp8", "cubic.cli.sim", "cubic.cli.campaign")
@@ -224,22 +224,22 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="co-design config (JSON or YAML); default: all defaults "
                                                     "(with --simulate: the simulator's default, bf16 dense, as "
                                                     "`cubic sim predict`)")
-    p.add_argument("--steps", type=_positive_int, default=50, help="timed training steps (default 50)")
-    p.add_argument("--warmup", type=_nonnegative_int, default=5, help="untimed warm-up steps (default 5)")
-    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+    p.add_argument("--steps", type=positive_int, default=50, help="timed training steps (default 50)")
+    p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                    help="time limit of the run in seconds (default 600)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=_positive_int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="intra-op threads of the run (default: torch's default, one per core); on a shared "
                         "machine 1 is faster and far less noisy")
-    p.add_argument("--world-size", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--world-size", type=positive_int, default=1, metavar="N",
                    help="train on N local processes (torch.distributed, real all-to-alls; the same worker "
                         "torchrun starts with 'python -m cubic.runners.launch'); 1 = one process (default)")
     p.add_argument("--plan", metavar="FILE", help="sharding plan (JSON) for --world-size ranks; default: the "
                                                   "config's sharding.planner, else size_lookup_greedy")
     p.add_argument("--force", action="store_true",
                    help="run --repeats fresh repeats and report only them, even if the store holds this trial")
-    p.add_argument("--repeats", type=_positive_int, default=1, metavar="R",
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="repeats of the run, each in a fresh process (default 1); the store keeps every repeat "
                         "and serves their pooled median and 95%% interval once it holds R uncontended ones")
     p.add_argument("--remeasure", action="store_true",
@@ -341,7 +341,7 @@ def _add_trial_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=["measured", "simulated"],
                    help="only measured or only simulated trials (default: both, labelled)")
     p.add_argument("--status", choices=["ok", "failed"], help="only ok or only failed trials")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the newest N")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="only the newest N")
     add_store_argument(p)
 
 
@@ -354,7 +354,7 @@ def _add_trials(sub: Any) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_trials_list)
     show = verbs.add_parser("show", help="one trial in full", description="One trial: its result and config.")
-    show.add_argument("id", type=_positive_int, metavar="ID", help="trial id (see 'cubic trials list')")
+    show.add_argument("id", type=positive_int, metavar="ID", help="trial id (see 'cubic trials list')")
     show.add_argument("--json", action="store_true", help="the stored trial and full Result as JSON")
     add_store_argument(show)
     show.set_defaults(func=cmd_trials_show)

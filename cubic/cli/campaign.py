@@ -70,9 +70,9 @@ def _runner_from_context(ctx: dict[str, Any]):
         # sharded configs on W local processes (torch.distributed, gloo): real all-to-alls
         inner = DistributedRunner(r.world_size, timeout_s=r.timeout, verify=False)
     else:
-        from cubic.cli.common import _local_runner
+        from cubic.cli.common import local_runner
 
-        inner = _local_runner(r.timeout, r.device, r.threads)
+        inner = local_runner(r.timeout, r.device, r.threads)
     if r.ray:
         from cubic.runners.ray_runner import RayRunner
 
@@ -467,7 +467,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from cubic.cli.common import _nonnegative_int, _positive_float, _positive_int, add_store_argument
+    from cubic.cli.common import nonnegative_int, positive_float, positive_int, add_store_argument
 
     p = sub.add_parser("campaign", help="proxy-guided co-design search campaigns (CubicML)",
                        description="Search a co-design space for the highest throughput that fits memory and "
@@ -490,36 +490,36 @@ def register(sub: Any) -> None:
     run.add_argument("--name", required=True, type=_campaign_name, help="campaign name (unique in the storage)")
     run.add_argument("--strategy", choices=STRATEGIES, default="cubic",
                      help="cubic (proxy + Optuna TPE, default), cubic-gp, cubic-nsga2; baselines: tpe, gp, random")
-    run.add_argument("--budget", type=_positive_int, default=12, help="real runs (default 12)")
-    run.add_argument("--batch", type=_positive_int, default=4, help="proposals validated per round (default 4)")
-    run.add_argument("--seed", type=_nonnegative_int, default=0)
-    run.add_argument("--patience", type=_positive_int, default=None, help="stop after N rounds without improvement")
-    run.add_argument("--retries", type=_nonnegative_int, default=2, help="retries of a transient failure (default 2)")
-    run.add_argument("--workers", type=_positive_int, default=1, help="runs in parallel (default 1)")
-    run.add_argument("--steps", type=_positive_int, default=20, help="timed steps per run (default 20)")
-    run.add_argument("--warmup", type=_nonnegative_int, default=3, help="warm-up steps per run (default 3)")
-    run.add_argument("--timeout", type=_positive_float, default=300.0, metavar="S", help="per run (default 300)")
+    run.add_argument("--budget", type=positive_int, default=12, help="real runs (default 12)")
+    run.add_argument("--batch", type=positive_int, default=4, help="proposals validated per round (default 4)")
+    run.add_argument("--seed", type=nonnegative_int, default=0)
+    run.add_argument("--patience", type=positive_int, default=None, help="stop after N rounds without improvement")
+    run.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a transient failure (default 2)")
+    run.add_argument("--workers", type=positive_int, default=1, help="runs in parallel (default 1)")
+    run.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (default 20)")
+    run.add_argument("--warmup", type=nonnegative_int, default=3, help="warm-up steps per run (default 3)")
+    run.add_argument("--timeout", type=positive_float, default=300.0, metavar="S", help="per run (default 300)")
     run.add_argument("--device", default="auto")
-    run.add_argument("--world-size", type=_positive_int, default=1,
+    run.add_argument("--world-size", type=positive_int, default=1,
                      help="local processes per run (default 1); > 1 runs sharded configs with torch.distributed "
                           "(gloo), e.g. with the space cubic/data/space-sharding-cpu.yaml")
-    run.add_argument("--threads", type=_positive_int, default=1,
+    run.add_argument("--threads", type=positive_int, default=1,
                      help="intra-op threads per local run (default 1: on a shared machine one thread per run "
                           "is faster and far less noisy than several)")
-    run.add_argument("--repeats", type=_positive_int, default=1, metavar="R",
+    run.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                      help="repeats per evaluated config, each a fresh process (default 1); the proxy trains on their "
                           "pooled median, every repeat is stored")
     run.add_argument("--remeasure", action="store_true",
                      help="run R fresh repeats of every config even when the trial store holds it (pooled with "
                           "the stored ones)")
-    run.add_argument("--confirm-repeats", type=_nonnegative_int, default=4, metavar="N",
+    run.add_argument("--confirm-repeats", type=nonnegative_int, default=4, metavar="N",
                      help="at the end, up to N extra repeats of the two leading configs until the winner's 95%% "
                           "interval separates from the runner-up's (default 4; 0: no confirm phase)")
     run.add_argument("--simulate", metavar="CLUSTERxN", help="runs on the simulated cluster, e.g. h100x64, or a cluster file "
                      "(docs/clusters.md) (SIMULATED)")
     run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")
     run.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (implies --ray)")
-    run.add_argument("--cpus-per-trial", type=_positive_float, default=1.0)
+    run.add_argument("--cpus-per-trial", type=positive_float, default=1.0)
     run.add_argument("--gpus-per-trial", type=float, default=0.0)
     run.add_argument("--warm-start", nargs="+", metavar="CAMPAIGN", help="learn from these campaigns' trials too")
     run.add_argument("--baselines", action="store_true",
@@ -529,7 +529,7 @@ def register(sub: Any) -> None:
                      help="also tune the model's shape (the space's model.* knobs: layers, widths, dims); off by "
                           "default (the space may say shape: true); the winner's NE must stay within "
                           "--ne-ceiling-pct of the default config's NE, measured first")
-    run.add_argument("--ne-ceiling-pct", type=_positive_float, default=None, metavar="PCT",
+    run.add_argument("--ne-ceiling-pct", type=positive_float, default=None, metavar="PCT",
                      help="with shape tuning: NE may exceed the default config's NE by at most PCT percent "
                           "(default: the space's ne_ceiling_pct, 0.1)")
     run.add_argument("--replace", action="store_true",
@@ -542,8 +542,8 @@ def register(sub: Any) -> None:
     res = verbs.add_parser("resume", help="continue a stopped or killed campaign",
                            description="Continue a campaign from its stored state; no finished run is run again.")
     res.add_argument("name", type=_campaign_name)
-    res.add_argument("--budget", type=_positive_int, help="a new total budget")
-    res.add_argument("--confirm-repeats", type=_nonnegative_int, default=None, metavar="N",
+    res.add_argument("--budget", type=positive_int, help="a new total budget")
+    res.add_argument("--confirm-repeats", type=nonnegative_int, default=None, metavar="N",
                      help="extra repeats of the confirm phase (default: as the campaign was started)")
     res.add_argument("--report", metavar="DIR")
     add_store_argument(res)
@@ -554,7 +554,7 @@ def register(sub: Any) -> None:
                           description="Run the points the campaign's coordinator proposes, with its stored "
                                       "settings; coordinate when no one else does; exit when it is finished.")
     wk.add_argument("name")
-    wk.add_argument("--workers", type=_positive_int, default=1, help="runs in parallel in this process (default 1)")
+    wk.add_argument("--workers", type=positive_int, default=1, help="runs in parallel in this process (default 1)")
     add_store_argument(wk)
     common(wk)
     wk.set_defaults(func=cmd_work)
@@ -586,7 +586,7 @@ def register(sub: Any) -> None:
 # ---- a user's own job as the objective (cubic.runners.command); baselines for the answer ---------
 
 def _add_job_flags(run: Any) -> None:
-    from cubic.cli.common import _positive_int
+    from cubic.cli.common import positive_int
 
     g = run.add_argument_group("your own job", "tune any command: `--objective 'python train.py --lr {lr}' "
                                "--space my.yaml` (placeholders are the space's parameters, {out} a metrics file, "
@@ -595,7 +595,7 @@ def _add_job_flags(run: Any) -> None:
                    "(instead of --workload); run without a shell, once per proposal, under --timeout")
     g.add_argument("--launcher", metavar="CMD", help="prepended to --objective for multi-process jobs, "
                    "e.g. 'torchrun --standalone --nproc-per-node {nproc}'")
-    g.add_argument("--nproc", type=_positive_int, default=1, help="{nproc} of --launcher (default 1; a space "
+    g.add_argument("--nproc", type=positive_int, default=1, help="{nproc} of --launcher (default 1; a space "
                    "parameter named nproc overrides it)")
     g.add_argument("--metric", help="the metric to optimize (default: the space's first objective)")
     g.add_argument("--direction", choices=("maximize", "minimize"),

@@ -124,25 +124,25 @@ def _int_at_least(text: str, low: int) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
-def _int_at_most(high: int) -> Callable[[str], int]:
+def int_at_most(high: int) -> Callable[[str], int]:
     """An argparse type: an integer in [1, high] (a size beyond what any model holds is a typo)."""
     def parse(text: str) -> int:
-        value = _positive_int(text)
+        value = positive_int(text)
         if value > high:
             raise argparse.ArgumentTypeError(f"must be <= {high:,}, got {text}")
         return value
     return parse
 
 
-def _nonnegative_int(text: str) -> int:
+def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -196,7 +196,7 @@ def runner_part(module: str, attr: str, what: str, flag: str):
         raise SpecError(f"{what} ({module}) is not available in this installation", field=flag) from None
 
 
-def _local_runner(timeout_s: float, device: str, threads: int | None = None):
+def local_runner(timeout_s: float, device: str, threads: int | None = None):
     LocalRunner = runner_part("cubic.runners.local", "LocalRunner", "the local runner", "run")
     return LocalRunner(timeout_s=timeout_s, device=device, threads=threads)
 
@@ -208,7 +208,7 @@ def _simulated_runner(spec: str):
 def _make_runner(args: argparse.Namespace):
     if args.simulate:
         return _simulated_runner(args.simulate)
-    return _local_runner(args.timeout, args.device, getattr(args, "threads", None))
+    return local_runner(args.timeout, args.device, getattr(args, "threads", None))
 
 
 def _expected_fingerprint_hash(runner: Any) -> str | None:

@@ -308,22 +308,22 @@ def register(subparsers) -> None:
     from sharding.types import PLANNERS
 
     p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
-    from cubic.cli.common import _int_at_most, _positive_int
+    from cubic.cli.common import int_at_most, positive_int
     from cubic.core.spec import MAX_BATCH_SIZE, MAX_WORLD_SIZE
 
     sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
     pl = sub.add_parser("plan", help="plan the sharding of a set of tables")
     pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
-    pl.add_argument("--world-size", type=_int_at_most(MAX_WORLD_SIZE), default=None)
+    pl.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=None)
     mem = pl.add_mutually_exclusive_group()
     mem.add_argument("--memory-gb", type=float, default=None,
                      help="memory per rank in decimal GB (1e9 bytes, as a workload's topology.memory_per_rank_gb); "
                           "output shows memory in GiB")
     mem.add_argument("--memory-gib", type=float, default=None, help="memory per rank in GiB (2**30 bytes)")
-    pl.add_argument("--group-size", type=_int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
-    pl.add_argument("--batch-size", type=_int_at_most(MAX_BATCH_SIZE), default=None, help="examples per rank per step")
-    pl.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    pl.add_argument("--group-size", type=int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
+    pl.add_argument("--batch-size", type=int_at_most(MAX_BATCH_SIZE), default=None, help="examples per rank per step")
+    pl.add_argument("--ranks-per-node", type=positive_int, default=None)
     pl.add_argument("--device", default=None, help="cpu (learned CPU kernel model, calibrated comm) or a modelled GPU "
                     "(h100, h200, a100: HBM lookup model, comm from the topology bandwidths)")
     net = pl.add_argument_group("interconnect (default: the workload's topology; on cpu the calibration of "
@@ -356,9 +356,9 @@ def register(subparsers) -> None:
     ev.add_argument("--backend", default="kernel", choices=("kernel", "torchrec"),
                     help="kernel: each rank's shard set timed on FBGEMM + modelled comm; torchrec: train under "
                          "TorchRec DMP on --world-size local gloo processes")
-    ev.add_argument("--world-size", type=_positive_int, default=None, help="torchrec: processes (default: the plan's)")
-    ev.add_argument("--local-size", type=_positive_int, default=None, help="torchrec: ranks per node (LOCAL_WORLD_SIZE)")
-    ev.add_argument("--steps", type=_positive_int, default=10, help="torchrec: training steps")
+    ev.add_argument("--world-size", type=positive_int, default=None, help="torchrec: processes (default: the plan's)")
+    ev.add_argument("--local-size", type=positive_int, default=None, help="torchrec: ranks per node (LOCAL_WORLD_SIZE)")
+    ev.add_argument("--steps", type=positive_int, default=10, help="torchrec: training steps")
     ev.add_argument("--warmup", type=int, default=3, help="torchrec: steps left out of the median")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", default=None, help="write the plan with its measured cost")
@@ -385,7 +385,7 @@ def register(subparsers) -> None:
     ex = sub.add_parser("export", help="export a plan to another planner's format")
     ex.add_argument("plan")
     ex.add_argument("--format", default="torchrec")
-    ex.add_argument("--local-size", type=_positive_int, default=None,
+    ex.add_argument("--local-size", type=positive_int, default=None,
                     help="ranks per node in the job (LOCAL_WORLD_SIZE; default: the plan's ranks_per_node)")
     ex.add_argument("--out", default=None)
     ex.set_defaults(func=cmd_export)

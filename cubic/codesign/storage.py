@@ -127,9 +127,9 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
                     # every transaction BEGIN IMMEDIATE (pysqlite's default runs the SELECT of Optuna's
                     # WAITING -> RUNNING compare-and-set outside the transaction: two workers could
                     # both take one trial); WAL and a busy timeout, as the trial store does
-                    from cubic.core.store import _configure_sqlite
+                    from cubic.core.store import configure_sqlite
 
-                    _configure_sqlite(st.engine)
+                    configure_sqlite(st.engine)
                     st.engine.update_execution_options(cubic_write=True)
                     st.engine.dispose()  # connections made before the listeners: closed
                 _LEASES.metadata.create_all(st.engine, checkfirst=True)  # cubic's one table here

@@ -66,8 +66,8 @@ from cubic.core.store_db import (  # noqa: F401
 from cubic.core.store_pending import (  # noqa: F401
     PENDING_ENV, PendingRow, _keep_pending, _quarantine, check_pending_line, pending_path)
 from cubic.core.store_schema import (  # noqa: F401
-    SCHEMA_VERSION, Source, _ADDED_BY_MIGRATION, _JSON_COLUMNS, _SCHEMA_LOCK_KEY, _as_utc, _configure_sqlite,
-    _finite, _migrate, _rename_old_tables, _restore_nonfinite, _select_raw, _utcnow, campaigns_table, metadata,
+    SCHEMA_VERSION, Source, _ADDED_BY_MIGRATION, _JSON_COLUMNS, _SCHEMA_LOCK_KEY, _as_utc, configure_sqlite,
+    finite_or_null, _migrate, _rename_old_tables, restore_nonfinite, _select_raw, utcnow, campaigns_table, metadata,
     noise_floors_table, schema_version_table, sharding_samples_table, trials_table)
 
 STORE_ENV = "CUBIC_STORE"
@@ -171,7 +171,7 @@ class TrialStore:
         except (NoSuchModuleError, ArgumentError, ImportError) as e:
             raise SpecError(f"unsupported database URL {self._safe!r}: {self._scrub(e)}", field=origin) from None
         if engine.dialect.name == "sqlite":
-            _configure_sqlite(engine)
+            configure_sqlite(engine)
         return engine
 
     def _create_schema(self) -> None:
@@ -191,7 +191,7 @@ class TrialStore:
                     found = conn.execute(select(func.max(schema_version_table.c.version))).scalar()
                     if found is None:
                         conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION,
-                                                                         applied_at=_utcnow()))
+                                                                         applied_at=utcnow()))
                     elif found < SCHEMA_VERSION:
                         _migrate(conn, found)
                     elif found > SCHEMA_VERSION:
@@ -264,7 +264,7 @@ class TrialStore:
             with self._write() as conn:
                 return int(conn.execute(
                     insert(campaigns_table).values(
-                        name=name, created_at=_utcnow(), spec=spec, status=status, workload=workload
+                        name=name, created_at=utcnow(), spec=spec, status=status, workload=workload
                     )
                 ).inserted_primary_key[0])
         except IntegrityError:
@@ -399,14 +399,14 @@ class TrialStore:
             status=result.status,
             failure_kind=result.failure_kind,
             reason=result.reason,
-            metrics=_finite(result.metrics),
+            metrics=finite_or_null(result.metrics),
             # JSON columns reject NaN/inf on PostgreSQL: store them as strings via pydantic's JSON mode
             result=json.loads(result.model_dump_json()),
             code_version=result.versions.get("cubic") or _code_version(),
             attempt=attempt,
             steps=steps,
             warmup=warmup,
-            created_at=_utcnow(),
+            created_at=utcnow(),
             contended=(why is not None) if result.ok else None,
             campaign=campaign,
         )
@@ -545,7 +545,7 @@ class TrialStore:
                 out[metric] = m
                 conn.execute(insert(noise_floors_table).values(
                     fingerprint_hash=fingerprint_hash, metric=metric, sd=m.sd, df=m.df,
-                    how={**how, "values": [float(v) for v in vals]}, cubic_version=__version__, created_at=_utcnow()))
+                    how={**how, "values": [float(v) for v in vals]}, cubic_version=__version__, created_at=utcnow()))
         return out
 
     def noise_floor(self, fingerprint_hash: str,
@@ -562,7 +562,7 @@ class TrialStore:
             rows = conn.execute(q).all()
         if not rows:
             return {}, "no noise floor measured on this machine"
-        now = now or _utcnow()
+        now = now or utcnow()
         out, why = {}, None
         for metric, sd, df, version, created in rows:
             if metric in out:
@@ -683,7 +683,7 @@ class TrialStore:
     def _trial(row: Any) -> Trial:
         d = dict(row)
         d["created_at"] = _as_utc(d["created_at"])
-        d["result"] = Result.model_validate(_restore_nonfinite(d["result"]))
+        d["result"] = Result.model_validate(restore_nonfinite(d["result"]))
         d["metrics"] = {k: float(v) for k, v in (d["metrics"] or {}).items() if v is not None}
         return Trial.model_validate(d)
 
@@ -758,9 +758,9 @@ class TrialStore:
         """One measured rank sample (sharding.collect); returns its id."""
         with self._write() as conn:
             return int(conn.execute(insert(sharding_samples_table).values(
-                sample_hash=sample_hash, batch_size=int(batch_size), sample=sample, metrics=_finite(metrics),
+                sample_hash=sample_hash, batch_size=int(batch_size), sample=sample, metrics=finite_or_null(metrics),
                 fingerprint_hash=_fingerprint_hash(fingerprint), fingerprint=fingerprint,
-                code_version=_code_version(), created_at=_utcnow())).inserted_primary_key[0])
+                code_version=_code_version(), created_at=utcnow())).inserted_primary_key[0])
 
     def sharding_samples(self, fingerprint_hash: str | None = None) -> list[dict[str, Any]]:
         """Stored rank samples (of one machine's fingerprint when given), oldest first."""

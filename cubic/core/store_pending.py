@@ -18,7 +18,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from cubic.core.config import Config, JobConfig
 from cubic.core.result import Result
-from cubic.core.store_schema import Source, _finite, _restore_nonfinite, _utcnow
+from cubic.core.store_schema import Source, finite_or_null, restore_nonfinite, utcnow
 
 PENDING_ENV = "CUBIC_PENDING"
 _log = logging.getLogger("cubic.store")
@@ -74,7 +74,7 @@ def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
         raise ValueError("no 'row' object")
     try:
         r = PendingRow.model_validate(row)
-        result = Result.model_validate(_restore_nonfinite(r.result))
+        result = Result.model_validate(restore_nonfinite(r.result))
         config = (JobConfig if r.config.get("kind") == "job" else Config).model_validate(r.config)
     except ValidationError as e:
         err = e.errors()[0]
@@ -88,7 +88,7 @@ def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
     if isinstance(config, JobConfig) and config.job_hash() != r.workload_hash:
         raise ValueError("row 'workload_hash' is not the hash of its job's command line")
     out = r.model_dump()
-    out["metrics"] = _finite({k: (float("nan") if v is None else v) for k, v in r.metrics.items()})
+    out["metrics"] = finite_or_null({k: (float("nan") if v is None else v) for k, v in r.metrics.items()})
     return store, out
 
 
@@ -109,7 +109,7 @@ def _quarantine(path: Path, line_no: int, line: str, why: str) -> None:
 def _keep_pending(row: dict[str, Any], store: str) -> str:
     """Append a trial row that could not be written to the pending file; says where (or that it could not)."""
     path = pending_path()
-    entry = {"id": uuid.uuid4().hex, "store": store, "written_at": _utcnow().isoformat(), "row": row}
+    entry = {"id": uuid.uuid4().hex, "store": store, "written_at": utcnow().isoformat(), "row": row}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:

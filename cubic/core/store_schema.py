@@ -98,7 +98,7 @@ noise_floors_table = Table(
     Column("cubic_version", String(32), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
-def _utcnow() -> datetime:
+def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
@@ -132,7 +132,7 @@ def _migrate(conn: Any, found: int) -> None:
     cols = {c["name"] for c in inspect(conn).get_columns(trials_table.name)}
     if "contended" not in cols:
         conn.execute(text(f"ALTER TABLE {trials_table.name} ADD COLUMN contended BOOLEAN"))
-    conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION, applied_at=_utcnow()))
+    conn.execute(insert(schema_version_table).values(version=SCHEMA_VERSION, applied_at=utcnow()))
 
 
 _JSON_COLUMNS = frozenset(c.name for table in (trials_table, campaigns_table) for c in table.c
@@ -147,14 +147,14 @@ def _select_raw(table: Table):
                     for c in table.c))
 
 
-def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
+def finite_or_null(metrics: dict[str, float]) -> dict[str, float | None]:
     # JSON has no NaN/inf; a NaN metric (e.g. loss of a diverged run) is stored as null
     import math
 
     return {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}
 
 
-def _restore_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
+def restore_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
     """JSON stored a NaN/inf figure as null; give it back as NaN so the Result validates."""
     nan = float("nan")
     out = dict(result)
@@ -164,7 +164,7 @@ def _restore_nonfinite(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def configure_sqlite(engine: Engine) -> None:
     """WAL + busy timeout on every connection, and BEGIN IMMEDIATE for write transactions.
 
     pysqlite's own transaction handling is switched off (isolation_level None) so that SQLAlchemy
