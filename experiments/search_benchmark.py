@@ -537,6 +537,14 @@ def hard_targets(name: str, r: dict) -> dict:
     for other in ("tpe", "random"):
         out[f"{name}: cubic median runs to {TARGET:.0%} <= {other}'s"] = {
             "measured": med["cubic"], "target": med[other], "met": med["cubic"] <= med[other]}
+    # the issue's bar: a search worth its proxy reaches the target in a third of TPE's runs, not merely fewer
+    third = med["tpe"] / 3.0
+    out[f"{name}: cubic median runs to {TARGET:.0%} <= a third of tpe's"] = {
+        "measured": med["cubic"], "target": third, "met": med["cubic"] <= third,
+        **({"reason_if_missed": (
+            f"cubic needs {med['cubic']:g} runs, TPE {med['tpe']:g}: fewer, but not a third; on this grid the "
+            "prior's first pick is already near the best (see the 'space is hard' target), so the lead is the "
+            "prior's, and the proxy adds little before TPE catches up")} if med["cubic"] > third else {})}
     out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
         f"max({tab.MATCH_RUNS:g}, {tab.MATCH_SHARE:.0%}))"] = {
         "measured": med["cubic-optuna"], "target": med["cubic"], "met": tab.matches(med["cubic"], med["cubic-optuna"])}
