@@ -45,6 +45,7 @@ from experiments._noisy_job import true_qps  # noqa: E402
 
 JOB = Path(__file__).resolve().parent / "_noisy_job.py"
 REMEASURE = 4
+THREADS = 1  # intra-op threads of every dlrm run, the campaign's and the re-measurement's alike
 JOB_NOISE = 0.05
 JOB_SPACE = """
 version: 1
@@ -97,7 +98,9 @@ def _remeasure_dlrm(point: dict, n: int, steps: int, warmup: int, tmp: Path) -> 
 
     w = load_workload("dlrm-small")
     space = load_space(DEFAULT_SPACES["local"]).for_workload(w)
-    ev = RunnerEvaluate(w, LocalRunner(), space, steps=steps, warmup=warmup,
+    # the campaign's run settings, threads included: a re-measurement with torch's default threads measured a
+    # different job (1.3x faster on 2 cores) and read as a miss of the claimed interval
+    ev = RunnerEvaluate(w, LocalRunner(threads=THREADS), space, steps=steps, warmup=warmup,
                         store=TrialStore(f"sqlite:///{tmp}/remeasure.db"))
     ev.add_repeat(point, n)
     served = ev._stored(ev._config(point))
@@ -109,7 +112,8 @@ def _runs(path: Path) -> list[dict]:
     from cubic.core.store import TrialStore
 
     keys = ("examples_per_s", "batch_size", "steps_preempted_frac", "cpu_util", "load_avg_1m_start", "load_avg_1m_end")
-    return [{"config": t.config_hash[:8], "contended": t.contended, **{k: t.metrics.get(k) for k in keys}}
+    return [{"config": t.config_hash[:8], "contended": t.contended, **{k: t.metrics.get(k) for k in keys},
+             "threads": (t.result.extra or {}).get("threads")}
             for t in TrialStore(f"sqlite:///{path}").trials() if t.status == "ok"]
 
 
@@ -127,6 +131,7 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
         metric = "qps"
     else:
         argv = ["campaign", "run", "--workload", "dlrm-small", "--steps", str(steps), "--warmup", str(warmup),
+                "--threads", str(THREADS),
                 "--batch", "1", "--store", f"sqlite:///{d}/t.db", *common]
         metric = "examples_per_s"
     load0 = os.getloadavg()[0]
@@ -199,7 +204,7 @@ def main() -> None:
     payload = {**run_context("measured"), "benchmark": "answer_calibration",
                "settings": {"objective_campaigns": args.objective_campaigns, "dlrm_campaigns": args.dlrm_campaigns,
                             "remeasure_repeats": REMEASURE, "job_noise_sd_log": JOB_NOISE, "confirm_repeats": 4,
-                            "dlrm_steps": args.steps, "dlrm_warmup": args.warmup, "quick": args.quick}}
+                            "dlrm_steps": args.steps, "dlrm_warmup": args.warmup, "dlrm_threads": THREADS, "quick": args.quick}}
     rows = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="answer_calibration_") as tmp:
