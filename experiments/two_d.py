@@ -26,7 +26,7 @@ sync vs weight averaging vs none -- while 4 processes would double the time of e
 Speed (W = 4 gloo processes on this 2-core machine, 1 thread each: 2 processes per core, so the
 step times include oversubscription): full sharding (G = 4) vs 2D (G = 2) with each sync, on the
 same workload, beside the step model's prediction (cubic.runners.step_model.predict_step on this CPU
-as measured by cubic.runners.calibration, uncalibrated for gloo) for the same workload and plan.
+as measured by cubic.runners.calibration, links from the gloo calibration) for the same workload and plan.
 
 Writes results/two_d.json (or results/two_d_quick.json) with ``targets``, a PNG, and
 cost_models/data/two_d_quality.json (the NE cost table the simulator cites; a --quick run writes it
@@ -52,6 +52,7 @@ NE_BAR_WHY = ("end NE of the 1D baseline <= 0.93: the model has removed >= 7% of
               "+-0.1% effect resolved, so an NE cost is a cost to a model that learns (the issue's 0.9 needs ~1,000 "
               "steps on this workload: the full run's 800 steps approach it; the quick run's 300 reach ~0.92)")
 PARITY = 1e-3  # +-0.1% NE: the parity band the paper claims for 2D
+RATIO_TOLERANCE = 0.25  # a model that only ranks layouts must at least get their ratios roughly right
 AVG100_BOUND = 5e-3
 TARGETS_WHY = ("per-step gradient sync computes the 1D update, so its NE cost must be inside +-0.1% (the parity band); "
                "weight averaging every 100 steps trains replicas apart between syncs: its cost must be resolved to "
@@ -161,7 +162,7 @@ def summarise(runs):
 
 def run_speed(steps, log=print):
     """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model."""
-    from cubic.runners.calibration import cpu_cluster, cpu_params, measure_cpu_device
+    from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
     from cubic.runners.step_model import predict_step
 
@@ -169,7 +170,9 @@ def run_speed(steps, log=print):
     plans = {4: make_plan(wl, 4, 4), 2: make_plan(wl, 4, 2)}
     cases = [("1d (full sharding, G=4)", 4, None, None), ("2D G=2, gradient sync", 2, "gradients", None),
              ("2D G=2, averaging every 100", 2, "weights", 100)]
-    cluster, params = cpu_cluster(measure_cpu_device(1)), cpu_params(1)
+    # the links are this machine's gloo calibration: with free links the model could not see the sync's cost
+    cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=4)
+    params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=4, timeout_s=3600, verify=False, threads=1)
     rows = []
     for name, g, sync, interval in cases:
@@ -193,8 +196,30 @@ def run_speed(steps, log=print):
     return {"processes": 4, "cores": 2, "threads_per_process": 1, "steps": steps, "workload": wl.name,
             "note": ("MEASURED: 4 gloo processes on 2 cores (2 processes per core: contention is in every figure); "
                      "MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one device "
-                     "per rank and no gloo calibration, so absolute figures differ: compare the ratios vs 1D"),
+                     "per rank (it does not model 2 processes sharing a core), links from this machine's gloo "
+                     "all-to-all calibration (cubic.runners.calibration.cpu_gloo_cluster)"),
+            "cluster_sources": dict(cluster.sources),
             "rows": rows}
+
+
+def speed_target(speed: dict) -> dict:
+    """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case."""
+    rows = speed["rows"][1:]
+    err = max(abs(r["predicted_ratio_vs_1d"] / r["measured_ratio_vs_1d"] - 1.0) for r in rows)
+    t = {"measured": err, "target": RATIO_TOLERANCE, "met": err <= RATIO_TOLERANCE,
+         "ratios": {r["case"]: {"measured": r["measured_ratio_vs_1d"], "modelled": r["predicted_ratio_vs_1d"]}
+                    for r in rows}}
+    if err > RATIO_TOLERANCE:
+        b = speed["rows"][0]
+        t["why_missed"] = (
+            f"the model prices 1D at {b['predicted_step_ms']:.1f} ms against {b['measured_step_ms']:.1f} ms measured: "
+            "it gives each rank a core of its own (here 4 processes share 2) and prices a collective as the gloo "
+            "calibration's alpha-beta line, while the measured sync ("
+            + ", ".join(f"{r['case']}: {r['measured_sync_ms_mean']:.1f} ms/step" for r in rows)
+            + ") likely also pays for finding the touched rows and for waiting on a descheduled peer (not isolated "
+              "by this run); the simulator's 2D speed figures are not validated by this machine")
+    return {f"step model: 2D/1D step-time ratio within {RATIO_TOLERANCE:.0%} of the measured ratio "
+            "(modelled vs measured, 4 gloo processes)": t}
 
 
 def quality_doc(summary, payload) -> dict:
@@ -319,6 +344,7 @@ def main(argv=None) -> int:
         "averaging every 100 steps: NE cost <= +0.5% (measured, mean)": {
             "measured": a100["mean"], "target": AVG100_BOUND, "met": a100["mean"] <= AVG100_BOUND},
     }
+    payload["targets"].update(speed_target(speed))
     path = write_result(name, payload)
     plot(summary, speed, png_path(name), args.quick)
     for opt, vs in summary.items():
