@@ -30,7 +30,29 @@ def run_context(kind: str) -> dict[str, Any]:
     }
 
 
+def target_defects(targets: Any) -> list[str]:
+    """What breaks the benchmark convention in a ``targets`` object: each entry has ``measured``,
+    ``target`` and a JSON-boolean ``met``, and a missed one says why under ``reason`` (one key, so a
+    reader finds it; numpy's bool would be written as the string "False")."""
+    if not isinstance(targets, dict) or not targets:
+        return ["targets: missing or empty"]
+    out = []
+    for k, t in targets.items():
+        if not isinstance(t, dict) or not set(t) >= {"measured", "target", "met"}:
+            out.append(f"{k}: needs measured, target and met")
+        elif not isinstance(t["met"], bool):
+            out.append(f"{k}: met is {type(t['met']).__name__}, not a boolean")
+        elif not t["met"] and not t.get("reason"):
+            out.append(f"{k}: missed without a reason")
+    return out
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Writes results/<name>.json; a targets object that breaks the convention is refused before
+    anything is written (a benchmark's --quick test then fails instead of a full run's JSON lying)."""
+    bad = target_defects(payload.get("targets"))
+    if bad:
+        raise ValueError(f"results/{name}.json: targets break the benchmark convention: " + "; ".join(bad))
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     payload.setdefault("finished_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -152,14 +152,16 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
                      "verdicts": {n: [s.verdict_recipe, s.verdict] for n, s in placement.sites.items()},
                      "kernels": {n: s.kernel for n, s in placement.fp8_sites().items()}}
     targets["Probe and recommend() ran on the device"] = {
-        "measured": placement.probe_device, "target": str(dev), "met": placement.probe_device == str(dev)}
+        "measured": placement.probe_device, "target": str(dev), "met": placement.probe_device == str(dev),
+        "reason": f"the placement records probe device {placement.probe_device}"}
     # 2. Dispatch: every kernel timed (or why not) on the device
     shape = (256, 256, 256) if quick else (1024, 1024, 1024)
     times = disp.times(*shape)
     rows["dispatch"] = {"shape": list(shape), "times_ms": times, "unavailable": disp.unavailable(*shape)}
     real = [k for k in ("scaled_mm_tensorwise", "scaled_mm_rowwise", "scaled_mm_rowwise_with_gw_hp") if k in times]
     targets["Dispatch timed the real FP8 kernels of the three torchao recipes"] = {
-        "measured": real, "target": 3, "met": len(real) == 3}
+        "measured": real, "target": 3, "met": len(real) == 3,
+        "reason": f"kernels not available here: {rows['dispatch']['unavailable']}"}
     # 3. one Linear, cubic vs torchao Float8Linear, bf16 (a job's dtype): the one parity check (fp8.torchao_parity)
     from fp8.torchao_parity import torchao_parity
 
@@ -167,7 +169,8 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
     rows["torchao_parity"] = par["per_recipe"]
     worst = max(v for p in par["per_recipe"].values() for v in p["rel_diff"].values())
     targets["cubic's Linear vs torchao's Float8Linear (worst relative difference of y, dx, dw, db; bf16)"] = {
-        "measured": worst, "target": par["target"]["max_rel_diff"], "met": par["met"], "rule": par["target"]}
+        "measured": worst, "target": par["target"]["max_rel_diff"], "met": par["met"], "rule": par["target"],
+        "reason": f"worst relative difference {worst:.3g} above {par['target']['max_rel_diff']}"}
     # 4 + 5. a placement with the three recipes, applied by torchao (export) and by cubic's runtime, trained
     from fp8.torchao_export import apply_placement_torchao
 
@@ -188,7 +191,8 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
             converted = sorted(nm for nm, mod in model.named_modules() if type(mod).__name__ == "Float8Linear")
             rows["export_converted"] = converted
             targets["torchao export converts exactly the placement's sites"] = {
-                "measured": converted, "target": pl.module_filter, "met": converted == pl.module_filter}
+                "measured": converted, "target": pl.module_filter, "met": converted == pl.module_filter,
+                "reason": f"torchao converted {converted}, the placement names {pl.module_filter}"}
         else:
             apply_placement(model, pl)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -204,7 +208,10 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
     rows["training_losses"] = losses
     finite = all(math.isfinite(v) for t in losses.values() for v in t)
     targets["training steps in FP8 (torchao export and cubic's runtime) stay finite"] = {
-        "measured": finite, "target": True, "met": finite}
+        "measured": finite, "target": True, "met": finite, "reason": f"losses {losses}"}
+    for t in targets.values():  # each reason above is written for the miss; a met target carries none
+        if t["met"]:
+            t.pop("reason")
     return {"rows": rows, "targets": targets}
 
 

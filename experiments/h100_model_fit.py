@@ -214,7 +214,12 @@ def _target(what: str, value: float | None, target: float, higher_better: bool, 
     met = bool(usable and (value >= target if higher_better else value <= target))
     if what.endswith("spearman") and n < MIN_N_FOR_RANK:
         met, note = False, (note + f"; only {n} points (< {MIN_N_FOR_RANK}): a rank correlation is not evidence").strip("; ")
-    return {"measured": value, "target": target, "met": met, "n": n, "label": LABEL, **({"note": note} if note else {})}
+    out = {"measured": value, "target": target, "met": met, "n": n, "label": LABEL, **({"note": note} if note else {})}
+    if not met:
+        out["reason"] = (f"{value if usable else 'no value'} against {target} ({'at least' if higher_better else 'at most'}) "
+                         f"over {n} held-out points; the published points are few and from sources that differ in "
+                         "compile mode and recipe" + (f" ({note})" if note else ""))
+    return out
 
 
 def main() -> None:

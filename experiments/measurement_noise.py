@@ -343,7 +343,10 @@ def finish(res: dict, passes: list[dict], repeats: int, name: str) -> None:
             "pooled_tau_above_single_sample_tau": {"measured": None if tau_r is None or tau_1 is None
                                                    else tau_r - tau_1, "target": 0.0,
                                                    "met": bool(tau_r is not None and tau_1 is not None
-                                                               and tau_r > tau_1)},
+                                                               and tau_r > tau_1),
+                                                   **({} if tau_r is not None and tau_1 is not None and tau_r > tau_1
+                                                      else {"reason": f"pooling {repeats} repeats gave tau {tau_r} "
+                                                                      f"against {tau_1} for a single sample"})},
         },
     })
     out = write_result(name, res)

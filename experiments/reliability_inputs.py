@@ -414,7 +414,12 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
             "data lost": (t["data_lost"], "0", t["data_lost"] == 0),
             "uncaught exceptions": (t["uncaught_exceptions"], "0", t["uncaught_exceptions"] == 0),
             "hangs": (t["hangs"], "0", t["hangs"] == 0)}
-    return {k: {"measured": v, "target": target, "met": met} for k, (v, target, met) in rows.items()}
+    bad = [f"{o['cls']}/{o['variant']}: {o['why']}" for o in res["outcomes"] if not o["ok"]][:10]
+    thin = sorted(n for n, c in res["classes"].items() if not c["variants"])
+    why = {"attack classes tried": f"classes with no variant run: {thin}"}
+    return {k: {"measured": v, "target": target, "met": bool(met),
+                **({} if met else {"reason": why.get(k, f"{v} found; first outcomes: {bad}")})}
+            for k, (v, target, met) in rows.items()}
 
 
 def write(res: dict[str, Any], quick: bool, elapsed_s: float) -> tuple[dict[str, Any], Any]:

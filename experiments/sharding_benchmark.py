@@ -284,15 +284,15 @@ def analyse(families: list, regs: list[str], methods: list[str]):
                     f"{g:+.1%}: the gain the model sees is smaller than its error on these ranks, or the judge's "
                     "per-message overhead and synchronous collectives price the plans differently")}
             targets[f"{r}: mean cost >= 10% below the best heuristic ({fname})"] = {
-                "measured": g, "target": TARGET_GAP, "met": g is not None and g <= TARGET_GAP, **why}
+                "measured": g, "target": TARGET_GAP, "met": bool(g is not None and g <= TARGET_GAP), **why}
             if g_tr is not None:
-                targets[f"{r}: below TorchRec's planner ({fname})"] = {"measured": g_tr, "target": 0.0, "met": g_tr < 0}
+                targets[f"{r}: below TorchRec's planner ({fname})"] = {"measured": g_tr, "target": 0.0, "met": bool(g_tr < 0)}
                 tr_gaps.append(g_tr)
             per_task += [(t["task"], gap(t, r)) for t in ts if gap(t, r) is not None]
         worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
         targets[f"{r}: no task > 3% worse than its best heuristic"] = {
             "measured": worst[1], "worst_task": worst[0], "target": 0.03,
-            "met": worst[1] is not None and worst[1] <= 0.03,
+            "met": bool(worst[1] is not None and worst[1] <= 0.03),  # numpy's bool would be written "False"
             "tasks_over_3pct": sorted(n for n, x in per_task if x > 0.03),
             **({"reason": "measured compute of cubic's ranks above the model's prediction of them on "
                                     "these tasks (see per-task measured/predicted compute)"}

@@ -206,12 +206,12 @@ def speed_target(speed: dict) -> dict:
     """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case."""
     rows = speed["rows"][1:]
     err = max(abs(r["predicted_ratio_vs_1d"] / r["measured_ratio_vs_1d"] - 1.0) for r in rows)
-    t = {"measured": err, "target": RATIO_TOLERANCE, "met": err <= RATIO_TOLERANCE,
+    t = {"measured": err, "target": RATIO_TOLERANCE, "met": bool(err <= RATIO_TOLERANCE),
          "ratios": {r["case"]: {"measured": r["measured_ratio_vs_1d"], "modelled": r["predicted_ratio_vs_1d"]}
                     for r in rows}}
     if err > RATIO_TOLERANCE:
         b = speed["rows"][0]
-        t["why_missed"] = (
+        t["reason"] = (
             f"the model prices 1D at {b['predicted_step_ms']:.1f} ms against {b['measured_step_ms']:.1f} ms measured: "
             "it gives each rank a core of its own (here 4 processes share 2) and prices a collective as the gloo "
             "calibration's alpha-beta line, while the measured sync ("
@@ -329,20 +329,28 @@ def main(argv=None) -> int:
                "runtime_s": time.perf_counter() - t0}
     payload["targets"] = {
         f"1D end NE <= {NE_BAR} (the model learns; measured, mean over seeds)": {
-            "measured": ne_1d, "target": NE_BAR, "met": ne_1d <= NE_BAR},
+            "measured": ne_1d, "target": NE_BAR, "met": bool(ne_1d <= NE_BAR),
+            **({} if ne_1d <= NE_BAR else {"reason": "the 1D model did not learn enough in this many steps: the NE "
+                                                    "costs below are measured on a model that barely learns"})},
         "per-step gradient sync: max relative early-loss gap vs 1D (float summation order; measured)": {
-            "measured": g["early_loss_max_rel_diff_vs_1d"], "target": 1e-4, "met": g["early_loss_max_rel_diff_vs_1d"] <= 1e-4,
-            **({} if g["early_loss_max_rel_diff_vs_1d"] <= 1e-4 else {"why_missed": FLOAT32_GAP_WHY})},
+            "measured": g["early_loss_max_rel_diff_vs_1d"], "target": 1e-4, "met": bool(g["early_loss_max_rel_diff_vs_1d"] <= 1e-4),
+            **({} if g["early_loss_max_rel_diff_vs_1d"] <= 1e-4 else {"reason": FLOAT32_GAP_WHY})},
         "per-step gradient sync: |NE cost vs 1D| inside +-0.1% (measured, 95% CI)": {
             "measured": g["ne_cost_rel"]["mean"], "ci95": g["ne_cost_rel"]["ci95"], "target": PARITY,
-            "met": g["ne_cost_rel"]["ci_inside_target"]},
+            "met": bool(g["ne_cost_rel"]["ci_inside_target"]),
+            **({} if g["ne_cost_rel"]["ci_inside_target"] else {
+                "reason": f"{len(seeds)} seeds leave a half-width of {100 * g['ne_cost_rel']['half_width']:.3f}%; about "
+                          f"{g['ne_cost_rel']['seeds_to_resolve']} would resolve it (the trajectories of 1D and 2D "
+                          "part by float rounding, see the early-loss target)"})},
         "averaging every 100 steps: NE cost resolved within +-0.1% or shown to exceed it (measured, 95% CI)": {
             "measured": a100["mean"], "ci95": a100["ci95"], "half_width": a100["half_width"], "target": PARITY,
-            "met": bool(resolved), **({} if resolved else {"why_missed": f"{len(seeds)} seeds leave a half-width of "
+            "met": bool(resolved), **({} if resolved else {"reason": f"{len(seeds)} seeds leave a half-width of "
                                                                        f"{100 * a100['half_width']:.3f}%; about "
                                                                        f"{a100['seeds_to_resolve']} would resolve it"})},
         "averaging every 100 steps: NE cost <= +0.5% (measured, mean)": {
-            "measured": a100["mean"], "target": AVG100_BOUND, "met": a100["mean"] <= AVG100_BOUND},
+            "measured": a100["mean"], "target": AVG100_BOUND, "met": bool(a100["mean"] <= AVG100_BOUND),
+            **({} if a100["mean"] <= AVG100_BOUND else {"reason": f"mean NE cost {100 * a100['mean']:+.2f}% over "
+                                                                  f"{len(seeds)} paired seeds"})},
     }
     payload["targets"].update(speed_target(speed))
     path = write_result(name, payload)

@@ -186,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         "kills survived without loss": {"measured": kr["kills"] if kill_ok else 0, "target": kills,
                                         "met": kill_ok and kr["kills"] >= kills},
     }
+    thin = sorted(n for n, c in inputs["classes"].items() if c["variants"] < 2)
+    where = {  # a missed target names the section of this JSON that holds its cases
+        "input attack variants tried": f"classes with fewer than 2 variants: {thin}",
+        "attack classes tried (inputs, kills, concurrency, faults, fuzz)": f"input classes with no variant: {thin}",
+        "partial writes (fuzz)": "see fuzz", "uncaught exceptions (fuzz + input attacks)": "see fuzz.uncaught_examples "
+        "and inputs", "kills survived without loss": f"see kills: {kr['lost_trials']} lost, {kr['duplicated_trials']} "
+        "duplicated"}
+    for k, t in payload["targets"].items():
+        t["met"] = bool(t["met"])
+        if not t["met"]:
+            t["reason"] = where.get(k, "see summary and the inputs/kills/concurrent sections")
     payload["targets"].update(_issue27_targets(payload, kr, kc))
     print(json.dumps(payload["summary"], indent=2))
     _plot(payload, png_path("reliability"))
