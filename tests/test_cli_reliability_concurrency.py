@@ -19,6 +19,7 @@ from experiments.reliability.common import ROOT
 from experiments.reliability.concurrency import (
     concurrent_workers,
     fresh_postgres_database,
+    restart_postgres,
     start_postgres,
     store_throughput,
 )
@@ -63,6 +64,51 @@ def test_four_workers_share_one_postgresql_campaign(postgres_url):
     out = concurrent_workers(fresh_postgres_database(postgres_url), fresh_postgres_database(postgres_url),
                              workers=4, budget=24)
     _check(out, 24)
+
+
+def test_a_stalled_worker_is_retired_after_the_grace_period_and_its_point_run_once_more(postgres_url):
+    # SIGSTOP: the worker stops heartbeating, as a cut-off remote host would; its trial goes back
+    # after the grace period (20 s), another worker runs it, and once woken the stalled worker's
+    # finished run is not told: the study counts that point once. On PostgreSQL, where workers on
+    # other hosts are: on SQLite (one host) a process stopped inside a transaction holds the one
+    # write lock, and every other process waits for it
+    out = concurrent_workers(fresh_postgres_database(postgres_url), fresh_postgres_database(postgres_url),
+                             workers=3, budget=12, delay_s=1.0, lease_s=5.0, fault="stall", timeout_s=240)
+    f = out["fault"]
+    assert f["fault"] == "stall" and f["state_when_resumed"] == "COMPLETE", f
+    assert f["finished_by"] != f["worker"] and f["interrupted_attempts"] == 1, f
+    assert out["worker_exit_codes"] == [0, 0, 0], out["worker_errors"]
+    assert out["trials"] == 12 and out["lost_trials"] == 0 and out["duplicated_trials"] == 0
+    assert out["lost_runs_not_told"] == 1
+    # the untold run is still a measurement in the trial store (a second row of that point), nothing else
+    assert out["store"]["lost"] == 0 and out["store"]["orphans"] == 0 and out["store"]["duplicates"] <= 1
+
+
+@pytest.mark.slow
+def test_workers_wait_out_a_postgresql_restart_and_lose_nothing():
+    import shutil
+    import uuid
+
+    port = 55433  # a server of its own: the shared one (55432) is not restarted under other tests
+    pg = f"/tmp/cubic-pg-restart-{uuid.uuid4().hex[:8]}"  # not under pytest's tmp: the server's user reads it
+    url, why = start_postgres(pg, port)
+    if url is None:
+        pytest.skip(f"PostgreSQL not available: {why}")
+    try:
+        out = concurrent_workers(fresh_postgres_database(url), fresh_postgres_database(url), workers=3,
+                                 budget=12, delay_s=1.0, lease_s=5.0, fault="db_restart", timeout_s=300,
+                                 restart_db=lambda: restart_postgres(pg, port, down_s=5.0))
+    finally:
+        from experiments.reliability.concurrency import pg_ctl
+
+        pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
+        shutil.rmtree(pg, ignore_errors=True)
+    f = out["fault"]
+    assert f["stopped"] and f["started"], f
+    assert out["reattached_workers"] >= 1, out["worker_errors"]
+    assert out["worker_exit_codes"] == [0, 0, 0], out["worker_errors"]
+    assert out["trials"] == 12 and out["lost_trials"] == 0 and out["duplicated_trials"] == 0
+    assert out["store"]["lost"] == 0 and out["store"]["orphans"] == 0
 
 
 def test_a_second_coordinator_is_refused_while_the_lease_is_held_and_takes_an_expired_one(tmp_path):

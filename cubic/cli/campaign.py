@@ -362,10 +362,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_work(args: argparse.Namespace) -> int:
-    c, _, _, _ = _stored(args, dict(workers=args.workers))
-    rep = c.work()
+    from cubic.codesign.storage import DB_WAIT_S, through_outages
+
+    outages: list[str] = []
+
+    def outage(line: str) -> None:  # the database restarted under this worker: it waited, it goes on
+        outages.append(line)
+        print(f"cubic: store error: {line}; the database answers again: re-attached", file=sys.stderr, flush=True)
+
+    wait_s = DB_WAIT_S if args.db_wait is None else args.db_wait
+    rep = through_outages(lambda: _stored(args, dict(workers=args.workers))[0], lambda c: c.work(),
+                          [args.storage or default_storage(), args.store], wait_s=wait_s, on_outage=outage)
     print(f"worker {rep.worker}: {rep.runs} runs ({rep.served} served from the trial store)"
-          + ("; coordinated" if rep.coordinated else ""))
+          + ("; coordinated" if rep.coordinated else "")
+          + (f"; re-attached after {len(outages)} database outage(s), runs counted since" if outages else ""))
     return 0
 
 
@@ -555,6 +565,9 @@ def register(sub: Any) -> None:
                                       "settings; coordinate when no one else does; exit when it is finished.")
     wk.add_argument("name")
     wk.add_argument("--workers", type=positive_int, default=1, help="runs in parallel in this process (default 1)")
+    wk.add_argument("--db-wait", type=float, default=None, metavar="S",
+                    help="after a database outage (a restart), wait this long for it to answer and go on "
+                         "(default cubic.codesign.storage.DB_WAIT_S, 300; 0: stop at once)")
     add_store_argument(wk)
     common(wk)
     wk.set_defaults(func=cmd_work)

@@ -108,6 +108,11 @@ class CampaignListener:
         """A run failed transiently (``failed``: timeout, killed) and runs again: retry ``retry`` of
         the ``allowed`` ones its failure kind gets (:func:`retries_allowed`)."""
 
+    def lost_run(self, campaign: str, trial: int, point: dict[str, Any]) -> None:
+        """A run this process finished is not told: its trial was taken back while this process was
+        silent past the heartbeat's grace period (stopped, descheduled, cut off) and is another
+        worker's now, so the study counts that point once."""
+
     def stopped(self, campaign: str, reason: str) -> None:
         """``run()`` or ``work()`` ends (reason: a stop reason, "worker done", or "error")."""
 
@@ -336,10 +341,17 @@ class Campaign:
                     if p.name in point and p.name not in t.params:  # (a resumed trial has them)
                         d = p.distribution()
                         st.set_trial_param(t._trial_id, p.name, d.to_internal_repr(point[p.name]), d)
-                return t
+                return st.get_trial(t._trial_id)  # as taken: its start time marks this attempt as ours
         return None
 
-    def _run_one(self, t: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], Result]:
+    def _still_ours(self, t: optuna.trial.FrozenTrial) -> bool:
+        """Whether the trial is still the RUNNING attempt this process took (same start time, same
+        worker): a stalled worker's trial is put back after the grace period and taken by another."""
+        now = self.study._storage.get_trial(t._trial_id)
+        return (now.state == _R and now.datetime_start == t.datetime_start
+                and now.system_attrs.get("cubic_worker") == self.worker)
+
+    def _run_one(self, t: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], Result | None]:
         st = self.study._storage
         point = dict(t.system_attrs.get("fixed_params") or t.params)
         if type(self.listener).started_run is not CampaignListener.started_run:  # (no storage read otherwise)
@@ -367,6 +379,9 @@ class Campaign:
             stop.set()
             if beat is not None:
                 beat.join()
+        if not self._still_ours(t):  # taken back while this process was silent: the other attempt counts
+            self.listener.lost_run(self.name, t.number, point)
+            return point, None
         ev, violation = self._tell(t._trial_id, t.number, point, ev, attempts)
         if type(self.listener).finished_run is not CampaignListener.finished_run:  # (no-op: no storage read)
             self.listener.finished_run(RunEvent(
@@ -386,6 +401,8 @@ class Campaign:
                 if t is None:
                     return done
                 point, ev = self._run_one(t)
+                if ev is None:  # lost to another worker (see CampaignListener.lost_run): not this one's run
+                    continue
                 done += 1
                 if report is not None:
                     report.keys.append(self.space.key(point))

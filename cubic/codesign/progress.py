@@ -223,6 +223,12 @@ class ProgressLines(CampaignListener):
             self._print(sanitize(f"{campaign} trial {trial}: retry {retry} of {allowed} after "
                                  f"{failed.failure_kind}" + (f" ({why})" if why else "")))
 
+    def lost_run(self, campaign: str, trial: int, point: dict[str, Any]) -> None:
+        with self._lock:
+            self._print(sanitize(f"{campaign} trial {trial}: this run is not told (the trial was taken back while "
+                                 "this process was silent past the heartbeat's grace period; another worker's "
+                                 "attempt counts)"))
+
     def stopped(self, campaign: str, reason: str) -> None:
         with self._lock:
             if self._bar is not None:

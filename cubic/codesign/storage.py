@@ -14,13 +14,15 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import optuna
 
 from cubic.core.spec import SpecError
 
 DEFAULT_STORAGE = "sqlite:///.cubic/campaigns.db"
+
+T, R = TypeVar("T"), TypeVar("R")
 
 
 META_KEY = "cubic_campaign"
@@ -36,6 +38,12 @@ LEASE_S = 60.0  # the coordinator's lease; renewed every third of it
 
 
 INTERRUPTED = "interrupted"  # status of a campaign stopped by Ctrl-C, SIGTERM, or a lapsed lease
+
+
+DB_WAIT_S = 300.0  # a worker waits this long for its database to come back (a restart, a fail-over)
+
+
+MAX_OUTAGES = 5  # ... and reattaches at most this often: an error that persists is not an outage
 
 
 _SCHEMA_LOCK_KEY = 0x637562696301  # pg_advisory_lock key of the campaign storage's first use
@@ -397,3 +405,52 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
                     "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
     return out
 
+
+
+def database_answers(url: str) -> bool:
+    """Whether the database at ``url`` accepts a connection and a trivial query now."""
+    from sqlalchemy import create_engine, text
+
+    from cubic.core.store import engine_options
+
+    eng = None
+    try:
+        eng = create_engine(url, **engine_options(url))
+        with eng.connect() as conn:
+            conn.execute(text("select 1"))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not yet"
+        return False
+    finally:
+        if eng is not None:
+            eng.dispose()
+
+
+def through_outages(attach: Callable[[], T], body: Callable[[T], R], urls: list[str | None], *,
+                    wait_s: float = DB_WAIT_S, on_outage: Callable[[str], None] = lambda line: None,
+                    poll_s: float = 1.0) -> R:
+    """``body(attach())``, attached again after a database outage (the server restarted, a
+    fail-over): when a storage error ends ``body`` and the databases answer again within
+    ``wait_s``, the campaign is re-attached and goes on. What the outage interrupted is what a kill
+    interrupts: the run in flight goes back to its trial after the heartbeat's grace period, a
+    result whose store write failed waits in the pending file, so nothing is lost or counted
+    twice. Any other error, one that persists (``MAX_OUTAGES``), or a database that stays away is
+    raised as before."""
+    from cubic.core.store import storage_error_line
+
+    live = [u for u in urls if isinstance(u, str)]
+    outages = 0
+    while True:
+        try:
+            return body(attach())
+        except Exception as e:
+            line = storage_error_line(e, *live)
+            if line is None or outages >= MAX_OUTAGES:
+                raise
+            deadline = time.monotonic() + wait_s
+            while not all(database_answers(u) for u in live):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(poll_s)
+            outages += 1
+            on_outage(line)

@@ -12,7 +12,8 @@ included) and enqueues it as WAITING Optuna trials; every worker takes WAITING t
 compare-and-set, beats Optuna's heartbeat while it runs one, and tells the result. A worker that
 dies loses only the run in flight: its trial is failed and re-enqueued once silent past the grace
 period (or at once when its pid is gone from this host), and when the coordinator dies another
-worker takes its lease when it expires (``--lease`` seconds).
+worker takes its lease when it expires (``--lease`` seconds). A worker whose database goes away
+(a restart) waits for it (``--db-wait``) and re-attaches (cubic.codesign.storage.through_outages).
 
 The evaluate function is user code and is loaded only when named explicitly:
 ``--evaluate package.module:factory``, where ``factory(space, store_url) -> evaluate`` and
@@ -77,7 +78,7 @@ def _create_or_attach(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cubic.codesign.storage import LEASE_S, LeaseHeld
+    from cubic.codesign.storage import DB_WAIT_S, LEASE_S, LeaseHeld, through_outages
 
     p = argparse.ArgumentParser(prog="python -m cubic.codesign.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=["run", "work"], help="run: coordinate/resume the campaign; "
@@ -95,20 +96,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-id")
     p.add_argument("--lease", type=float, default=LEASE_S, metavar="S",
                    help=f"the coordinator's lease, renewed every third of it (default {LEASE_S:.0f})")
+    p.add_argument("--db-wait", type=float, default=DB_WAIT_S, metavar="S",
+                   help="after a database outage (a restart), wait this long for it to answer, then go on "
+                        f"(default {DB_WAIT_S:.0f}; 0: exit 1 at once)")
     args = p.parse_args(argv)
     from cubic.core.spec import sanitize
     from cubic.core.store import redact_url, scrub_error, storage_error_line
 
-    try:
-        campaign = _create_or_attach(args)
+    outages: list[str] = []
+
+    def outage(line: str) -> None:
+        outages.append(line)
+        print(f"cubic.codesign.worker: store error: {sanitize(line)}; the database answers again: re-attached",
+              file=sys.stderr, flush=True)
+
+    def body(campaign) -> int:
+        after = f", re-attached after {len(outages)} database outage(s)" if outages else ""
         if args.mode == "run":
             s = campaign.run()
-            print(f"{s.name}: {s.runs} runs ({s.served} served from the trial store), stopped on {s.stop_reason}")
+            print(f"{s.name}: {s.runs} runs ({s.served} served from the trial store), stopped on {s.stop_reason}"
+                  + after)
             return 0
         rep = campaign.work()
         print(f"worker {rep.worker}: {rep.runs} runs ({rep.served} served from the trial store)"
-              f"{', coordinated' if rep.coordinated else ''}")
+              f"{', coordinated' if rep.coordinated else ''}{after}")
         return 0
+
+    try:
+        return through_outages(lambda: _create_or_attach(args), body, [args.storage, args.store],
+                               wait_s=args.db_wait, on_outage=outage)
     except LeaseHeld as e:
         print(f"cubic.codesign.worker: {e}", file=sys.stderr)
         return 3

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from cubic.core.config import Config
 from cubic.testing import DELAY_ENV, FastRunner, space, toy_workload
@@ -30,15 +31,18 @@ def fresh_postgres_database(base_url: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
-def start_postgres() -> tuple[str | None, str]:
-    """(URL, '') from scripts/start_postgres.sh, or (None, why PostgreSQL cannot be had)."""
+def start_postgres(pg_dir: str | Path | None = None, port: int | None = None) -> tuple[str | None, str]:
+    """(URL, '') from scripts/start_postgres.sh, or (None, why PostgreSQL cannot be had). ``pg_dir``
+    and ``port``: a server of its own (one a test may restart), not the shared one."""
     script = ROOT / "scripts" / "start_postgres.sh"
     try:
         import psycopg2  # noqa: F401
     except ImportError:
         return None, "psycopg2 is not installed (pip install '.[postgres]')"
     try:
-        out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
+        env = {**os.environ, **({"CUBIC_PG_DIR": str(pg_dir)} if pg_dir else {}),
+               **({"CUBIC_PG_PORT": str(port)} if port else {})}
+        out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"scripts/start_postgres.sh did not run: {e}"
     if out.returncode != 0 or not out.stdout.strip():
@@ -48,11 +52,19 @@ def start_postgres() -> tuple[str | None, str]:
 
 def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int = 80, batch: int = 4,
                        strategy: str = "random", delay_s: float = 0.02, timeout_s: float = 900.0,
-                       kill_one: bool = False, lease_s: float = 15.0) -> dict[str, Any]:
+                       kill_one: bool = False, lease_s: float = 15.0, fault: str | None = None,
+                       restart_db: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """``workers`` worker processes (``python -m cubic.codesign.worker work``) on one campaign
     (Optuna storage ``storage``) and one trial store; one of them coordinates (holds the lease).
-    ``kill_one``: SIGKILL the coordinating worker once a third of the budget is done, with a run
-    in flight; another worker takes the lease over after ``lease_s`` and the lost run is retried."""
+    A fault once a third of the budget is done, with a run in flight:
+    ``kill`` (or ``kill_one``): SIGKILL the coordinating worker; another takes the lease over after
+    ``lease_s`` and the lost run is retried.
+    ``stall``: SIGSTOP a worker that is not coordinating -- what a remote host that stops
+    heartbeating looks like -- and SIGCONT it once its trial was taken back (after the heartbeat's
+    grace period) and finished by another worker: re-run once, told once.
+    ``db_restart``: ``restart_db()`` (the database server stopped and started again); the workers
+    wait for it and re-attach."""
+    fault = fault or ("kill" if kill_one else None)
     import optuna
 
     from cubic.codesign.campaign import Campaign
@@ -67,25 +79,31 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     env = _env(**{DELAY_ENV: str(delay_s)})
     procs = [subprocess.Popen(cmd + ["--worker-id", f"w{i}", "--lease", str(lease_s)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(workers)]
-    killed = None
-    if kill_one:
+    killed, fault_report = None, {}
+    if fault:
         from sqlalchemy import create_engine, select
 
         eng = create_engine(storage)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and killed is None:
+        while time.monotonic() < deadline and not fault_report:
             with eng.connect() as conn:
                 row = conn.execute(select(_LEASES.c.holder).where(_LEASES.c.campaign == name)).first()
             if row is not None:
                 study = optuna.load_study(study_name=name, storage=storage)
                 ts = study.get_trials(deepcopy=False)
                 done = sum(t.state.is_finished() for t in ts)
-                mine = [t for t in ts if t.state == optuna.trial.TrialState.RUNNING
-                        and t.system_attrs.get("cubic_worker") == row[0]]
-                if mine and done >= budget // 3:
-                    i = int(row[0][1:])
-                    procs[i].send_signal(signal.SIGKILL)
-                    killed = row[0]
+                running = [t for t in ts if t.state == optuna.trial.TrialState.RUNNING]
+                if done >= budget // 3:
+                    if fault == "kill" and any(t.system_attrs.get("cubic_worker") == row[0] for t in running):
+                        procs[int(row[0][1:])].send_signal(signal.SIGKILL)
+                        killed, fault_report = row[0], {"fault": "kill", "worker": row[0]}
+                    elif fault == "stall":
+                        other = [t for t in running if t.system_attrs.get("cubic_worker") not in (None, row[0])]
+                        if other:
+                            fault_report = _stall(procs, other[0], study, deadline)
+                    elif fault == "db_restart" and running:
+                        eng.dispose()
+                        fault_report = {"fault": "db_restart", "done_before": done, **restart_db()}
             time.sleep(0.01)
         eng.dispose()
     outs = []
@@ -114,8 +132,53 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
         "worker_reports": [o.strip().splitlines()[-1] if o.strip() else "" for _, o, _ in outs],
         "worker_errors": [e.strip()[-600:] for rc, _, e in outs if rc not in (0, -signal.SIGKILL)],
         "campaign_trials_per_s": round((len(trials) - 1) / span, 2) if span > 0 else None,
-        "run_delay_s": delay_s,
+        "run_delay_s": delay_s, "fault": fault_report,
+        "reattached_workers": sum("re-attached" in e for _, _, e in outs),
+        "lost_runs_not_told": sum(e.count("this run is not told") for _, _, e in outs),
     }
+
+
+def _stall(procs, t, study, deadline: float) -> dict[str, Any]:
+    """SIGSTOP the worker running trial ``t`` (its heartbeat stops, as a cut-off host's would);
+    SIGCONT it once the trial was finished by another worker (or at ``deadline``)."""
+    import optuna
+
+    worker = t.system_attrs["cubic_worker"]
+    p = procs[int(worker[1:])]
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGSTOP)
+    now = t
+    while time.monotonic() < deadline:
+        now = study._storage.get_trial(t._trial_id)
+        if now.state == optuna.trial.TrialState.COMPLETE:
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGCONT)
+    return {"fault": "stall", "worker": worker, "trial": t.number, "stalled_s": round(time.monotonic() - t0, 1),
+            "state_when_resumed": now.state.name, "finished_by": now.system_attrs.get("cubic_worker"),
+            "interrupted_attempts": now.system_attrs.get("cubic_interrupted", 0)}
+
+
+def pg_ctl(data_dir: str | Path, *args: str) -> subprocess.CompletedProcess:
+    """pg_ctl on a throw-away cluster made by scripts/start_postgres.sh (as its 'postgres' user when root)."""
+    import glob
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")) or ["pg_ctl"]
+    who = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    return subprocess.run(who + [bins[-1], "-D", str(data_dir), *args], capture_output=True, text=True, timeout=120)
+
+
+def restart_postgres(pg_dir: str | Path, port: int, down_s: float = 5.0) -> dict[str, Any]:
+    """Stop the server of ``pg_dir`` (fast shutdown: open connections are cut), keep it down
+    ``down_s``, start it again with scripts/start_postgres.sh; what the workers saw is theirs."""
+    t0 = time.monotonic()
+    stop = pg_ctl(Path(pg_dir) / "data", "stop", "-m", "fast", "-w")
+    time.sleep(down_s)
+    env = {**os.environ, "CUBIC_PG_DIR": str(pg_dir), "CUBIC_PG_PORT": str(port)}
+    start = subprocess.run(["bash", str(ROOT / "scripts" / "start_postgres.sh")], capture_output=True, text=True,
+                           timeout=300, env=env)
+    return {"stopped": stop.returncode == 0, "started": start.returncode == 0,
+            "down_s": round(time.monotonic() - t0, 1)}
 
 
 def _store_writer(url: str, n: int, barrier, out) -> None:
