@@ -48,14 +48,19 @@ def versions() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    """The git commit of this checkout (with -dirty), or the package version outside git."""
+    """The git commit of this checkout (with -dirty when code differs from it), or the package
+    version outside git. ``results/`` does not count: a benchmark chain rewrites it between runs,
+    and a result file is not code."""
     from cubic import __version__
 
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True,
+                             text=True, timeout=5).stdout.strip() or here
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)results"], cwd=top,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         if sha:
             return sha + ("-dirty" if dirty else "")
