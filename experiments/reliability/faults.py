@@ -51,3 +51,73 @@ def fault_campaign(runner: Runner, workdir: str | Path, budget: int = 8, max_ret
     return {"budget": budget, "runs": summary.runs, "status": c.study.user_attrs.get("status"),
             "max_retries": max_retries, "reproposed": len(keys) - len(set(keys)), "by_kind": kinds,
             "elapsed_s": round(time.monotonic() - t0, 1)}
+
+
+def _slow_runner(marker: str, delay_s: float):
+    # built in a function so that Ray ships it by value to workers that cannot import experiments/
+    import os
+    from pathlib import Path
+
+    from cubic.core.result import Result
+
+    class SlowRunner:
+        source = "measured"
+
+        def run(self, workload, config, *, steps=50, warmup=5, progress=None):
+            Path(marker).write_text(str(os.getpid()))  # "a run is on a node now"
+            time.sleep(delay_s)
+            return Result(status="ok", workload=workload.name, metrics={"examples_per_s": float(config.batch_size)})
+
+    return SlowRunner()
+
+
+def ray_node_lost(workdir: str | Path, delay_s: float = 15.0) -> dict[str, Any]:
+    """A local Ray cluster (ray.cluster_utils.Cluster: a head that runs no tasks and one worker
+    node, real raylets on this machine); a campaign of 2 runs through RayRunner; the worker node is
+    removed while the first run is on it and another node joins. What the lost run became, and
+    whether the campaign counted it as the configuration's failure. Call from the main thread (Ray
+    starts and stops nodes only there); the campaign runs in a thread."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.evaluate import RunnerEvaluate
+    from cubic.core.workloads import DEFAULT_WORKLOADS
+    from cubic.runners.ray_runner import RayRunner
+    from search.space import Space
+
+    marker = Path(workdir) / "running"
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    try:
+        node = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        space = Space.model_validate({"parameters": [{"name": "batch_size", "type": "categorical",
+                                                      "choices": [64, 128]}]})
+        ev = RunnerEvaluate(DEFAULT_WORKLOADS["dlrm-small"],
+                            RayRunner(_slow_runner(str(marker), delay_s), address=cluster.address, num_cpus=1,
+                                      timeout_s=300), space, steps=1, warmup=0)
+        c = Campaign(space, ev, strategy="random", budget=2, batch_size=1, max_retries=2)
+        done: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: done.setdefault("summary", c.run()))
+        th.start()
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reached = marker.exists()
+        if reached:
+            cluster.remove_node(node)  # the node is lost with the run on it ...
+            cluster.add_node(num_cpus=1)  # ... and the cluster manager brings up another
+        th.join(timeout=600)
+        trials = sorted(c.study.get_trials(deepcopy=False), key=lambda t: t.number)
+        return {"run_reached_the_node": reached, "runs": done["summary"].runs if "summary" in done else None,
+                "states": [t.state.name for t in trials], "attempts": [t.user_attrs.get("attempts") for t in trials],
+                "failure_kinds": [t.user_attrs.get("failure_kind") for t in trials],
+                "wall_s": round(time.monotonic() - t0, 1)}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
