@@ -267,8 +267,9 @@ class CubicSampler(BaseSampler):
 
     @staticmethod
     def _claimed_elsewhere(study: Study, trial: FrozenTrial, key: str) -> bool:
-        others = study._storage.get_all_trials(study._study_id, deepcopy=False,
-                                               states=(TrialState.RUNNING, TrialState.WAITING))
+        # every state: a trial that claimed the point, ran and finished between our listing and
+        # this look is no longer RUNNING, but its point is taken all the same
+        others = study._storage.get_all_trials(study._study_id, deepcopy=False)
         return any(t.number != trial.number and t.system_attrs.get(POINT_KEY) == key for t in others)
 
     def _pick(self, strategy: Strategy, space: Space, history: list[Observation], k: int, taken: set[str],
