@@ -66,6 +66,7 @@ def test_four_workers_share_one_postgresql_campaign(postgres_url):
     _check(out, 24)
 
 
+@pytest.mark.slow  # ~35 s (a 20 s grace period); the fast suite has the in-process form (test_codesign_campaign)
 def test_a_stalled_worker_is_retired_after_the_grace_period_and_its_point_run_once_more(postgres_url):
     # SIGSTOP: the worker stops heartbeating, as a cut-off remote host would; its trial goes back
     # after the grace period (20 s), another worker runs it, and once woken the stalled worker's

@@ -81,6 +81,7 @@ def _user_sees_exactly_the_budget(out):
     assert out["status"] == "finished" and out["integrity_check"] == "ok"
 
 
+@pytest.mark.slow  # ~18 s; the fast suite keeps the SIGKILL-at-random-moments test
 def test_the_real_cli_killed_and_resumed_keeps_exactly_the_budget(tmp_path):
     from experiments.reliability.kill import kill_resume_cli
 

@@ -352,3 +352,42 @@ def test_a_lost_workers_recorded_run_is_told_as_recorded_not_failed(tmp_path):
     lost = st.get_trial(unrecorded._trial_id)  # lost: the same trial waits to be run again, no FAIL, no copy
     assert lost.state == optuna.trial.TrialState.WAITING and lost.system_attrs["cubic_interrupted"] == 1
     assert len(c.study.get_trials()) == 2
+
+
+def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
+    """A silent worker's trial is put back after the heartbeat's grace period and taken by another
+    worker: when the silent worker's run finishes it is reported lost, not told, and the study
+    counts the point once (the other attempt's). In-process; the slow suite stalls a real worker
+    process (SIGSTOP) on PostgreSQL."""
+    from cubic.codesign.campaign import CampaignListener
+    from cubic.testing import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    lost: list[int] = []
+
+    class Listener(CampaignListener):
+        def lost_run(self, campaign, trial, point):
+            lost.append(trial)
+
+    storage = f"sqlite:///{tmp_path}/c.db"
+    sp = space()
+    point = sp.sample(np.random.default_rng(0))
+    taken_by_other = {}
+
+    def evaluate(p):  # while this worker runs, its trial is taken back and another worker takes it
+        c._requeue(mine._trial_id, seen=mine)
+        taken_by_other["t"] = other._take()
+        return Result(status="ok", metrics={o.metric: 1.0 for o in sp.objectives})
+
+    c = Campaign(sp, evaluate, name="silent", strategy="random", budget=2, storage=storage, worker="a",
+                 listener=Listener())
+    other = Campaign(sp, lambda p: {}, name="silent", strategy="random", budget=2, storage=storage, worker="b",
+                     resume=True)
+    c.study.enqueue_trial(point)
+    mine = c._take()
+    assert mine is not None and c._still_ours(mine)
+    assert c._run_one(mine) == (point, None) and lost == [mine.number]
+    now = c.study._storage.get_trial(mine._trial_id)  # the other worker's attempt, untouched
+    assert now.state == optuna.trial.TrialState.RUNNING and now.system_attrs["cubic_worker"] == "b"
+    assert taken_by_other["t"] is not None and taken_by_other["t"].number == mine.number
+    assert "values" not in now.user_attrs and now.values is None

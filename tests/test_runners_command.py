@@ -148,6 +148,7 @@ def test_launcher_and_conditional_parameters(job, tmp_path):
                                           str(tmp_path / "job.py"), "--lr", "0.1"]  # torchrun runs python itself
 
 
+@pytest.mark.slow  # the README's example end to end, ~40 s: the campaign CLI's parts have fast tests
 def test_cli_tunes_the_example_job_end_to_end(tmp_path, monkeypatch, capsys):
     """The README's example: 3 runs of examples/tune_own_job/train.py and its baseline, a report."""
     monkeypatch.chdir(tmp_path)

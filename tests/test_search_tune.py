@@ -43,6 +43,7 @@ def test_suggest_complete_save_restore(tmp_path):
     assert r.suggest("n") == s.suggest("n")
 
 
+@pytest.mark.slow  # Ray Tune's Tuner end to end, ~25 s; the Searcher's suggest/save/restore has a fast test
 def test_tuner_fit_with_asha(tmp_path):
     import ray
     from ray.tune.schedulers import ASHAScheduler
