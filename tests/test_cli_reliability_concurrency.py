@@ -19,7 +19,7 @@ from experiments.reliability.common import ROOT
 from experiments.reliability.concurrency import (
     concurrent_workers,
     fresh_postgres_database,
-    restart_postgres,
+    private_postgres,
     start_postgres,
     store_throughput,
 )
@@ -87,23 +87,13 @@ def test_a_stalled_worker_is_retired_after_the_grace_period_and_its_point_run_on
 
 @pytest.mark.slow
 def test_workers_wait_out_a_postgresql_restart_and_lose_nothing():
-    import shutil
-    import uuid
-
-    port = 55433  # a server of its own: the shared one (55432) is not restarted under other tests
-    pg = f"/tmp/cubic-pg-restart-{uuid.uuid4().hex[:8]}"  # not under pytest's tmp: the server's user reads it
-    url, why = start_postgres(pg, port)
-    if url is None:
-        pytest.skip(f"PostgreSQL not available: {why}")
-    try:
-        out = concurrent_workers(fresh_postgres_database(url), fresh_postgres_database(url), workers=3,
+    # a server of its own: the shared one (55432) is not restarted under other tests
+    with private_postgres(55433, "restart") as pg:
+        if pg.url is None:
+            pytest.skip(f"PostgreSQL not available: {pg.why}")
+        out = concurrent_workers(fresh_postgres_database(pg.url), fresh_postgres_database(pg.url), workers=3,
                                  budget=12, delay_s=1.0, lease_s=5.0, fault="db_restart", timeout_s=300,
-                                 restart_db=lambda: restart_postgres(pg, port, down_s=5.0))
-    finally:
-        from experiments.reliability.concurrency import pg_ctl
-
-        pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
-        shutil.rmtree(pg, ignore_errors=True)
+                                 restart_db=pg.restart)
     f = out["fault"]
     assert f["stopped"] and f["started"], f
     assert out["reattached_workers"] >= 1, out["worker_errors"]

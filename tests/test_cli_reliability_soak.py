@@ -3,27 +3,19 @@
 server restart; the study holds exactly the budget, each point once, nothing lost. And the
 proposal time of cubic's search on a synthetic history (the coordinator's cost per round)."""
 
-import shutil
-import uuid
-
 import pytest
 
-from experiments.reliability.concurrency import fresh_postgres_database, pg_ctl, restart_postgres, start_postgres
+from experiments.reliability.concurrency import fresh_postgres_database, private_postgres
 from experiments.reliability.soak import proposal_time, soak
 
 
 @pytest.mark.slow
 def test_soak_eight_workers_a_thousand_trials_kills_and_a_restart():
-    pg, port = f"/tmp/cubic-pg-soak-{uuid.uuid4().hex[:8]}", 55435
-    url, why = start_postgres(pg, port)
-    if url is None:
-        pytest.skip(f"PostgreSQL not available: {why}")
-    try:
-        out = soak(fresh_postgres_database(url), fresh_postgres_database(url), workers=8, budget=1000, kills=6,
-                   restart_db=lambda: restart_postgres(pg, port, down_s=5.0), timeout_s=2400)
-    finally:
-        pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
-        shutil.rmtree(pg, ignore_errors=True)
+    with private_postgres(55435, "soak") as pg:
+        if pg.url is None:
+            pytest.skip(f"PostgreSQL not available: {pg.why}")
+        out = soak(fresh_postgres_database(pg.url), fresh_postgres_database(pg.url), workers=8, budget=1000,
+                   kills=6, restart_db=pg.restart, timeout_s=2400)
     assert not out["timed_out"] and out["kills"] == 6 and out["db_restarts"] == 1, out["events"]
     assert out["finished_runs"] == 1000 and out["lost_trials"] == 0 and out["duplicated_points"] == 0, out
     assert out["failed_without_a_run"] == 0 and out["store"]["lost"] == 0, out

@@ -38,7 +38,13 @@ from typing import Any, Callable
 
 from experiments.reliability.common import ROOT  # noqa: F401 (puts the repository on sys.path)
 from cubic.testing import FAULT_PLAN, FastRunner, FaultyRunner
-from experiments.reliability.concurrency import concurrent_workers, fresh_postgres_database, start_postgres, store_throughput
+from experiments.reliability.concurrency import (
+    concurrent_workers,
+    fresh_postgres_database,
+    private_postgres,
+    start_postgres,
+    store_throughput,
+)
 from experiments.reliability.faults import fault_campaign
 from experiments.reliability.fuzz import fuzz
 from experiments.reliability.firststart import first_open, first_start
@@ -209,11 +215,6 @@ def main(argv: list[str] | None = None) -> int:
 def _cluster_faults(pg_url: str | None, why: str) -> dict[str, Any]:
     """Issue 27 point 3 on PostgreSQL (where workers on other hosts are): a worker that stops
     heartbeating (SIGSTOP) and a server restart mid-campaign (a server of its own, port 55433)."""
-    import shutil
-    import uuid
-
-    from experiments.reliability.concurrency import pg_ctl, restart_postgres
-
     out: dict[str, Any] = {}
     print("cluster faults: a Ray worker node lost mid-run ...", flush=True)
     try:
@@ -230,28 +231,19 @@ def _cluster_faults(pg_url: str | None, why: str) -> dict[str, Any]:
     out["stall"] = concurrent_workers(fresh_postgres_database(pg_url), fresh_postgres_database(pg_url), workers=3,
                                       budget=12, delay_s=1.0, lease_s=5.0, fault="stall", timeout_s=300)
     print("cluster faults on postgresql: a server restart ...", flush=True)
-    pg, port = f"/tmp/cubic-pg-restart-{uuid.uuid4().hex[:8]}", 55433
-    url, why = start_postgres(pg, port)
-    if url is None:
-        out["db_restart"] = {"skipped": why}
-        return out
-    try:
-        out["db_restart"] = concurrent_workers(
-            fresh_postgres_database(url), fresh_postgres_database(url), workers=3, budget=12, delay_s=1.0,
-            lease_s=5.0, fault="db_restart", timeout_s=300, restart_db=lambda: restart_postgres(pg, port, down_s=5.0))
-    finally:
-        pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
-        shutil.rmtree(pg, ignore_errors=True)
+    with private_postgres(55433, "restart") as pg:
+        if pg.url is None:
+            out["db_restart"] = {"skipped": pg.why}
+        else:
+            out["db_restart"] = concurrent_workers(
+                fresh_postgres_database(pg.url), fresh_postgres_database(pg.url), workers=3, budget=12,
+                delay_s=1.0, lease_s=5.0, fault="db_restart", timeout_s=300, restart_db=pg.restart)
     return out
 
 
 def _soak(pg_url: str | None, why: str, quick: bool) -> dict[str, Any]:
     """Issue 27 point 6: 8 workers on PostgreSQL, kills and a server restart (a server of its own);
     the proposal time of cubic's search at 100 / 1,000 / 10,000 trials."""
-    import shutil
-    import uuid
-
-    from experiments.reliability.concurrency import pg_ctl, restart_postgres
     from experiments.reliability.soak import proposal_scaling, soak
 
     out: dict[str, Any] = {}
@@ -259,19 +251,13 @@ def _soak(pg_url: str | None, why: str, quick: bool) -> dict[str, Any]:
     if not pg_url:
         out["campaign"] = {"skipped": why}
     else:
-        pg, port = f"/tmp/cubic-pg-soak-{uuid.uuid4().hex[:8]}", 55434
-        url, why2 = start_postgres(pg, port)
-        if url is None:
-            out["campaign"] = {"skipped": why2}
-        else:
-            print(f"soak: 8 workers, {budget} trials, {kills} kills, a server restart ...", flush=True)
-            try:
-                out["campaign"] = soak(fresh_postgres_database(url), fresh_postgres_database(url), workers=8,
-                                       budget=budget, kills=kills,
-                                       restart_db=lambda: restart_postgres(pg, port, down_s=5.0))
-            finally:
-                pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
-                shutil.rmtree(pg, ignore_errors=True)
+        with private_postgres(55434, "soak") as pg:
+            if pg.url is None:
+                out["campaign"] = {"skipped": pg.why}
+            else:
+                print(f"soak: 8 workers, {budget} trials, {kills} kills, a server restart ...", flush=True)
+                out["campaign"] = soak(fresh_postgres_database(pg.url), fresh_postgres_database(pg.url),
+                                       workers=8, budget=budget, kills=kills, restart_db=pg.restart)
     print("proposal time at 100 / 1,000 / 10,000 trials ...", flush=True)
     out["proposal_time"] = proposal_scaling((100, 1000, 10000), timeout_s=300.0 if quick else 900.0)
     return out

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, NamedTuple
 
 from cubic.core.config import Config
 from cubic.testing import DELAY_ENV, FastRunner, space, toy_workload
@@ -179,6 +181,27 @@ def restart_postgres(pg_dir: str | Path, port: int, down_s: float = 5.0) -> dict
                            timeout=300, env=env)
     return {"stopped": stop.returncode == 0, "started": start.returncode == 0,
             "down_s": round(time.monotonic() - t0, 1)}
+
+
+class PrivatePostgres(NamedTuple):
+    url: str | None  # None: PostgreSQL cannot be had here, ``why`` says why
+    why: str
+    restart: Callable[[], dict[str, Any]]  # restart_postgres on this server (down 5 s)
+
+
+@contextmanager
+def private_postgres(port: int, tag: str) -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of its own on ``port`` (one a run may restart, unlike the shared one on
+    55432), stopped and removed on exit. Its directory is under /tmp, not pytest's tmp: the
+    server's user must read it."""
+    pg = f"/tmp/cubic-pg-{tag}-{uuid.uuid4().hex[:8]}"
+    url, why = start_postgres(pg, port)
+    try:
+        yield PrivatePostgres(url, why, lambda: restart_postgres(pg, port, down_s=5.0))
+    finally:
+        if url is not None:
+            pg_ctl(f"{pg}/data", "stop", "-m", "immediate")
+        shutil.rmtree(pg, ignore_errors=True)
 
 
 def _store_writer(url: str, n: int, barrier, out) -> None:
