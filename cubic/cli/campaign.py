@@ -363,19 +363,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_work(args: argparse.Namespace) -> int:
     from cubic.codesign.storage import DB_WAIT_S, through_outages
+    from cubic.codesign.worker import OutageLog
 
-    outages: list[str] = []
-
-    def outage(line: str) -> None:  # the database restarted under this worker: it waited, it goes on
-        outages.append(line)
-        print(f"cubic: store error: {line}; the database answers again: re-attached", file=sys.stderr, flush=True)
-
+    outage = OutageLog("cubic")  # the database restarted under this worker: it waited, it goes on
     wait_s = DB_WAIT_S if args.db_wait is None else args.db_wait
     rep = through_outages(lambda: _stored(args, dict(workers=args.workers))[0], lambda c: c.work(),
                           [args.storage or default_storage(), args.store], wait_s=wait_s, on_outage=outage)
     print(f"worker {rep.worker}: {rep.runs} runs ({rep.served} served from the trial store)"
-          + ("; coordinated" if rep.coordinated else "")
-          + (f"; re-attached after {len(outages)} database outage(s), runs counted since" if outages else ""))
+          + ("; coordinated" if rep.coordinated else "") + outage.suffix())
     return 0
 
 

@@ -77,6 +77,25 @@ def _create_or_attach(args: argparse.Namespace):
     raise AssertionError("unreachable")
 
 
+class OutageLog:
+    """A worker's account of database outages it waited out (through_outages' ``on_outage``): one
+    line on stderr per outage as it happens, and a suffix for the worker's closing line."""
+
+    def __init__(self, prog: str):
+        self.prog, self.lines = prog, []
+
+    def __call__(self, line: str) -> None:
+        from cubic.core.spec import sanitize
+
+        self.lines.append(line)
+        print(f"{self.prog}: store error: {sanitize(line)}; the database answers again: re-attached",
+              file=sys.stderr, flush=True)
+
+    def suffix(self) -> str:
+        return (f"; re-attached after {len(self.lines)} database outage(s), runs counted since"
+                if self.lines else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     from cubic.codesign.storage import DB_WAIT_S, LEASE_S, LeaseHeld, through_outages
 
@@ -103,23 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     from cubic.core.spec import sanitize
     from cubic.core.store import redact_url, scrub_error, storage_error_line
 
-    outages: list[str] = []
-
-    def outage(line: str) -> None:
-        outages.append(line)
-        print(f"cubic.codesign.worker: store error: {sanitize(line)}; the database answers again: re-attached",
-              file=sys.stderr, flush=True)
+    outage = OutageLog("cubic.codesign.worker")
 
     def body(campaign) -> int:
-        after = f", re-attached after {len(outages)} database outage(s)" if outages else ""
         if args.mode == "run":
             s = campaign.run()
             print(f"{s.name}: {s.runs} runs ({s.served} served from the trial store), stopped on {s.stop_reason}"
-                  + after)
+                  + outage.suffix())
             return 0
         rep = campaign.work()
         print(f"worker {rep.worker}: {rep.runs} runs ({rep.served} served from the trial store)"
-              f"{', coordinated' if rep.coordinated else ''}{after}")
+              f"{'; coordinated' if rep.coordinated else ''}{outage.suffix()}")
         return 0
 
     try:
