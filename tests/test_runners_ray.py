@@ -14,6 +14,7 @@ import pytest
 from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.workloads import DEFAULT_WORKLOADS
+from cubic.testing import stand_in_runner
 
 pytestmark = pytest.mark.slow  # starting a Ray head takes tens of seconds on a busy 2-core machine
 
@@ -34,7 +35,10 @@ def ray_head(tmp_path_factory):
     cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
            "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]
     log = tmp_path_factory.mktemp("ray") / "head.log"
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    # a loopback test cluster without token authentication: Ray >= 2.5x turns it on for `ray start`
+    # when ~/.ray/auth_token exists (any earlier Ray session may leave one), and this driver would be refused
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
     address = f"127.0.0.1:{port}"
     import ray
 
@@ -52,7 +56,9 @@ def ray_head(tmp_path_factory):
             time.sleep(2)
     if not ray.is_initialized():
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
-        pytest.skip(f"Ray head did not start: {err}; log: {log.read_text()[-500:]}")
+        # Ray is installed: a head that does not start is a failure, not a skip (a skip hid one: see
+        # RAY_AUTH_MODE above)
+        pytest.fail(f"Ray head did not start: {err}; log: {log.read_text()[-500:]}")
     yield address
     ray.shutdown()
     try:
@@ -66,28 +72,14 @@ def ray_head(tmp_path_factory):
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def _fake_runner(crash: bool = False):
-    # defined in a function so that Ray ships it by value to workers that cannot import tests/
-    class FakeRunner:
-        source = "measured"
-
-        def run(self, workload, config, *, steps=50, warmup=5, progress=None):
-            if crash:
-                os._exit(1)  # the worker dies mid-run
-            return Result(status="ok", workload=workload.name, metrics={
-                "examples_per_s": 1000.0 * (config.batch_size or 1), "pid": float(os.getpid())})
-
-    return FakeRunner()
-
-
 def test_runs_execute_on_ray_workers_and_lost_workers_are_transient(ray_head):
     from cubic.runners.ray_runner import RayRunner
 
     wl = DEFAULT_WORKLOADS["dlrm-small"]
-    r = RayRunner(_fake_runner(), address=ray_head, num_cpus=1).run(wl, Config(batch_size=64), steps=2, warmup=0)
+    r = RayRunner(stand_in_runner(), address=ray_head, num_cpus=1).run(wl, Config(batch_size=64), steps=2, warmup=0)
     assert r.ok and r.metrics["examples_per_s"] == 64000.0
     assert r.metrics["pid"] != os.getpid() and r.extra["ray"]["address"] == ray_head
-    bad = RayRunner(_fake_runner(crash=True), address=ray_head).run(wl, Config(), steps=2, warmup=0)
+    bad = RayRunner(stand_in_runner(crash=True), address=ray_head).run(wl, Config(), steps=2, warmup=0)
     assert not bad.ok and bad.failure_kind == "killed" and bad.transient
 
 
@@ -100,6 +92,6 @@ def test_a_campaign_validates_on_ray(ray_head):
     wl = DEFAULT_WORKLOADS["dlrm-small"]
     space = Space.model_validate({"parameters": [{"name": "batch_size", "type": "categorical",
                                                   "choices": [32, 64, 128, 256, 512]}]})
-    ev = RunnerEvaluate(wl, RayRunner(_fake_runner(), address=ray_head), space, steps=2, warmup=0)
+    ev = RunnerEvaluate(wl, RayRunner(stand_in_runner(), address=ray_head), space, steps=2, warmup=0)
     s = Campaign(space, ev, strategy="random", budget=4, batch_size=2, workers=2).run()
     assert s.runs == 4 and s.best_metrics["examples_per_s"] >= 128000.0

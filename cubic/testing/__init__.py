@@ -147,6 +147,28 @@ class FaultyRunner(Runner):
                                                                                  warmup=warmup)
 
 
+def stand_in_runner(marker: str | None = None, delay_s: float = 0.0, crash: bool = False):
+    """A runner for remote workers (Ray): ``examples_per_s`` = 1000 x batch size and the pid it ran
+    in; ``marker``: a file written when a run is on a worker ("a run is on a node now"), then
+    ``delay_s`` of sleep; ``crash``: the worker process dies mid-run. Built in a function so that
+    Ray ships the class by value to workers that cannot import tests/ or experiments/."""
+
+    class StandInRunner:
+        source = "measured"
+
+        def run(self, workload, config, *, steps=50, warmup=5, progress=None):
+            if marker:
+                with open(marker, "w") as f:
+                    f.write(str(os.getpid()))
+            if crash:
+                os._exit(1)
+            time.sleep(delay_s)
+            return Result(status="ok", workload=workload.name, metrics={
+                "examples_per_s": 1000.0 * (config.batch_size or 1), "pid": float(os.getpid())})
+
+    return StandInRunner()
+
+
 def tiny_workload() -> Workload:
     from cubic.core.spec import DataSpec, DLRMArch, Table
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cubic.runners.local import Runner
-from cubic.testing import SPACE, tiny_workload
+from cubic.testing import SPACE, stand_in_runner, tiny_workload
 
 
 
@@ -53,24 +53,6 @@ def fault_campaign(runner: Runner, workdir: str | Path, budget: int = 8, max_ret
             "elapsed_s": round(time.monotonic() - t0, 1)}
 
 
-def _slow_runner(marker: str, delay_s: float):
-    # built in a function so that Ray ships it by value to workers that cannot import experiments/
-    import os
-    from pathlib import Path
-
-    from cubic.core.result import Result
-
-    class SlowRunner:
-        source = "measured"
-
-        def run(self, workload, config, *, steps=50, warmup=5, progress=None):
-            Path(marker).write_text(str(os.getpid()))  # "a run is on a node now"
-            time.sleep(delay_s)
-            return Result(status="ok", workload=workload.name, metrics={"examples_per_s": float(config.batch_size)})
-
-    return SlowRunner()
-
-
 def ray_node_lost(workdir: str | Path, delay_s: float = 15.0) -> dict[str, Any]:
     """A local Ray cluster (ray.cluster_utils.Cluster: a head that runs no tasks and one worker
     node, real raylets on this machine); a campaign of 2 runs through RayRunner; the worker node is
@@ -99,7 +81,7 @@ def ray_node_lost(workdir: str | Path, delay_s: float = 15.0) -> dict[str, Any]:
         space = Space.model_validate({"parameters": [{"name": "batch_size", "type": "categorical",
                                                       "choices": [64, 128]}]})
         ev = RunnerEvaluate(DEFAULT_WORKLOADS["dlrm-small"],
-                            RayRunner(_slow_runner(str(marker), delay_s), address=cluster.address, num_cpus=1,
+                            RayRunner(stand_in_runner(str(marker), delay_s), address=cluster.address, num_cpus=1,
                                       timeout_s=300), space, steps=1, warmup=0)
         c = Campaign(space, ev, strategy="random", budget=2, batch_size=1, max_retries=2)
         done: dict[str, Any] = {}
