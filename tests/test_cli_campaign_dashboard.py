@@ -44,6 +44,25 @@ def test_dashboard_serves_the_campaign_and_stops(tmp_path):
         assert p.wait(30) == 0
 
 
+def test_dashboard_stops_on_sigterm_and_on_sigint_when_started_with_sigint_ignored(tmp_path):
+    # a shell's background job starts with SIGINT ignored, and Python keeps it so
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    optuna.create_study(study_name="demo", storage=url).set_user_attr(META_KEY, {"version": 1, "name": "demo"})
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        p = _cubic("dashboard", "demo", "--storage", url, "--port", "0",
+                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            assert "http://127.0.0.1:" in p.stdout.readline()
+        finally:
+            p.send_signal(sig)
+            try:
+                rc = p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                raise
+        assert rc == 0, (sig, p.stderr.read())
+
+
 def test_dashboard_unknown_campaign_exit_2(tmp_path):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     optuna.create_study(study_name="other", storage=url)
