@@ -10,7 +10,7 @@ import time
 from cost_models.gpu_gemm import linear_block_time_s
 from cubic.core.config import FP8Choice
 from cubic.core.workloads import PRODUCTION_BATCH, load_workload
-from experiments._fp8_quality import EVAL_BATCH, _run_tasks, paired, verdict, with_eval_batch
+from experiments._fp8_quality import EVAL_BATCH, run_tasks, paired, verdict, with_eval_batch
 from fp8.dispatch import Dispatcher
 from fp8.recommend import probe_workload, recommend
 
@@ -77,7 +77,7 @@ def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db
         wt = with_eval_batch(w, eval_batch)
         choices = [("full_precision", None)] + [(v, FP8Choice(policy="placement", placement=p.model_dump(mode="json")))
                                                 for v, p in variants.items()]
-        res = _run_tasks(pool, [(wt, v, c, steps, sd, False, warmup, None) for sd in range(seeds) for v, c in choices])
+        res = run_tasks(pool, [(wt, v, c, steps, sd, False, warmup, None) for sd in range(seeds) for v, c in choices])
         ne: dict[str, dict[int, float]] = {}
         for v, sd, r in res:
             ne.setdefault(v, {})[sd] = r["ne"]

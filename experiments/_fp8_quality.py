@@ -65,7 +65,7 @@ def _train_task(task: tuple) -> tuple:
     return vname, seed, r
 
 
-def _run_tasks(pool, tasks: list[tuple]) -> list[tuple]:
+def run_tasks(pool, tasks: list[tuple]) -> list[tuple]:
     return list(pool.map(_train_task, tasks)) if pool is not None else [_train_task(t) for t in tasks]
 
 
@@ -172,7 +172,7 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
     pilot_tasks += [task(v, s) for s in range(core_seeds) for v in choices if v.startswith("all_fp8")]
     pilot_tasks += [task(v, s) for s in range(mod_seeds) for v in choices if v.startswith("recommended_without_")]
     pilot_tasks += [task("site_budget", s) for s in range(site_seeds) if "site_budget" in choices]
-    collect(_run_tasks(pool, pilot_tasks))
+    collect(run_tasks(pool, pilot_tasks))
 
     def diffs(vname: str, against: str = "full_precision") -> dict[int, float]:
         return {s: (v - ne[against][s]) / ne[against][s] for s, v in sorted(ne.get(vname, {}).items()) if s in ne[against]}
@@ -185,7 +185,7 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
           f"{plan['seeds_affordable']} affordable ({per_seed_s:.0f} s per seed); running {plan['seeds_planned']}",
           flush=True)
     extra = range(pilot_seeds, plan["seeds_planned"])
-    collect(_run_tasks(pool, [task(v, s) for s in extra for v in ("full_precision", "recommended")]))
+    collect(run_tasks(pool, [task(v, s) for s in extra for v in ("full_precision", "recommended")]))
     training_wall_s = time.perf_counter() - t_train
 
     per_seed = {v: diffs(v) for v in choices if v != "full_precision" and v in ne}

@@ -22,21 +22,23 @@ def sqlite_integrity(url_or_path: str) -> str:
         con.close()
 
 
-def _env(**extra: str) -> dict[str, str]:
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment for a worker process: this one's, the repository on PYTHONPATH, ``extra``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 
 
-def _lines(path: Path) -> int:
+def count_lines(path: Path) -> int:
+    """Lines in ``path`` (0 when it does not exist yet)."""
     try:
         return path.read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
 
 
-def _comparable(study) -> dict[str, Any]:
+def comparable(study) -> dict[str, Any]:
     """A campaign's outcome without wall-clock figures: point key -> (state, metrics, round)."""
     out = {}
     for t in study.get_trials(deepcopy=False):
@@ -47,7 +49,7 @@ def _comparable(study) -> dict[str, Any]:
     return out
 
 
-def _store_audit(store_url: str, space_, runs) -> dict[str, Any]:
+def store_audit(store_url: str, space_, runs) -> dict[str, Any]:
     """Every run of the campaign (a study, or its list of run trials) in the trial store exactly
     once, and nothing else."""
     from cubic.core.store import TrialStore

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from cubic.core.config import Config
 from cubic.testing import DELAY_ENV, FastRunner, space, toy_workload
-from experiments.reliability.common import ROOT, _env, _store_audit
+from experiments.reliability.common import ROOT, worker_env, store_audit
 
 
 
@@ -78,7 +78,7 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
              storage=storage)
     cmd = [sys.executable, "-m", "cubic.codesign.worker", "work", "--storage", storage, "--name", name,
            "--evaluate", "cubic.testing:make_evaluate", "--store", store]
-    env = _env(**{DELAY_ENV: str(delay_s)})
+    env = worker_env(**{DELAY_ENV: str(delay_s)})
     procs = [subprocess.Popen(cmd + ["--worker-id", f"w{i}", "--lease", str(lease_s)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(workers)]
     killed, fault_report = None, {}
@@ -123,7 +123,7 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     finished = sorted(t.user_attrs["finished_at"] for t in trials)
     span = finished[-1] - finished[0] if len(finished) > 1 else 0.0
     locked = sum(("database is locked" in e) for _, _, e in outs)
-    audit = _store_audit(store, sp, trials)
+    audit = store_audit(store, sp, trials)
     return {
         "workers": workers, "budget": budget, "trials": len(trials),
         "lost_trials": max(0, budget - len(set(keys))), "duplicated_trials": len(keys) - len(set(keys)),

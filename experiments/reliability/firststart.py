@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.reliability.common import _env
+from experiments.reliability.common import worker_env
 from experiments.reliability.readback import JOB, SPACE
 
 AT = ("import sys, time; from cubic.cli.app import main; from cubic.codesign.worker import main as wmain; "
@@ -69,7 +69,7 @@ def first_start(workdir: str | Path, tries: int = 20, campaigns: int = 2, worker
         st, tr = _new_urls(d, pg_base)
         cmds = _commands(d, st, tr, campaigns, workers, runs)
         t_go = time.time() + lead_s  # every child imported cubic by then (a loaded machine: raise it)
-        procs = [subprocess.Popen([sys.executable, "-c", AT, repr(t_go), c[0], *c[1:]], cwd=d, env=_env(),
+        procs = [subprocess.Popen([sys.executable, "-c", AT, repr(t_go), c[0], *c[1:]], cwd=d, env=worker_env(),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in cmds]
         for p, c in zip(procs, cmds):
             _, err = p.communicate(timeout=600)
@@ -109,7 +109,7 @@ def first_open(workdir: str | Path, tries: int = 20, processes: int = 6, pg_base
         st, tr = _new_urls(d, pg_base)
         t_go = time.time() + lead_s
         procs = [(kind, subprocess.Popen([sys.executable, "-c", OPEN, kind, st, tr, repr(t_go), str(i)], cwd=d,
-                                         env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                                         env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
                  for kind in ("storage", "store") for i in range(processes)]
         for kind, p in procs:
             _, err = p.communicate(timeout=300)

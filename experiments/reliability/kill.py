@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cubic.testing import LOG_ENV, make_evaluate, space
-from experiments.reliability.common import _comparable, _env, _lines, _store_audit, sqlite_integrity
+from experiments.reliability.common import comparable, worker_env, count_lines, store_audit, sqlite_integrity
 
 
 def user_view(study, name: str, storage: str) -> dict[str, Any]:
@@ -55,14 +55,14 @@ def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: 
              storage=storage)
     cmd = [sys.executable, "-m", "cubic.codesign.worker", "run", "--storage", storage, "--name", "killed",
            "--evaluate", "cubic.testing:make_evaluate", "--store", store]
-    env = _env(**{LOG_ENV: str(log)})
+    env = worker_env(**{LOG_ENV: str(log)})
     rng = random.Random(rng_seed)
     t0 = time.monotonic()
     done, finished_early, moments = 0, False, []
     while done < kills and time.monotonic() - t0 < timeout_s:
-        before = _lines(log)
+        before = count_lines(log)
         proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        while proc.poll() is None and _lines(log) <= before:
+        while proc.poll() is None and count_lines(log) <= before:
             time.sleep(0.005)
         if proc.poll() is None:
             wait = rng.uniform(0.0, max_wait_s)
@@ -78,11 +78,11 @@ def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: 
         proc.stderr.close()
         moments.append(round(wait, 3))
         done += 1
-    runs_started = _lines(log)
+    runs_started = count_lines(log)
     final = subprocess.run(cmd, cwd=wd, env=env, capture_output=True, timeout=timeout_s)
     if final.returncode != 0:
         raise RuntimeError(f"final resume failed: {final.stderr.decode(errors='replace')[-2000:]}")
-    runs_started_total = _lines(log)
+    runs_started_total = count_lines(log)
     elapsed = time.monotonic() - t0
 
     # the same campaign, never interrupted
@@ -94,10 +94,10 @@ def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: 
     ref_summary = ref.run()
 
     study = optuna.load_study(study_name="killed", storage=storage)
-    got, want = _comparable(study), _comparable(ref.study)
+    got, want = comparable(study), comparable(ref.study)
     runs = [t for t in study.get_trials(deepcopy=False) if "finished_at" in t.user_attrs]  # not lost attempts
     keys = [t.user_attrs["key"] for t in runs]
-    audit = _store_audit(store, sp, study)
+    audit = store_audit(store, sp, study)
     seen = user_view(study, "killed", storage)
     resumed = Campaign.resume("killed", lambda p: {}, storage=storage)
     s = resumed.summary()
@@ -149,7 +149,7 @@ def kill_resume_cli(workdir: str | Path, kills: int = 4, budget: int = 8, batch:
                  "space.yaml", "--budget", str(budget), "--batch", str(batch), "--strategy", strategy, "--timeout",
                  "120", "--storage", storage]
     resume = cli + ["resume", "killed", "--storage", storage]
-    log, env, rng = wd / "runs.log", _env(), random.Random(rng_seed)
+    log, env, rng = wd / "runs.log", worker_env(), random.Random(rng_seed)
     done, moments, t0 = 0, [], time.monotonic()
 
     def created() -> bool:
@@ -161,10 +161,10 @@ def kill_resume_cli(workdir: str | Path, kills: int = 4, budget: int = 8, batch:
 
     finished_early = False
     while done < kills and time.monotonic() - t0 < timeout_s:
-        before = _lines(log)
+        before = count_lines(log)
         proc = subprocess.Popen(resume if created() else run, cwd=wd, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-        while proc.poll() is None and _lines(log) <= before:
+        while proc.poll() is None and count_lines(log) <= before:
             time.sleep(0.01)
         wait = rng.uniform(0.0, max_wait_s)
         time.sleep(wait)
@@ -185,6 +185,6 @@ def kill_resume_cli(workdir: str | Path, kills: int = 4, budget: int = 8, batch:
     study = optuna.load_study(study_name="killed", storage=storage)
     return {"path": "cubic campaign run/resume --objective", "strategy": strategy, "kills": done,
             "kill_moments_s_after_a_job_started": moments, "finished_before_all_kills": finished_early,
-            "budget": budget, "jobs_started": _lines(log), "user_view": user_view(study, "killed", storage),
+            "budget": budget, "jobs_started": count_lines(log), "user_view": user_view(study, "killed", storage),
             "status": study.user_attrs.get("status"), "integrity_check": sqlite_integrity(storage),
             "elapsed_s": round(time.monotonic() - t0, 1)}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments.reliability.common import _env
+from experiments.reliability.common import worker_env
 
 CLI = [sys.executable, "-m", "cubic.cli.app"]
 
@@ -107,7 +107,7 @@ def pending_attacks(workdir: str | Path) -> dict[str, Any]:
         lines.append(PENDING_ATTACKS[kind](entry))
     lines.append(json.dumps({**entry, "row": _good_row(2)}))
     pending.write_text("\n".join(lines) + "\n")
-    env = _env(CUBIC_PENDING=str(pending))
+    env = worker_env(CUBIC_PENDING=str(pending))
     first = _run(["trials", "list", "--store", url], wd, env)
     second = _run(["trials", "list", "--store", url], wd, env)
     warnings = [ln for ln in first.stderr.splitlines() if "is not a pending result" in ln]
@@ -146,7 +146,7 @@ def stored_row_attacks(workdir: str | Path) -> dict[str, Any]:
         con.execute(f"UPDATE cubic_trials SET {sets} WHERE id = ?", [*change.values(), i])
     con.commit()
     con.close()
-    env = _env()
+    env = worker_env()
     out = {"kinds": list(STORED_ATTACKS), "crashes": 0, "commands": {}}
     for argv in (["trials", "list", "--store", url], ["trials", "export", "--out", str(wd / "t.csv"), "--store", url]):
         p = _run(argv, wd, env)
@@ -189,7 +189,7 @@ def hostile_names(workdir: str | Path, names: tuple[str, ...] = HOSTILE_NAMES) -
         t0 = time.time()
         p = _run(["campaign", "run", "--name", name, "--objective", f"{sys.executable} job.py {{x}}", "--space",
                   "space.yaml", "--budget", "1", "--batch", "1", "--timeout", "60", "--storage",
-                  f"sqlite:///{cwd}/.cubic/c.db", "--report", "rep"], cwd, _env())
+                  f"sqlite:///{cwd}/.cubic/c.db", "--report", "rep"], cwd, worker_env())
         written = [q for q in root.rglob("*") if q.is_file() and q.stat().st_mtime >= t0 - 1]
         outside = [str(q) for q in written if not (q.is_relative_to(cwd / ".cubic") or q.is_relative_to(cwd / "rep")
                                                    or q.parent == cwd)]

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from cubic.testing import DELAY_ENV, space
-from experiments.reliability.common import _env, _store_audit
+from experiments.reliability.common import worker_env, store_audit
 
 
 def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: int = 10,
@@ -38,7 +38,7 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
              storage=storage)
     cmd = [sys.executable, "-m", "cubic.codesign.worker", "work", "--storage", storage, "--name", name,
            "--evaluate", "cubic.testing:make_evaluate", "--store", store, "--lease", str(lease_s)]
-    env = _env(**{DELAY_ENV: str(delay_s)})
+    env = worker_env(**{DELAY_ENV: str(delay_s)})
     started = {"n": 0}
 
     def start() -> tuple[str, subprocess.Popen]:
@@ -111,7 +111,7 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
         "lost_trials": max(0, budget - len(keys)),
         "failed_without_a_run": sum(1 for t in trials if t.state.name == "FAIL" and "finished_at" not in t.user_attrs),
         "interrupted_attempts_resumed": sum(int(t.system_attrs.get("cubic_interrupted", 0)) for t in trials),
-        "store": _store_audit(store, sp, runs), "events": events,
+        "store": store_audit(store, sp, runs), "events": events,
         "kills": sum(e["event"] == "kill" for e in events),
         "db_restarts": sum(e["event"] == "db_restart" for e in events),
         "workers_started": started["n"],
@@ -177,7 +177,7 @@ def proposal_scaling(sizes=(100, 1000, 10000), timeout_s: float = 600.0, strateg
                 f"print(json.dumps(proposal_time({n}, strategy={strategy!r}), default=str))")
         t0 = time.monotonic()
         try:
-            r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+            r = subprocess.run([sys.executable, "-c", code], env=worker_env(), capture_output=True, text=True,
                                timeout=timeout_s)
             out[str(n)] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else
                            {"error": (r.stderr.strip().splitlines() or ["failed"])[-1][:300]})
