@@ -45,6 +45,7 @@ simulator reports the MEASURED NE cost of a 2D sync choice from cost_models.two_
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -484,6 +485,149 @@ def sync_params(config: Config, params: StepModelParams = DEFAULT_PARAMS) -> Ste
     return params.model_copy(update=update) if update else params
 
 
+@dataclass
+class _GroupShards:
+    """One model-parallel group's shards as arrays (one entry per shard), with the ids each
+    processes per step and its L2 hit rate: what the compute, communication and memory terms read."""
+
+    kind: list[str]
+    table: np.ndarray
+    rank: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    share: np.ndarray
+    dp: np.ndarray  # data-parallel tables (replicated on every rank)
+    pf: np.ndarray
+    alpha: np.ndarray
+    dim: np.ndarray
+    ex: np.ndarray  # examples each shard's lookups serve per step
+    n_ids: np.ndarray
+    unique: np.ndarray
+    hit: np.ndarray
+    out_cols: np.ndarray  # pooled-output columns a shard sends (row-wise shards send whole rows)
+
+    @classmethod
+    def of(cls, shards: list[ShardLoad], wl: Workload, B: int, G: int, params: StepModelParams) -> "_GroupShards":
+        tables = wl.tables
+        t_idx = np.array([s.table for s in shards])
+        rank = np.array([s.rank for s in shards])
+        rows = np.array([s.rows for s in shards], dtype=np.float64)
+        cols = np.array([s.cols for s in shards], dtype=np.float64)
+        share = np.array([s.id_share for s in shards])
+        kind = [s.kind for s in shards]
+        dp = np.array([k == "data_parallel" for k in kind])
+        pf = np.array([tables[i].pooling_factor for i in t_idx])
+        alpha = np.array([tables[i].access.effective_alpha() for i in t_idx])
+        dim = np.array([tables[i].dim for i in t_idx], dtype=np.float64)
+        # ids each shard processes per step: the group's batch (data-parallel tables: the rank's own)
+        ex = np.where(dp, B, B * G).astype(np.float64)
+        n_ids = ex * pf * share
+        # L2 share of each shard: proportional to its id traffic on its rank
+        traffic = n_ids * cols
+        rank_traffic = np.bincount(rank, weights=traffic, minlength=G)
+        cache_rows = params.l2_bytes * traffic / np.maximum(rank_traffic[rank], 1e-9) / np.maximum(cols * EMB_BYTES, 1)
+        unique, hit = zipf_stats(n_ids, rows, alpha, cache_rows)
+        out_cols = np.where(np.array([k in ("row_wise", "table_row_wise") for k in kind]), dim, cols)
+        return cls(kind, t_idx, rank, rows, cols, share, dp, pf, alpha, dim, ex, n_ids, unique, hit, out_cols)
+
+    def embedding_times(self, wl: Workload, G: int, dev: DeviceSpec, params: StepModelParams,
+                        sgd_emb: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group rank: embedding forward, backward and sparse-optimizer seconds."""
+        n = len(self.kind)
+        f_t, b_t, u_t = np.zeros(n), np.zeros(n), np.zeros(n)
+        for j in range(n):
+            f_t[j], b_t[j], u_t[j] = _shard_time_s(wl.tables[self.table[j]], self.rows[j], self.cols[j], self.n_ids[j],
+                                                   self.ex[j], self.hit[j], self.unique[j], dev, params, sgd_emb)
+        return tuple(np.bincount(self.rank, weights=w, minlength=G) for w in (f_t, b_t, u_t))
+
+    def shard_bytes(self, sgd_emb: bool) -> np.ndarray:
+        return self.rows * self.cols * EMB_BYTES + (0 if sgd_emb else self.rows * EMB_BYTES)
+
+
+@dataclass
+class _Comm:
+    """Communication of one step: seconds and bytes of each collective."""
+
+    a2a_input_s: float
+    a2a_output_s: float
+    allreduce_s: float
+    sync_s: float
+    ids_per_peer: np.ndarray
+    out_per_peer: np.ndarray
+    allreduce_bytes: float
+    sync_bytes: float
+
+
+def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad_bytes: int, sgd_emb: bool,
+                   cluster: ClusterSpec, params: StepModelParams) -> _Comm:
+    # all-to-all volumes: what each owner sends to each other group rank per step
+    mp = ~sh.dp
+    ids_pp = np.bincount(sh.rank[mp], weights=(B * sh.pf * sh.share * ID_BYTES + B * LENGTH_BYTES)[mp], minlength=G)
+    out_pp = np.bincount(sh.rank[mp], weights=(B * sh.out_cols * EMB_BYTES)[mp], minlength=G)
+    ones = np.ones(G)
+    t_in = all_to_all_s(ids_pp, ones, G, cluster, params)
+    t_out = all_to_all_s(out_pp, ones, G, cluster, params)
+
+    # data-parallel all-reduce of dense gradients (+ data-parallel tables) across all W ranks
+    rpn = min(cluster.ranks_per_node, W)
+    nodes = -(-W // rpn)
+    dp_bytes = dc.params * grad_bytes + float((sh.rows * sh.cols * EMB_BYTES)[sh.dp].sum()) / max(G, 1)
+    t_ar = allreduce_ms(dp_bytes, rpn, nodes, cluster, params) / 1e3
+
+    # 2D: touched rows of each shard, union over replicas and sync interval, all-reduced across replicas
+    R = W // G
+    t_sync = 0.0
+    sync_bytes = 0.0
+    if R > 1 and mp.any():
+        if params.emb_sync == "gradients":
+            # rows touched by any replica this step: Zipf draws of the whole world's batch
+            u_all, _ = zipf_stats((sh.n_ids * R)[mp], sh.rows[mp], sh.alpha[mp])
+            per_shard, interval = u_all * (sh.cols[mp] * EMB_BYTES + ID_BYTES), 1
+        else:
+            per_shard = sh.shard_bytes(sgd_emb)[mp]
+            interval = params.emb_sync_interval
+        sync_bytes = float(np.bincount(sh.rank[mp], weights=per_shard, minlength=G).max())
+        # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
+        members = max(1, cluster.ranks_per_node // G) if G < cluster.ranks_per_node else 1
+        members = min(members, R)
+        t_sync = allreduce_ms(sync_bytes, members, -(-R // members), cluster, params) / 1e3 / interval
+    return _Comm(t_in, t_out, t_ar, t_sync, ids_pp, out_pp, dp_bytes, sync_bytes)
+
+
+def _group_plan(wl: Workload, config: Config, cluster: ClusterSpec, W: int, dc: DenseCost, dense_mem: float,
+                emb_act: float, params: StepModelParams) -> tuple[Plan | None, str, StepPrediction | None]:
+    """(the plan of one model-parallel group, its planner's name, None), or (None, planner, the OOM
+    prediction) when even a perfectly balanced plan, or the planner's, cannot fit.
+    sharding.from_config is the one plan path."""
+    from sharding.from_config import planner_name
+    from sharding.types import PlanDoesNotFit
+
+    dev, B = cluster.device, wl.batch_size
+    plan = None if config.sharding.plan is None else plan_from_dict(config.sharding.plan, source="config.sharding.plan")
+    G = plan.group_size if plan is not None else (config.sharding.group_size or W)
+    planner = plan.planner if plan is not None else planner_name(config)
+    if G > W or W % G:
+        raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
+    sgd_emb = wl.optimizers.embedding == "sgd"
+    base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
+    emb_bytes = sum(t.rows * t.dim * EMB_BYTES + (0 if sgd_emb else t.rows * EMB_BYTES) for t in wl.tables)
+    low = base_mem + emb_bytes / G
+    if low > dev.hbm_bytes:
+        # even a perfectly balanced plan cannot fit: report the lower bound of the peak
+        return None, planner, _oom(wl, W, G, B, low,
+                                   f"peak memory >= {low / GIB:.1f} GiB exceeds {dev.hbm_bytes / GIB:.1f} GiB HBM "
+                                   f"of {dev.name} (embeddings >= {emb_bytes / G / GIB:.1f} GiB per rank over a group "
+                                   f"of {G}, activations {(dc.activation_bytes + emb_act) / GIB:.1f} GiB, "
+                                   f"dense+optimizer {dense_mem / GIB:.1f} GiB)",
+                                   planner, dc)
+    if plan is None:
+        try:  # leave room for the all-to-all buffers: a planner fills at most 90% of what remains
+            plan = cluster_plan(wl, config, cluster, W, 0.9 * (dev.hbm_bytes - base_mem))
+        except PlanDoesNotFit as e:
+            return None, planner, _oom(wl, W, G, B, low, f"planner {planner}: {e}", planner, dc)
+    return plan, planner, None
+
+
 def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
                  params: StepModelParams = DEFAULT_PARAMS) -> StepPrediction:
     """Simulated step of ``config`` applied to ``workload`` on ``world_size`` ranks of ``cluster``."""
@@ -502,99 +646,16 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
     dense_mem = dc.params * (4 + 4 + (8 if wl.optimizers.dense == "adam" else 0)
                              + (2 if config.kernels.dense_dtype == "bf16" else 0))
     emb_act = B * sum(t.dim for t in wl.tables) * EMB_BYTES * 2  # pooled inputs and their gradients
-
-    # the sharding plan of one model-parallel group (sharding.from_config: the one plan path)
-    plan = None if config.sharding.plan is None else plan_from_dict(config.sharding.plan, source="config.sharding.plan")
-    G = plan.group_size if plan is not None else (config.sharding.group_size or W)
-    from sharding.from_config import planner_name
-
-    planner = plan.planner if plan is not None else planner_name(config)
-    if G > W or W % G:
-        raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
-    base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
-    emb_bytes = sum(t.rows * t.dim * EMB_BYTES + (0 if sgd_emb else t.rows * EMB_BYTES) for t in wl.tables)
-    if base_mem + emb_bytes / G > dev.hbm_bytes:
-        # even a perfectly balanced plan cannot fit: report the lower bound of the peak
-        return _oom(wl, W, G, B, base_mem + emb_bytes / G,
-                    f"peak memory >= {(base_mem + emb_bytes / G) / GIB:.1f} GiB exceeds {dev.hbm_bytes / GIB:.1f} GiB HBM "
-                    f"of {dev.name} (embeddings >= {emb_bytes / G / GIB:.1f} GiB per rank over a group of {G}, "
-                    f"activations {(dc.activation_bytes + emb_act) / GIB:.1f} GiB, dense+optimizer "
-                    f"{dense_mem / GIB:.1f} GiB)", planner, dc)
-    # leave room for the all-to-all buffers: a planner fills at most 90% of what remains
-    budget = 0.9 * (dev.hbm_bytes - base_mem)
-    if plan is None:
-        from sharding.types import PlanDoesNotFit
-
-        try:
-            plan = cluster_plan(wl, config, cluster, W, budget)
-        except PlanDoesNotFit as e:
-            return _oom(wl, W, G, B, base_mem + emb_bytes / G, f"planner {planner}: {e}", planner, dc)
+    plan, planner, oom_prediction = _group_plan(wl, config, cluster, W, dc, dense_mem, emb_act, params)
+    if oom_prediction is not None:
+        return oom_prediction
     G, shards = plan.group_size, shard_loads(plan, wl)
-
     R = W // G
-    n_sh = len(shards)
-    tables = wl.tables
-    t_idx = np.array([s.table for s in shards])
-    rank = np.array([s.rank for s in shards])
-    rows = np.array([s.rows for s in shards], dtype=np.float64)
-    cols = np.array([s.cols for s in shards], dtype=np.float64)
-    share = np.array([s.id_share for s in shards])
-    kind = [s.kind for s in shards]
-    dp = np.array([k == "data_parallel" for k in kind])
-    pf = np.array([tables[i].pooling_factor for i in t_idx])
-    alpha = np.array([tables[i].access.effective_alpha() for i in t_idx])
-    dim = np.array([tables[i].dim for i in t_idx], dtype=np.float64)
-    # ids each shard processes per step: the group's batch (data-parallel tables: the rank's own)
-    ex = np.where(dp, B, B * G).astype(np.float64)
-    n_ids = ex * pf * share
-    # L2 share of each shard: proportional to its id traffic on its rank
-    traffic = n_ids * cols
-    rank_traffic = np.bincount(rank, weights=traffic, minlength=G)
-    cache_rows = params.l2_bytes * traffic / np.maximum(rank_traffic[rank], 1e-9) / np.maximum(cols * EMB_BYTES, 1)
-    unique, hit = zipf_stats(n_ids, rows, alpha, cache_rows)
-    f_t = np.zeros(n_sh)
-    b_t = np.zeros(n_sh)
-    u_t = np.zeros(n_sh)
-    for j in range(n_sh):
-        f_t[j], b_t[j], u_t[j] = _shard_time_s(tables[t_idx[j]], rows[j], cols[j], n_ids[j], ex[j], hit[j],
-                                               unique[j], dev, params, sgd_emb)
-    emb_fwd_r = np.bincount(rank, weights=f_t, minlength=G)
-    emb_bwd_r = np.bincount(rank, weights=b_t, minlength=G)
-    emb_upd_r = np.bincount(rank, weights=u_t, minlength=G)
+    sh = _GroupShards.of(shards, wl, B, G, params)
+    emb_fwd_r, emb_bwd_r, emb_upd_r = sh.embedding_times(wl, G, dev, params, sgd_emb)
     emb_total_r = emb_fwd_r + emb_bwd_r + emb_upd_r
     slow = int(np.argmax(emb_total_r))
-
-    # all-to-all volumes: what each owner sends to each other group rank per step
-    mp = ~dp
-    ids_pp = np.bincount(rank[mp], weights=(B * pf * share * ID_BYTES + B * LENGTH_BYTES)[mp], minlength=G)
-    out_cols = np.where(np.array([k in ("row_wise", "table_row_wise") for k in kind]), dim, cols)
-    out_pp = np.bincount(rank[mp], weights=(B * out_cols * EMB_BYTES)[mp], minlength=G)
-    ones = np.ones(G)
-    t_in = all_to_all_s(ids_pp, ones, G, cluster, params)
-    t_out = all_to_all_s(out_pp, ones, G, cluster, params)
-
-    # data-parallel all-reduce of dense gradients (+ data-parallel tables) across all W ranks
-    rpn = min(cluster.ranks_per_node, W)
-    nodes = -(-W // rpn)
-    dp_bytes = dc.params * grad_bytes + float((rows * cols * EMB_BYTES)[dp].sum()) / max(G, 1)
-    t_ar = allreduce_ms(dp_bytes, rpn, nodes, cluster, params) / 1e3
-
-    # 2D: touched rows of each shard, union over replicas and sync interval, all-reduced across replicas
-    t_sync = 0.0
-    sync_bytes = 0.0
-    if R > 1 and mp.any():
-        if params.emb_sync == "gradients":
-            # rows touched by any replica this step: Zipf draws of the whole world's batch
-            u_all, _ = zipf_stats((n_ids * R)[mp], rows[mp], alpha[mp])
-            per_shard, interval = u_all * (cols[mp] * EMB_BYTES + ID_BYTES), 1
-        else:
-            per_shard = rows[mp] * cols[mp] * EMB_BYTES + (0 if sgd_emb else rows[mp] * EMB_BYTES)
-            interval = params.emb_sync_interval
-        sync_bytes = float(np.bincount(rank[mp], weights=per_shard, minlength=G).max())
-        # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
-        members = max(1, cluster.ranks_per_node // G) if G < cluster.ranks_per_node else 1
-        members = min(members, R)
-        t_sync = allreduce_ms(sync_bytes, members, -(-R // members), cluster, params) / 1e3 / interval
+    comm = _communication(sh, dc, B, G, W, grad_bytes, sgd_emb, cluster, params)
 
     # dense optimizer: Adam reads param, grad, m, v and writes param, m, v (fp32); SGD reads 2 writes 1
     opt_bytes = dc.params * (28 if wl.optimizers.dense == "adam" else 12)
@@ -602,31 +663,30 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
 
     emb_fwd, emb_bwd, emb_upd = float(emb_fwd_r[slow]), float(emb_bwd_r[slow]), float(emb_upd_r[slow])
     hidden = params.overlap * (dc.bwd_s + emb_bwd + emb_upd)
-    ar_exposed = max(0.0, t_ar - hidden)
+    ar_exposed = max(0.0, comm.allreduce_s - hidden)
+    t_in = comm.a2a_input_s
     in_exposed = max(0.0, t_in - (dc.fwd_s + dc.bwd_s)) if params.pipeline_input_dist else t_in
     phases = {
         "a2a_input": in_exposed,
         "embedding_fwd": emb_fwd,
-        "a2a_output_fwd": t_out,
+        "a2a_output_fwd": comm.a2a_output_s,
         "dense_fwd": dc.fwd_s,
         "dense_bwd": dc.bwd_s,
         "dense_allreduce": ar_exposed,
-        "a2a_output_bwd": t_out,
+        "a2a_output_bwd": comm.a2a_output_s,
         "embedding_bwd": emb_bwd,
         "sparse_optimizer": emb_upd,
-        "embedding_sync": t_sync,
+        "embedding_sync": comm.sync_s,
         "dense_optimizer": t_dense_opt,
         "overhead": params.step_overhead_s,
     }
     step = sum(phases.values())
 
     # memory of the busiest rank (memory-wise)
-    shard_bytes = rows * cols * EMB_BYTES + (0 if sgd_emb else rows * EMB_BYTES)
-    emb_mem_r = np.bincount(rank, weights=shard_bytes, minlength=G)
+    emb_mem_r = np.bincount(sh.rank, weights=sh.shard_bytes(sgd_emb), minlength=G)
     # buffers: received ids, pooled outputs to send and their gradients, sorted ids in backward
-    buf_r = np.bincount(rank, weights=n_ids * (ID_BYTES * 3) + ex * out_cols * EMB_BYTES * 2, minlength=G)
-    mem_r = emb_mem_r + buf_r
-    mrank = int(np.argmax(mem_r))
+    buf_r = np.bincount(sh.rank, weights=sh.n_ids * (ID_BYTES * 3) + sh.ex * sh.out_cols * EMB_BYTES * 2, minlength=G)
+    mrank = int(np.argmax(emb_mem_r + buf_r))
     memory = {
         "embedding_shards": float(emb_mem_r[mrank]),
         "embedding_buffers": float(buf_r[mrank]),
@@ -637,24 +697,21 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
     peak = sum(memory.values())
     oom = peak > dev.hbm_bytes
     mean_load = float(emb_total_r.mean())
-    counts: dict[str, int] = {}
-    for k in kind:
-        counts[k] = counts.get(k, 0) + 1
     plan_info = {
         "planner": planner,
         "group_size": G,
         "replicas": R,
-        "shards": n_sh,
-        "sharding_types": counts,
+        "shards": len(shards),
+        "sharding_types": dict(Counter(sh.kind)),
         "embedding_imbalance": float(emb_total_r.max() / mean_load) if mean_load > 0 else 1.0,
-        "a2a_output_bytes_per_rank": float(out_pp.max() * (G - 1)),
-        "a2a_input_bytes_per_rank": float(ids_pp.max() * (G - 1)),
-        "dense_allreduce_bytes": float(dp_bytes),
-        "embedding_sync_bytes_per_rank": sync_bytes,
-        "mean_l2_hit": float(np.average(hit, weights=np.maximum(n_ids, 1e-9))) if n_sh else 0.0,
+        "a2a_output_bytes_per_rank": float(comm.out_per_peer.max() * (G - 1)),
+        "a2a_input_bytes_per_rank": float(comm.ids_per_peer.max() * (G - 1)),
+        "dense_allreduce_bytes": float(comm.allreduce_bytes),
+        "embedding_sync_bytes_per_rank": comm.sync_bytes,
+        "mean_l2_hit": float(np.average(sh.hit, weights=np.maximum(sh.n_ids, 1e-9))) if shards else 0.0,
     }
     dense_info = {"params": dc.params, "flops_fwd_per_rank": dc.flops_fwd, "site_precisions": dc.precisions,
-                  "allreduce_s": t_ar, "a2a_input_s": t_in}
+                  "allreduce_s": comm.allreduce_s, "a2a_input_s": t_in}
     return StepPrediction(
         step_s=step, phases_s=phases, examples_per_s=B * W / step, peak_mem_bytes=peak, memory=memory,
         oom=oom, oom_reason=(f"peak memory {peak / GIB:.1f} GiB exceeds {dev.hbm_bytes / GIB:.1f} GiB HBM of "
