@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from cost_models.gpu_gemm import block_speedup
@@ -205,6 +206,96 @@ def _checked_factory(factory, spec: str):
     return model, batch_fn
 
 
+@dataclass(frozen=True)
+class _SiteRules:
+    """What every site of one recommendation is judged by (see :func:`recommend`)."""
+
+    probe: Probe
+    budget_db: float | None
+    allowed: tuple[str, ...]
+    require_fast: bool
+    fast_threshold: float
+    budget_ne_rel: float | None
+    unsure_margin: bool
+    batch: int
+    target_batch: int | None
+    target: Any  # the device the speedups are predicted for
+    dispatcher: Dispatcher
+
+
+def _place_site(name: str, s: dict, rules: _SiteRules, modded: dict | None, wanted: list[dict],
+                end: str | None) -> dict:
+    """One site's entry of the placement: the recipe that meets the bar with the best predicted
+    speedup, plain or with its Mods (``modded``: the site probed with ``wanted`` on), the kernel
+    Dispatch picks, and why. ``end``: "first (input)" / "last" when keep_first_last holds it back."""
+    r = rules
+    m = s["m"] or r.batch
+    m_target = max(1, round(m * (r.target_batch / r.batch))) if r.target_batch else m
+    speedups = {
+        rc: block_speedup(m_target, s["k"], s["n"], rc, norm_before=s["norm_before"], act_after=s["act_after"],
+                          device=r.target)["speedup"]
+        for rc in FP8_RECIPES if rc in s["errors"]
+    }
+
+    def decide(probed: dict):
+        errors = _clean_errors(probed["errors"])
+        # the budget each recipe must clear here: more when the Probe could not narrow the interval
+        margin = r.probe.ci_halfwidth_db if r.unsure_margin and not probed.get("converged_ci", True) else 0.0
+        budget_here = r.budget_db + margin if r.budget_db is not None else None
+        return errors, budget_here, decide_site({"errors": errors, "speedups": speedups}, budget_here,
+                                                recipes=r.allowed, require_fast=r.require_fast,
+                                                fast_threshold=r.fast_threshold, budget_ne_rel=r.budget_ne_rel,
+                                                margin_db=margin, confidence=r.probe.confidence)
+
+    errors, budget_here, dec = decide(s)
+    applied: list[dict] = []
+    mods_probe_doc = None
+    if modded is not None:
+        errors_m, budget_m, dec_m = decide(modded)
+        take = dec_m["recipe"] is not None and (dec["recipe"] is None or (dec_m["speedup"] or 0.0) >
+                                                (dec["speedup"] or 0.0) + 1e-9)
+        mods_probe_doc = {"mods": wanted, "error_with_mods": errors_m, "error_without_mods": errors,
+                          "recipe_with_mods": dec_m["recipe"], "recipe_without_mods": dec["recipe"],
+                          "speedup_with_mods": dec_m["speedup"] if dec_m["recipe"] else None,
+                          "speedup_without_mods": dec["speedup"] if dec["recipe"] else None, "chosen": take}
+        if take:
+            errors, budget_here, dec = errors_m, budget_m, dec_m
+            applied = list(wanted)
+    recipe, reason = dec["recipe"], dec["reason"]
+    if dec["verdict"] == "unsafe" and r.budget_db is not None:
+        lows = errors[dec["verdict_recipe"]].get("per_gemm_ci_low_db") or {}
+        if lows:
+            g = min(lows, key=lows.get)
+            reason += f"; binding GEMM: {g} ({lows[g]:.1f} dB lower bound)"
+    if end is not None and recipe is not None:
+        recipe, reason = None, f"keep_first_last: the {end} layer stays in high precision"
+    if recipe is None:
+        applied = []  # a high-precision site runs as the model defines it
+        if mods_probe_doc is not None:
+            mods_probe_doc["chosen"] = False
+    elif not any(a["name"] == "pad_dims" for a in applied) and cuda_fp8_shape_problem(s["k"], s["n"]):
+        applied = [{"name": "pad_dims", "params": {}}] + applied
+    # Dispatch chooses among the allowed recipes' kernels (and high precision)
+    low = {rc: e["ci_low_db"] for rc, e in errors.items() if rc in r.allowed or rc in HIGH_PRECISION} | {"fp32": 200.0}
+    d = r.dispatcher.decide(m, s["k"], s["n"], low, budget_here)  # the same bar as the site's recipe
+    kernel = None
+    if recipe is not None:
+        impl = {k.name for k in kernels_for_recipe(recipe)}
+        kernel = r.dispatcher.decide(m, s["k"], s["n"], low, None, allowed=impl).kernel
+    return {
+        "m": m, "m_target": m_target, "k": s["k"], "n": s["n"], "norm_before": s["norm_before"], "act_after": s["act_after"],
+        "recipe": recipe, "kernel": kernel, "verdict_recipe": dec["verdict_recipe"], "verdict": dec["verdict"],
+        "to_decide": dec["to_decide"], "safe": dec["safe"], "fast": dec["fast"], "predicted_speedup": dec["speedup"],
+        "error": errors, "speedups": speedups,
+        "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
+                     "acceptable": list(d.acceptable), "ties": list(d.ties)},
+        "mods": suggest_mods(s),
+        "applied_mods": applied,
+        "mods_probe": mods_probe_doc,
+        "reason": reason,
+    }
+
+
 def recommend(workload: Workload | None, budget_db: float | None, *, config: Config | None = None,
               probe: Probe | None = None, require_fast: bool = True, target_device: str = "h100",
               target_batch: int | None = None, fast_threshold: float = 1.0, dispatcher: Dispatcher | None = None,
@@ -283,74 +374,13 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     # the first executed site when none does. The last layer is the last executed site (the logits).
     inputs_ = [n for n in order if not summary[n].get("grad_input_used", True)] or order[:1]
     ends = {*inputs_, *order[-1:]}
-    sites: dict[str, dict] = {}
-    for name, s in summary.items():
-        m = s["m"] or batch
-        m_target = max(1, round(m * (target_batch / batch))) if target_batch else m
-        speedups = {
-            r: block_speedup(m_target, s["k"], s["n"], r, norm_before=s["norm_before"], act_after=s["act_after"],
-                             device=target)["speedup"]
-            for r in FP8_RECIPES if r in s["errors"]
-        }
-
-        def decide(probed: dict):
-            errors = _clean_errors(probed["errors"])
-            # the budget each recipe must clear here: more when the Probe could not narrow the interval
-            margin = probe.ci_halfwidth_db if unsure_margin and not probed.get("converged_ci", True) else 0.0
-            budget_here = budget_db + margin if budget_db is not None else None
-            return errors, budget_here, decide_site({"errors": errors, "speedups": speedups}, budget_here,
-                                                    recipes=allowed, require_fast=require_fast, fast_threshold=fast_threshold,
-                                                    budget_ne_rel=budget_ne_rel, margin_db=margin,
-                                                    confidence=probe.confidence)
-
-        errors, budget_here, dec = decide(s)
-        applied: list[dict] = []
-        mods_probe_doc = None
-        if name in modded and name in wanted:
-            errors_m, budget_m, dec_m = decide(modded[name])
-            take = dec_m["recipe"] is not None and (dec["recipe"] is None or (dec_m["speedup"] or 0.0) >
-                                                    (dec["speedup"] or 0.0) + 1e-9)
-            mods_probe_doc = {"mods": wanted[name], "error_with_mods": errors_m, "error_without_mods": errors,
-                              "recipe_with_mods": dec_m["recipe"], "recipe_without_mods": dec["recipe"],
-                              "speedup_with_mods": dec_m["speedup"] if dec_m["recipe"] else None,
-                              "speedup_without_mods": dec["speedup"] if dec["recipe"] else None, "chosen": take}
-            if take:
-                errors, budget_here, dec = errors_m, budget_m, dec_m
-                applied = list(wanted[name])
-        recipe, reason = dec["recipe"], dec["reason"]
-        if dec["verdict"] == "unsafe" and budget_db is not None:
-            lows = errors[dec["verdict_recipe"]].get("per_gemm_ci_low_db") or {}
-            if lows:
-                g = min(lows, key=lows.get)
-                reason += f"; binding GEMM: {g} ({lows[g]:.1f} dB lower bound)"
-        if keep_first_last and name in ends and recipe is not None:
-            which = "last" if name == order[-1] else "first (input)"
-            recipe, reason = None, f"keep_first_last: the {which} layer stays in high precision"
-        if recipe is None:
-            applied = []  # a high-precision site runs as the model defines it
-            if mods_probe_doc is not None:
-                mods_probe_doc["chosen"] = False
-        elif not any(a["name"] == "pad_dims" for a in applied) and cuda_fp8_shape_problem(s["k"], s["n"]):
-            applied = [{"name": "pad_dims", "params": {}}] + applied
-        # Dispatch chooses among the allowed recipes' kernels (and high precision)
-        low = {r: e["ci_low_db"] for r, e in errors.items() if r in allowed or r in HIGH_PRECISION} | {"fp32": 200.0}
-        d = dispatcher.decide(m, s["k"], s["n"], low, budget_here)  # the same bar as the site's recipe
-        kernel = None
-        if recipe is not None:
-            impl = {k.name for k in kernels_for_recipe(recipe)}
-            kernel = dispatcher.decide(m, s["k"], s["n"], low, None, allowed=impl).kernel
-        sites[name] = {
-            "m": m, "m_target": m_target, "k": s["k"], "n": s["n"], "norm_before": s["norm_before"], "act_after": s["act_after"],
-            "recipe": recipe, "kernel": kernel, "verdict_recipe": dec["verdict_recipe"], "verdict": dec["verdict"],
-            "to_decide": dec["to_decide"], "safe": dec["safe"], "fast": dec["fast"], "predicted_speedup": dec["speedup"],
-            "error": errors, "speedups": speedups,
-            "dispatch": {"kernel": d.kernel, "time_ms": d.time_ms, "times_ms": d.times_ms,
-                         "acceptable": list(d.acceptable), "ties": list(d.ties)},
-            "mods": suggest_mods(s),
-            "applied_mods": applied,
-            "mods_probe": mods_probe_doc,
-            "reason": reason,
-        }
+    rules = _SiteRules(probe, budget_db, allowed, require_fast, fast_threshold, budget_ne_rel, unsure_margin,
+                       batch, target_batch, target, dispatcher)
+    last = order[-1] if order else None
+    sites = {name: _place_site(name, site, rules, modded.get(name) if name in wanted else None, wanted.get(name, []),
+                               end=(("last" if name == last else "first (input)")
+                                    if keep_first_last and name in ends else None))
+             for name, site in summary.items()}
     if budget_scope == "model" and budget_db is not None:
         apply_model_budget(sites, budget_db, require_fast)
     model_ne = None
