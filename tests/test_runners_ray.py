@@ -83,6 +83,21 @@ def test_runs_execute_on_ray_workers_and_lost_workers_are_transient(ray_head):
     assert not bad.ok and bad.failure_kind == "killed" and bad.transient
 
 
+def test_a_run_that_never_gets_a_node_is_an_infrastructure_fault_not_a_timeout(ray_head):
+    # the head has 1 CPU: a run asking for 4 never starts; that is not the configuration's timeout
+    from cubic.runners.ray_runner import RayRunner
+
+    wl = DEFAULT_WORKLOADS["dlrm-small"]
+    r = RayRunner(stand_in_runner(), address=ray_head, num_cpus=4, start_timeout_s=3).run(wl, Config(), steps=2,
+                                                                                         warmup=0)
+    assert not r.ok and r.failure_kind == "killed" and r.transient, r.reason
+    assert "never started" in r.reason and "not this configuration's" in r.reason
+    # a run that starts and then runs too long is the configuration's timeout, counted from its start
+    slow = RayRunner(stand_in_runner(delay_s=30), address=ray_head, num_cpus=1, timeout_s=2, start_timeout_s=60)
+    r = slow.run(wl, Config(), steps=2, warmup=0)
+    assert r.failure_kind == "timeout" and "of the run's start" in r.reason, r.reason
+
+
 def test_a_campaign_validates_on_ray(ray_head):
     from cubic.codesign.campaign import Campaign
     from cubic.codesign.evaluate import RunnerEvaluate

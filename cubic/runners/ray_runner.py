@@ -8,6 +8,12 @@ flight across the cluster, each holding the CPUs/GPUs asked for; Ray's scheduler
 None starts a private local instance. A lost worker or node comes back as a transient failure
 (``killed``), which the campaign retries; Ray never raises into the campaign.
 
+A run that never gets a node (no node with the resources asked for, none joining within
+``start_timeout_s``) is an infrastructure fault, not the configuration's: it comes back as
+``killed`` (retried) with a reason saying so, never as the configuration's ``timeout``. The run's
+own ``timeout_s`` counts from the moment it starts on a worker (the task is a Ray generator that
+yields once when it starts, then the Result).
+
 """
 
 from __future__ import annotations
@@ -38,20 +44,37 @@ def _ensure_ray(address: str | None, num_cpus: float | None = None):
     return ray
 
 
-def _remote_run(inner, workload_json: str, config_json: str, steps: int, warmup: int) -> str:
-    """Executed on a Ray worker: rebuild the value objects and let the inner runner make the run."""
+def _remote_run(inner, workload_json: str, config_json: str, steps: int, warmup: int):
+    """Executed on a Ray worker (a generator task): "started" as soon as it holds a node, then the
+    inner runner's Result (JSON) from the rebuilt value objects."""
+    yield "started"
     from cubic.core.config import Config
     from cubic.core.spec import Workload
 
     wl = Workload.model_validate_json(workload_json)
     cfg = Config.model_validate_json(config_json)
-    return inner.run(wl, cfg, steps=steps, warmup=warmup).model_dump_json()
+    yield inner.run(wl, cfg, steps=steps, warmup=warmup).model_dump_json()
+
+
+def _cancel(ray, gen) -> None:
+    try:
+        ray.cancel(gen, force=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+def _resources(ray) -> dict[str, float]:
+    try:
+        return {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+    except Exception:  # noqa: BLE001 - a figure for the message only
+        return {}
 
 
 class RayRunner(Runner):  # type: ignore[misc,valid-type]
     def __init__(self, inner, address: str | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, start_timeout_s: float = 300.0):
         self.inner = inner
+        self.start_timeout_s = start_timeout_s  # waiting for a node (an autoscaler may be adding one)
         self.address = address
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -70,21 +93,27 @@ class RayRunner(Runner):  # type: ignore[misc,valid-type]
         try:
             ray = _ensure_ray(self.address)
             task = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(_remote_run)
-            ref = task.remote(self.inner, workload.model_dump_json(), config.model_dump_json(), steps, warmup)
-            out = ray.get(ref, timeout=self.timeout_s)
+            gen = task.remote(self.inner, workload.model_dump_json(), config.model_dump_json(), steps, warmup)
+            if not ray.wait([gen], timeout=self.start_timeout_s)[0]:
+                _cancel(ray, gen)
+                return Result.failed(
+                    "killed", f"ray: the run never started: no node gave it {self.num_cpus:g} CPU and "
+                    f"{self.num_gpus:g} GPU within {self.start_timeout_s:.0f} s (cluster resources now: "
+                    f"{_resources(ray)}); an infrastructure fault, not this configuration's",
+                    wall_time_s=time.perf_counter() - t0, **common)
+            ray.get(next(gen))  # "started" (or the error that ended the task before it could start)
+            if not ray.wait([gen], timeout=self.timeout_s)[0]:
+                _cancel(ray, gen)
+                return Result.failed("timeout", f"ray: no result within {self.timeout_s:.0f} s of the run's start",
+                                     wall_time_s=time.perf_counter() - t0, **common)
+            out = ray.get(next(gen))
         except Exception as e:  # every Ray failure is a failed run; lost workers/nodes may succeed next time
             import ray.exceptions as rex
 
             name = type(e).__name__
-            if isinstance(e, rex.GetTimeoutError):
-                try:
-                    ray.cancel(ref, force=True)
-                except Exception:  # already gone
-                    pass
-                kind = "timeout"
-            elif isinstance(e, (rex.WorkerCrashedError, rex.NodeDiedError, rex.RaySystemError,
-                                rex.ObjectLostError, ConnectionError)):
-                kind = "killed"
+            if isinstance(e, (rex.WorkerCrashedError, rex.NodeDiedError, rex.RaySystemError,
+                              rex.ObjectLostError, ConnectionError, StopIteration)):
+                kind = "killed"  # (StopIteration: the task ended without its Result: its worker went away)
             else:
                 kind = "error"
             return Result.failed(kind, f"ray: {name}: {' '.join(str(e).split())[:1500]}",
