@@ -461,15 +461,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     httpd = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=Quiet)
     url = f"http://{args.host}:{httpd.server_port}/dashboard/studies/{study_id}"
-    # Ctrl-C or a supervisor's SIGTERM stops it, even when started with SIGINT ignored (a shell's
-    # background job, nohup): Python then leaves SIGINT ignored and the server could not be stopped
+    # Ctrl-C stops it even when started with SIGINT ignored (a shell's background job, nohup: Python
+    # then leaves SIGINT ignored); SIGTERM is cubic.cli.app.main's, as for every command
     import signal
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
     try:
         httpd.serve_forever()
