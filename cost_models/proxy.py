@@ -6,7 +6,8 @@ so far. Here:
 - :class:`EnsembleRegressor` - one model family as an ensemble whose spread is the uncertainty:
   ``xgboost`` (bootstrapped gradient-boosted trees, one seed per member), ``mlp`` (a small torch
   MLP deep ensemble: members differ by initialisation), ``gp`` (scikit-learn Gaussian process,
-  whose posterior std is the uncertainty).
+  whose posterior std is the uncertainty; exact, so past ``GP_MAX_ROWS`` runs it trains on a
+  seeded random subset of them).
   ``ridge`` (scikit-learn Bayesian ridge regression: linear in the features, posterior std; the
   only family that extrapolates a trend from a handful of runs, e.g. "larger batch, faster").
 - :class:`Proxy` - picks among families by cross-validated Kendall tau (rank accuracy is what a
@@ -30,6 +31,7 @@ from sklearn.base import BaseEstimator
 from sklearn.preprocessing import StandardScaler
 
 FAMILIES = ("xgboost", "mlp", "gp", "ridge")
+GP_MAX_ROWS = 500  # runs an exact GP trains on (a seeded random subset past that)
 
 
 def kendall_tau(y_true, y_pred) -> float:
@@ -59,13 +61,18 @@ class EnsembleRegressor(BaseEstimator):
     """One model family as an ensemble; ``predict(X, return_std=True)`` gives mean and spread."""
 
     def __init__(self, kind: str = "xgboost", n_members: int = 5, random_state: int = 0,
-                 mlp_hidden: int = 64, mlp_epochs: int = 200, xgb_estimators: int = 100):
+                 mlp_hidden: int = 64, mlp_epochs: int = 200, xgb_estimators: int = 100,
+                 gp_max_rows: int = GP_MAX_ROWS):
         self.kind = kind
         self.n_members = n_members
         self.random_state = random_state
         self.mlp_hidden = mlp_hidden
         self.mlp_epochs = mlp_epochs
         self.xgb_estimators = xgb_estimators
+        # an exact GP costs O(rows^3) per step of its hyperparameter fit: past this many runs it
+        # trains on a seeded random subset of them (the other families see every run), so a
+        # campaign of thousands of runs still proposes in seconds (10,000 runs did not within 300 s)
+        self.gp_max_rows = gp_max_rows
 
     def fit(self, X, y) -> "EnsembleRegressor":
         X = np.asarray(X, dtype=np.float64)
@@ -91,9 +98,10 @@ class EnsembleRegressor(BaseEstimator):
             # bootstrap rows so that members disagree where data is thin: that spread is the uncertainty
             idx = rng.integers(0, len(y), len(y)) if self.n_members > 1 else np.arange(len(y))
             m = xgb.XGBRegressor(n_estimators=self.xgb_estimators, max_depth=4, learning_rate=0.08,
-                                 subsample=0.8, colsample_bytree=0.8, min_child_weight=1.0,
-                                 reg_lambda=1.0, tree_method="exact", random_state=self.random_state * 1009 + i,
-                                 n_jobs=1)  # exact: fastest on tens of rows
+                                 subsample=0.8, colsample_bytree=0.8, min_child_weight=1.0, reg_lambda=1.0,
+                                 # exact: fastest on tens of rows; histograms past a thousand
+                                 tree_method="exact" if len(y) <= 1000 else "hist",
+                                 random_state=self.random_state * 1009 + i, n_jobs=1)
             m.fit(X[idx], y[idx])
             members.append(m)
         return members
@@ -135,6 +143,9 @@ class EnsembleRegressor(BaseEstimator):
                                               length_scale_bounds=(1e-2, 1e3)) + WhiteKernel(1e-2, (1e-6, 1.0))
         gp = GaussianProcessRegressor(kernel=kernel, normalize_y=False, n_restarts_optimizer=1,
                                       random_state=self.random_state)
+        if len(y) > self.gp_max_rows:
+            rows = np.random.default_rng(self.random_state).choice(len(y), self.gp_max_rows, replace=False)
+            X, y = X[rows], y[rows]
         with warnings.catch_warnings():  # convergence chatter on tiny data sets
             warnings.simplefilter("ignore")
             gp.fit(X, y)
@@ -180,12 +191,19 @@ class Proxy(BaseEstimator):
     """Model selection by cross-validated Kendall tau over families, then a refit on all data."""
 
     def __init__(self, families: tuple[str, ...] = FAMILIES, n_members: int = 5, cv_folds: int = 4,
-                 random_state: int = 0, mlp_epochs: int = 200, prior_column: int | None = None):
+                 random_state: int = 0, mlp_epochs: int = 200, prior_column: int | None = None,
+                 fallback: str | None = None, fallback_margin: float = 0.1, min_cv_tau: float = 0.3):
         self.families = families
         self.n_members = n_members
         self.cv_folds = cv_folds
         self.random_state = random_state
         self.mlp_epochs = mlp_epochs
+        # a family kept unless CV shows another ranks: the best family must reach ``min_cv_tau`` and
+        # beat the fallback's tau by ``fallback_margin``; CV taus from a few dozen runs are noisy,
+        # and a noisy pick of a family that extrapolates (ridge to a corner, trees flat) costs runs
+        self.fallback = fallback
+        self.fallback_margin = fallback_margin
+        self.min_cv_tau = min_cv_tau
         # a column of X holding an analytical model's prediction of y (e.g. the step model's log
         # throughput): the families then learn the residual y - prior, and predict prior + residual,
         # so that with little data the proxy ranks like the model and data corrects it where it errs
@@ -220,6 +238,10 @@ class Proxy(BaseEstimator):
                 self.cv_tau_[kind] = kendall_tau(y + prior, oof + prior)  # rank of the target, not the residual
             # ties go to the earlier family in `families`
             self.selected_ = max(self.families, key=lambda k: (self.cv_tau_[k], -self.families.index(k)))
+            fb = self.fallback
+            if fb in self.cv_tau_ and (self.cv_tau_[self.selected_] < self.min_cv_tau
+                                       or self.cv_tau_[self.selected_] - self.cv_tau_[fb] < self.fallback_margin):
+                self.selected_ = fb
         else:
             self.selected_ = self.families[0]
             if "ridge" in self.families and len(y) < 6:

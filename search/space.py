@@ -267,19 +267,62 @@ class Space(Frozen):
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         point: dict[str, Any] = {}
         for p in self.parameters:
-            if not self.active(p, point):
-                continue
-            if p.type == "categorical":
-                point[p.name] = p.choices[int(rng.integers(len(p.choices)))]
-            elif p.type == "int" and not p.log:  # uniform over the values: an index, never a list
-                point[p.name] = int(p.low) + int(p.step or 1) * int(rng.integers(p.count()))
-            else:
-                lo, hi = p.low, p.high
-                x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if p.log else rng.uniform(lo, hi)
-                if p.step:
-                    x = lo + round((x - lo) / p.step) * p.step
-                point[p.name] = int(round(x)) if p.type == "int" else float(min(max(x, lo), hi))
+            if self.active(p, point):
+                point[p.name] = self.sample_value(p, rng)
         return point
+
+    @staticmethod
+    def sample_value(p: Parameter, rng: np.random.Generator) -> Any:
+        """One value of ``p``, uniform on its (log) scale."""
+        if p.type == "categorical":
+            return p.choices[int(rng.integers(len(p.choices)))]
+        if p.type == "int" and not p.log:  # uniform over the values: an index, never a list
+            return int(p.low) + int(p.step or 1) * int(rng.integers(p.count()))
+        lo, hi = p.low, p.high
+        x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if p.log else rng.uniform(lo, hi)
+        if p.step:
+            x = lo + round((x - lo) / p.step) * p.step
+        return int(round(x)) if p.type == "int" else float(min(max(x, lo), hi))
+
+    def neighbour(self, point: dict[str, Any], rng: np.random.Generator, scale: float) -> dict[str, Any]:
+        """A point near ``point``: each active parameter moves with probability ``min(1, 2/d)`` (at
+        least one moves); a number by a Gaussian step of sd ``scale`` on its [0, 1] (log where
+        ``log``) scale, rounded to its grid; a numeric choice the same on its index; a text choice
+        is redrawn. A parameter that becomes active is drawn afresh, one that becomes inactive is
+        dropped. What the local part of the proxy's inner search walks on (SMAC's local search
+        over the acquisition, Hutter et al. 2011, in small)."""
+        names = [p.name for p in self.parameters if p.name in point]
+        moving = {n for n in names if rng.random() < min(1.0, 2.0 / max(len(names), 1))}
+        if names and not moving:
+            moving = {names[int(rng.integers(len(names)))]}
+        out: dict[str, Any] = {}
+        for p in self.parameters:
+            if not self.active(p, out):
+                continue
+            if p.name not in point:
+                out[p.name] = self.sample_value(p, rng)  # it became active
+            elif p.name not in moving:
+                out[p.name] = point[p.name]
+            elif p.type == "categorical" and not p.numeric:
+                out[p.name] = p.choices[int(rng.integers(len(p.choices)))]
+            elif p.type == "categorical":
+                order = sorted(range(len(p.choices)), key=lambda i: p.choices[i])
+                at = order.index(next(i for i, c in enumerate(p.choices) if c == point[p.name]))
+                out[p.name] = p.choices[order[_step_index(at, len(order), rng.normal(0.0, scale))]]
+            else:
+                lo, hi = (math.log(p.low), math.log(p.high)) if p.log else (p.low, p.high)
+                v = math.log(point[p.name]) if p.log else float(point[p.name])
+                x = min(max(v + rng.normal(0.0, scale) * (hi - lo), lo), hi)
+                x = math.exp(x) if p.log else x
+                if p.step or p.type == "int":
+                    grid = p.step or 1
+                    at = round((point[p.name] - p.low) / grid)
+                    j = round((x - p.low) / grid)
+                    if j == at:  # a discrete parameter chosen to move moves at least one value
+                        j = _step_index(at, p.count(), 1e-9 if x >= point[p.name] else -1e-9)
+                    x = p.low + j * grid
+                out[p.name] = int(round(min(max(x, p.low), p.high))) if p.type == "int" else float(min(max(x, p.low), p.high))
+        return out
 
     def validate_point(self, point: dict[str, Any], source: str = "point") -> dict[str, Any]:
         """The point restricted to its active parameters; a missing/unknown/out-of-range value is a SpecError."""
@@ -424,6 +467,17 @@ class Space(Frozen):
                 raise SpecError("not a Config field", source=self.name, field=name)
             node[parts[-1]] = value
         return parse_model(Config, data, source=f"space {self.name}")
+
+
+def _step_index(at: int, n: int, z: float) -> int:
+    """Index ``at`` of ``n`` moved by ``z`` of the range, at least one value, kept inside."""
+    move = int(round(z * max(n - 1, 1)))
+    if move == 0:
+        move = 1 if z >= 0 else -1
+    j = at + move
+    if not 0 <= j < n:
+        j = at - move  # bounce off the edge
+    return min(max(j, 0), n - 1)
 
 
 def _is_number(x: Any) -> bool:

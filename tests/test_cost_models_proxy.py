@@ -75,3 +75,31 @@ def test_proxy_with_a_prior_column_learns_the_residual_and_ranks_from_few_points
     assert np.all(np.isfinite(with_prior.predict(Xg)))
     q = Proxy.from_json(with_prior.to_json())
     assert np.allclose(q.predict(Xt), with_prior.predict(Xt))
+
+
+def test_the_gp_trains_on_a_seeded_subset_past_its_row_cap():
+    """An exact GP is cubic in its rows: past ``gp_max_rows`` it trains on a seeded random subset
+    (so proposals stay seconds at thousands of runs), and still ranks held-out points."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(400, 3))
+    y = X @ np.array([2.0, -1.0, 0.5]) + 0.05 * rng.normal(size=400)
+    a = EnsembleRegressor(kind="gp", gp_max_rows=60).fit(X, y)
+    b = EnsembleRegressor(kind="gp", gp_max_rows=60).fit(X, y)
+    assert a.members_[0].X_train_.shape[0] == 60
+    assert np.array_equal(a.members_[0].X_train_, b.members_[0].X_train_)
+    Xt = rng.uniform(size=(50, 3))
+    assert kendall_tau(Xt @ np.array([2.0, -1.0, 0.5]), a.predict(Xt)) > 0.8
+    assert EnsembleRegressor(kind="gp", gp_max_rows=1000).fit(X[:100], y[:100]).members_[0].X_train_.shape[0] == 100
+
+
+def test_a_fallback_family_is_kept_unless_cv_shows_another_ranks_clearly_better():
+    rng = np.random.default_rng(3)
+    X = rng.uniform(size=(40, 3))
+    noise = rng.normal(size=40)  # nothing to rank: every CV tau is near 0
+    picked = Proxy(families=("ridge", "xgboost", "gp"), fallback="gp").fit(X, noise)
+    assert max(picked.cv_tau_.values()) < 0.3 and picked.selected_ == "gp"
+    # a step function: trees rank it, the smooth GP less so; the margin is CV's to show
+    y = (X[:, 0] > 0.5).astype(float) * 3 + 0.1 * X[:, 1]
+    p = Proxy(families=("xgboost", "gp"), fallback="gp").fit(X, y)
+    clear = p.cv_tau_["xgboost"] - p.cv_tau_["gp"] >= 0.1 and p.cv_tau_["xgboost"] >= 0.3
+    assert p.selected_ == ("xgboost" if clear else "gp")

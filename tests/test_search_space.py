@@ -80,3 +80,29 @@ def test_points_outside_the_space_and_unknown_config_fields_are_rejected():
         sp.validate_point({"batch_size": 2, "kernels.nope": "x", "zzz": 1})
     with pytest.raises(SpecError, match="kernels.nope"):
         sp.to_config({"batch_size": 2, "kernels.nope": "x"})
+
+
+def test_neighbours_stay_in_the_space_and_stay_near():
+    sp = _space([
+        {"name": "fp8.policy", "type": "categorical", "choices": ["off", "budget"]},
+        {"name": "fp8.budget_sqnr_db", "type": "float", "low": 10, "high": 40, "step": 10,
+         "when": {"fp8.policy": ["budget"]}},
+        {"name": "batch_size", "type": "int", "low": 64, "high": 4096, "log": True},
+        {"name": "lr", "type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+        {"name": "width", "type": "categorical", "choices": [512, 64, 128, 256]},
+    ])
+    rng = np.random.default_rng(0)
+    moved = set()
+    for _ in range(300):
+        p = sp.sample(rng)
+        q = sp.neighbour(p, rng, 0.05)
+        assert sp.validate_point(q) == q  # in range, on the grid, conditionals honoured
+        assert isinstance(q["batch_size"], int)
+        moved |= {k for k in q if q[k] != p.get(k)}
+        # a small step on a numeric choice moves to an adjacent value by size, not by list position
+        if q["width"] != p["width"]:
+            order = [64, 128, 256, 512]
+            assert abs(order.index(q["width"]) - order.index(p["width"])) == 1
+        # a numeric parameter moves little on its log scale
+        assert abs(np.log(q["lr"]) - np.log(p["lr"])) <= 6 * 0.05 * np.log(1e3)
+    assert moved >= {"fp8.policy", "fp8.budget_sqnr_db", "batch_size", "lr", "width"}

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import SpecError
 
-STRATEGIES = ("cubic", "cubic-gp", "cubic-nsga2", "tpe", "gp", "random")
+STRATEGIES = ("cubic", "cubic-tpe", "cubic-gp", "cubic-nsga2", "tpe", "gp", "random")
 BASELINES = ("random", "tpe")
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_SPACES = {"local": DATA / "space-default.yaml", "distributed": DATA / "space-sharding-cpu.yaml",
