@@ -200,7 +200,7 @@ def runs_to_target(space: Space, summary, target: float) -> int | None:
 def run_method(space, table, method, seed, budget, k, featurize, context, n_inner, storage=None, warm=(),
                target=None):
     cubic = method.startswith("cubic")
-    strategy = ProxyGuided("tpe", n_inner=n_inner, reselect_every=4) if cubic else method
+    strategy = ProxyGuided(n_inner=n_inner, reselect_every=4) if cubic else method  # the campaign's default inner search
     if method == "cubic-noprior":
         featurize = cubic_featurizer(space, prior=False)
 
@@ -398,7 +398,7 @@ def run_public(args) -> None:
     import json
 
     from experiments.common import RESULTS
-    from experiments._search_public import public_targets, run
+    from experiments._search_public import overhead_curve, public_targets, run
 
     name = "search_benchmark"
     path = RESULTS / f"{name}.json"
@@ -418,12 +418,19 @@ def run_public(args) -> None:
                             "stale_sections_note": ("'spaces' and their targets are from the earlier full run "
                                                     f"({stored.get('finished_at')}); only 'public' is from this code")}
         targets_old = {k: v for k, v in (stored.get("targets") or {}).items() if not k.startswith("public:")}
+        if curve:
+            stored["public"]["overhead_200"] = {"kind": "MEASURED on this machine", **curve}
         if all(len(p["methods"]) == 4 for p in pub.values()):
-            targets_old.update(public_targets(pub, args.public_budget))
+            targets_old.update(public_targets(pub, args.public_budget, curve))
         stored["targets"] = targets_old
         write_result(name, stored)
 
-    save(run(args.public_problems, seeds, args.public_budget, log=log, on_row=save))
+    curve: dict = {}
+    pub = run(args.public_problems, seeds, args.public_budget, log=log, on_row=save)
+    log("overhead as one study grows to 200 trials ...")
+    curve.update(overhead_curve(trials=200))
+    log(f"  {curve['last_50_s_per_trial']:.3f} s/trial over the last 50 (mean {curve['mean_s_per_trial']:.3f})")
+    save(pub)
     stored["public"]["problems"] = {**before, **stored["public"]["problems"]}
     plot_public(stored, png_path(name + "_public"))
     log(f"wrote {path}")
@@ -563,7 +570,7 @@ def hard_targets(name: str, r: dict) -> dict:
         out[next(reversed(out))]["reason"] = (
             "not diagnosed yet: the sampler's median is close to cubic-noprior's "
             f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
-            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided('tpe', n_inner=128, "
+            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided(n_inner=128, "
             "reselect_every=4), and failed trials entering as 'error' rather than their failure kind)")
     taus = [row["held_out_tau"] for row in r["holdout_tau"]]
     tau = float(np.mean(taus))
@@ -630,7 +637,8 @@ def main() -> None:
             if pub and all(len(p["methods"]) == 4 for p in pub.values()):
                 from experiments._search_public import public_targets
 
-                stored["targets"].update(public_targets(pub, stored["public"]["budget"]))
+                stored["targets"].update(public_targets(pub, stored["public"]["budget"],
+                                                        stored["public"].get("overhead_200")))
             write_result(name, stored)
         plot(stored, png_path(name))
         return
@@ -651,7 +659,7 @@ def main() -> None:
                                "CV Kendall tau) learns the residual of the analytical step model's prediction "
                                "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
                                "the first round is half the prior's best predictions and half random, then "
-                               "Optuna TPE over the proxy, constrained EI with local-penalty batches; "
+                               "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
                                "cubic-noprior = the same loop without the prior (ablation); "
                                "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
                                "random = uniform without repeats. A seed that never reaches the target "
