@@ -311,6 +311,18 @@ def memory_bound(space: Space, table: dict[str, Result], *, seeds, budget, featu
     return r
 
 
+# a bar set on an earlier version of the problem: why the figure moved (found by bisecting the same
+# search on the same seeds over the commits since the bar was set)
+REGRESSION_WHY = {
+    "sim:wukong-large@h100x64": (
+        "the simulated problem changed under this bar, not the search: bisecting the same campaign (Optuna TPE "
+        "inside, 5 seeds) from the bar's commit 8a94e4f finds b661984 first (one plan path: the simulator plans "
+        "with the registered greedy planner and prices with the device's HBM model), where runs to 98% went "
+        "[5, 5, 5, 5, 5] -> [7, 7, 13, 7, 5], and the later merges of issues 22-27 to [36, 41, 13, 17, 11]; this "
+        "stop's local inner search gives the same runs as the TPE inner search ([36, 41, 13, 17, 11] both). "),
+}
+
+
 def targets(results: dict) -> dict:
     """Each target: what it asks, what was measured, met or not."""
     out = {}
@@ -320,19 +332,19 @@ def targets(results: dict) -> dict:
             continue  # not run (--quick skips the real space)
         cm, tm = sp["methods"]["cubic"]["mean_runs_to_target"], sp["methods"]["tpe"]["mean_runs_to_target"]
         real = name.startswith("real")
-        why = ("the real table is now each configuration's pooled repeats (2 per config, as campaigns measure), "
-               "not the fastest of 5 passes; the step-model prior's top pick is no longer the measured best, and "
-               "the runs' own noise (see results/measurement_noise.json) leaves near-ties among the leaders"
-               ) if real else (f"cubic's mean runs to {TARGET:.0%} over the seeds were {cm:g} against TPE's {tm:g}; "
-                                "the seeds' spread is in spaces[name].methods")
+        own_met = cm <= base["cubic"] + 1e-9
+        why = (REGRESSION_WHY.get(name) or "") + (
+            f"cubic's mean runs to {TARGET:.0%} over the seeds were {cm:g} against TPE's {tm:g} ({base['tpe']} when "
+            "the bar was set); the seeds' spread is in spaces[name].methods")
         out[f"{name}: cubic runs to {TARGET:.0%} <= {base['cubic']} (before)"] = {
-            "measured": cm, "target": base["cubic"], "met": cm <= base["cubic"] + 1e-9,
-            **({"reason": why} if cm > base["cubic"] + 1e-9 else {})}
+            "measured": cm, "target": base["cubic"], "met": own_met, **({} if own_met else {"reason": why})}
         ratio = cm / tm
+        ratio_met = ratio <= base["cubic"] / base["tpe"] + 1e-9
         out[f"{name}: cubic/tpe runs <= {base['cubic']}/{base['tpe']} (before)"] = {
-            "measured": ratio, "target": base["cubic"] / base["tpe"],
-            "met": ratio <= base["cubic"] / base["tpe"] + 1e-9, "tpe": tm,
-            **({"reason": why} if ratio > base["cubic"] / base["tpe"] + 1e-9 else {})}
+            "measured": ratio, "target": base["cubic"] / base["tpe"], "met": ratio_met, "tpe": tm,
+            **({} if ratio_met else {"reason": why if not own_met else (
+                f"cubic's own bar is met ({cm:g} runs); TPE needed {tm:g} runs this time against {base['tpe']} "
+                "when the bar was set, so the ratio moved with TPE's runs, not cubic's")})}
     mb = results["spaces"].get("sim-memory-bound:wukong-large@h100x64")
     if mb is not None:
         share = mb["infeasible_share_of_runs"]["cubic"]["mean"]
