@@ -283,7 +283,7 @@ class Surrogate:
             fams = self.families if i == 0 else (self.proxies_[0].selected_,)
             self.proxies_.append(Proxy(families=fams, random_state=_seed(self.seed, len(train), i),
                                        prior_column=self.priors.get(o.metric) if o.direction == "maximize" else None,
-                                       fallback=self.fallback if self.fallback in fams else None,
+                                       fallback=self.fallback,
                                        ).fit(X_all[ok_mask], y))
         self.selected_ = self.proxies_[0].selected_
         self.cv_tau_ = self.proxies_[0].cv_tau_
@@ -488,7 +488,7 @@ class ProxyGuided(Strategy):
         if len(families) > 1:
             self._cv_n = n_ok
         self._fit = {"family": sur.selected_, "cv_tau": sur.cv_tau_ or self._fit.get("cv_tau", {}),
-                     "n_train": int(sum(o.ok and objective_value(self.space, o) is not None for o in train)),
+                     "n_train": n_ok,
                      "n_warm": len(self.ctx.warm)}
         return sur
 
