@@ -536,37 +536,36 @@ def rank_session(workload: Workload, config: Config, plan: Plan | None, *, rank:
     return TrainSession(workload, gconf, device, transform=transform, embedding=emb, rank=rank, world_size=world)
 
 
-def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: int, warmup: int = 5,
-               rank: int = 0, world: int = 1, device: str = "auto", eval_every: int | None = None,
-               check_single: bool | None = None, versions_info: dict[str, str] | None = None,
-               fp8_choice=None) -> Result | None:
-    """One rank of a run (the process group is initialised when ``world > 1``). Rank 0 returns the
-    Result (and runs the single-process reference after the others are done, when asked); other
-    ranks return None. ``fp8_choice``: the config's FP8 choice already resolved (a budget policy's
-    placement comes from one Probe on rank 0, not one per rank). Exceptions propagate."""
-    import numpy as np
-    import torch.distributed as dist
+@dataclass
+class _RankRun:
+    """What one rank's training loop (:func:`_train_rank`) leaves for the Result."""
 
-    from cubic.core.fingerprint import fingerprint, fingerprint_hash, versions
-    from cubic.core.train import NonFiniteLoss, PhaseClock, window_stats
-    from cubic.runners.base import peak_memory, proc_status_bytes, reset_peak_rss, resolve_device, result_header
-    from cubic.runners.local import PHASES, CpuMeter, fp8_transform
+    trajectory: list[dict]
+    times: dict[str, list[float]]  # per timed step, ms: "step", "sync" and each of PHASES
+    meter: Any  # the CpuMeter around the timed steps
+    setup_peak: int | None  # VmHWM before training
+    peak_reset: bool  # whether VmHWM was reset when training started
+    failure: str | None  # the non-finite loss's message: every rank stopped at that step
 
-    head = result_header(workload, config)
+
+def _rank_device(device: str) -> torch.device:
+    """The device this rank trains on: on CUDA without an index, its local rank's."""
+    from cubic.runners.base import resolve_device
+
     dev = torch.device(resolve_device(device))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    gconf = _global_config(config, plan, world)
-    transform = fp8_transform(config, workload, fp8_choice)
-    wl = gconf.apply(workload)
-    session = rank_session(workload, config, plan, rank=rank, world=world, device=dev, transform=transform)
-    emb = session.model.embedding if world > 1 else None
-    two_d: TwoD | None = getattr(emb, "two_d", None)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    total = warmup + steps
-    every = eval_every or max(1, total // 5)
-    eval_at = sorted({0, total, *range(every, total, every)})
+    return dev
+
+
+def _train_rank(session, dev: torch.device, emb: ShardedEmbedding | None, *, warmup: int, total: int,
+                eval_at: list[int]) -> _RankRun:
+    """``warmup`` untimed then timed steps (through the phase clock), evaluating at ``eval_at``
+    (outside the timed region) and at the end unless the loss went non-finite."""
+    from cubic.core.train import NonFiniteLoss, PhaseClock
+    from cubic.runners.base import proc_status_bytes, reset_peak_rss
+    from cubic.runners.local import PHASES, CpuMeter
+
     trajectory = [{"step": 0.0, **session.evaluate()}]
     setup_peak = proc_status_bytes("VmHWM")
     peak_reset = dev.type == "cpu" and reset_peak_rss()
@@ -596,10 +595,18 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
             trajectory.append({"step": float(step + 1), **session.evaluate()})
     if failure is None:
         trajectory.append({"step": float(total), **session.evaluate()})
-    step_ms = times["step"]
-    mem = peak_memory(dev)
+    return _RankRun(trajectory, times, meter, setup_peak, peak_reset, failure)
+
+
+def _reduce_over_ranks(run: _RankRun, mem: dict[str, float], *, dev: torch.device, world: int,
+                       two_d: TwoD | None) -> tuple[list[float], list[float], list[float]]:
+    """(step times, sync times, each 2D replica's end NE) over all ranks, then leaves the process
+    group: these are every rank's last collectives. ``mem["peak_mem_bytes"]`` becomes the largest rank's."""
+    import torch.distributed as dist
+
+    step_ms = run.times["step"]
     replica_ne: list[float] = []
-    sync_ms = times["sync"]
+    sync_ms = run.times["sync"]
     if world > 1:  # a step is as slow as the slowest rank; a run needs the largest rank's memory
         n = len(step_ms)
         agg = torch.tensor(step_ms + sync_ms + [mem["peak_mem_bytes"]], dtype=torch.float64, device=dev)  # NCCL: on device
@@ -607,68 +614,138 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
         step_ms, sync_ms, mem["peak_mem_bytes"] = agg[:n].tolist(), agg[n:2 * n].tolist(), float(agg[-1])
         if two_d is not None:  # each replica's own model: the NE every group's ranks computed, averaged
             ne = torch.zeros(two_d.replicas, dtype=torch.float64, device=dev)
-            ne[two_d.replica] = trajectory[-1]["ne"] / two_d.group_size
+            ne[two_d.replica] = run.trajectory[-1]["ne"] / two_d.group_size
             dist.all_reduce(ne)
             replica_ne = ne.tolist()
         dist.destroy_process_group()
+    return step_ms, sync_ms, replica_ne
+
+
+def _worker_metrics(run: _RankRun, step_ms: list[float], sync_ms: list[float], mem: dict[str, float],
+                    losses: list[float], *, global_batch: int, world: int) -> dict[str, float]:
+    """Rank 0's metrics from the figures reduced over ranks."""
+    import numpy as np
+
+    from cubic.core.train import window_stats
+    from cubic.runners.local import quality_metrics
+
+    return {
+        **window_stats(step_ms, global_batch),
+        "step_time_p90_ms": float(np.percentile(step_ms, 90)),
+        **mem,
+        **quality_metrics(run.trajectory, losses),
+        "batch_size": float(global_batch // world), "world_size": float(world),
+        "comm_time_median_ms": float(np.median(run.times["communication"])),
+        "sync_time_mean_ms": float(np.mean(sync_ms)) if sync_ms else 0.0,
+        "sync_time_median_ms": float(np.median(sync_ms)) if sync_ms else 0.0,
+        **run.meter.metrics(),
+    }
+
+
+def _worker_extra(run: _RankRun, step_ms: list[float], sync_ms: list[float], losses: list[float], *,
+                  dev: torch.device, world: int, backend: str, global_batch: int, steps: int, warmup: int,
+                  every: int, plan: Plan | None) -> dict[str, Any]:
+    """Rank 0's ``extra``: how the run was made, and its per-step figures."""
+    return {
+        "device": str(dev), "world_size": world, "backend": backend, "global_batch": global_batch,
+        "threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "eval_every": every,
+        "train_losses": losses, "step_times_ms": [round(x, 4) for x in step_ms],
+        "peak_mem": "max over ranks; " + ("cuda max_memory_allocated/reserved" if dev.type == "cuda" else
+                                          "VmHWM since training started" if run.peak_reset else "VmHWM"),
+        "setup_peak_rss_bytes_rank0": run.setup_peak,
+        "shard_types": sorted({s.sharding_type for s in plan.shards}) if plan else [],
+        "tolerance": {"early_steps": EARLY_STEPS, "loss_rtol": LOSS_RTOL, "ne_rtol": NE_RTOL},
+        "sync_times_ms": [round(x, 4) for x in sync_ms],
+    }
+
+
+def _add_two_d(metrics: dict[str, float], extra: dict[str, Any], two_d: TwoD, replica_ne: list[float],
+               optimizer: str) -> None:
+    """The 2D layout's figures; ``ne_end`` becomes the mean over replicas of each one's own NE."""
+    import numpy as np
+
+    extra["two_d"] = {**two_d.describe(), "replica_ne_end": replica_ne,
+                      "ne_end": "mean over replicas of each replica's own eval NE (the trajectory is replica 0's)",
+                      "optimizer": optimizer}
+    metrics["ne_end"] = float(np.mean(replica_ne))
+    metrics["group_size"], metrics["replicas"] = float(two_d.group_size), float(two_d.replicas)
+    metrics["sync_interval"] = float(two_d.interval)
+
+
+def _compare_single_process(workload: Workload, gconf: Config, run: _RankRun, losses: list[float],
+                            metrics: dict[str, float], extra: dict[str, Any], *, total: int, eval_at: list[int],
+                            dev: torch.device, transform, fp8: bool) -> str | None:
+    """Runs the single-process reference and records the comparison in ``metrics`` and ``extra``;
+    why the run fails when it deviates beyond tolerance (None when it matches, and always with FP8)."""
+    ref = reference_run(workload, gconf, steps=total, eval_at=eval_at, device=dev, transform=transform)
+    metrics.update(compare_to_reference(losses, run.trajectory, ref))
+    extra["single_process"] = ref
+    if fp8:
+        extra["single_process_note"] = FP8_NOTE
+        return None
+    if metrics["matches_single_process"]:
+        return None
+    return (f"the distributed run deviates from the single-process run: early loss "
+            f"{metrics['loss_max_rel_diff_vs_single_process']:.2e} (tolerance {LOSS_RTOL:g}), end NE "
+            f"{metrics['ne_end_rel_diff_vs_single_process']:.2e} (tolerance {NE_RTOL:g})")
+
+
+def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: int, warmup: int = 5,
+               rank: int = 0, world: int = 1, device: str = "auto", eval_every: int | None = None,
+               check_single: bool | None = None, versions_info: dict[str, str] | None = None,
+               fp8_choice=None) -> Result | None:
+    """One rank of a run (the process group is initialised when ``world > 1``). Rank 0 returns the
+    Result (and runs the single-process reference after the others are done, when asked); other
+    ranks return None. ``fp8_choice``: the config's FP8 choice already resolved (a budget policy's
+    placement comes from one Probe on rank 0, not one per rank). Exceptions propagate."""
+    import numpy as np
+
+    from cubic.core.fingerprint import fingerprint, fingerprint_hash, versions
+    from cubic.runners.base import peak_memory, result_header
+    from cubic.runners.local import PHASES, fp8_transform
+
+    head = result_header(workload, config)
+    dev = _rank_device(device)
+    gconf = _global_config(config, plan, world)
+    transform = fp8_transform(config, workload, fp8_choice)
+    wl = gconf.apply(workload)
+    session = rank_session(workload, config, plan, rank=rank, world=world, device=dev, transform=transform)
+    emb = session.model.embedding if world > 1 else None
+    two_d: TwoD | None = getattr(emb, "two_d", None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    total = warmup + steps
+    every = eval_every or max(1, total // 5)
+    eval_at = sorted({0, total, *range(every, total, every)})
+    run = _train_rank(session, dev, emb, warmup=warmup, total=total, eval_at=eval_at)
+    mem = peak_memory(dev)
+    step_ms, sync_ms, replica_ne = _reduce_over_ranks(run, mem, dev=dev, world=world, two_d=two_d)
     if rank != 0:
         return None
     fp = {**fingerprint(dev.type), "runner": "distributed", "world_size": world,
           "backend": ("nccl" if dev.type == "cuda" else "gloo") if world > 1 else "none"}
     common = dict(fingerprint=fp, fingerprint_hash=fingerprint_hash(fp),
                   versions=versions_info if versions_info is not None else versions(), **head)
-    if failure is not None:
-        return Result.failed("nan", failure, trajectory=trajectory, **common)
+    if run.failure is not None:
+        return Result.failed("nan", run.failure, trajectory=run.trajectory, **common)
     losses = session.losses
-    metrics: dict[str, float] = {
-        **window_stats(step_ms, wl.batch_size),
-        "step_time_p90_ms": float(np.percentile(step_ms, 90)),
-        **mem,
-        "loss_start": trajectory[0]["loss"], "loss_end": trajectory[-1]["loss"],
-        "ne_start": trajectory[0]["ne"], "ne_end": trajectory[-1]["ne"],
-        "train_loss_first": float(np.mean(losses[:5])), "train_loss_last": float(np.mean(losses[-5:])),
-        "batch_size": float(wl.batch_size // world), "world_size": float(world),
-        "comm_time_median_ms": float(np.median(times["communication"])),
-        "sync_time_mean_ms": float(np.mean(sync_ms)) if sync_ms else 0.0,
-        "sync_time_median_ms": float(np.median(sync_ms)) if sync_ms else 0.0,
-        **meter.metrics(),
-    }
-    extra: dict[str, Any] = {
-        "device": str(dev), "world_size": world, "backend": fp["backend"], "global_batch": wl.batch_size,
-        "threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "eval_every": every,
-        "train_losses": losses, "step_times_ms": [round(x, 4) for x in step_ms],
-        "peak_mem": "max over ranks; " + ("cuda max_memory_allocated/reserved" if dev.type == "cuda" else
-                                          "VmHWM since training started" if peak_reset else "VmHWM"),
-        "setup_peak_rss_bytes_rank0": setup_peak,
-        "shard_types": sorted({s.sharding_type for s in plan.shards}) if plan else [],
-        "tolerance": {"early_steps": EARLY_STEPS, "loss_rtol": LOSS_RTOL, "ne_rtol": NE_RTOL},
-        "sync_times_ms": [round(x, 4) for x in sync_ms],
-    }
+    metrics = _worker_metrics(run, step_ms, sync_ms, mem, losses, global_batch=wl.batch_size, world=world)
+    extra = _worker_extra(run, step_ms, sync_ms, losses, dev=dev, world=world, backend=fp["backend"],
+                          global_batch=wl.batch_size, steps=steps, warmup=warmup, every=every, plan=plan)
     if two_d is not None:
-        extra["two_d"] = {**two_d.describe(), "replica_ne_end": replica_ne,
-                          "ne_end": "mean over replicas of each replica's own eval NE (the trajectory is replica 0's)",
-                          "optimizer": wl.optimizers.embedding}
-        metrics["ne_end"] = float(np.mean(replica_ne))
-        metrics["group_size"], metrics["replicas"] = float(two_d.group_size), float(two_d.replicas)
-        metrics["sync_interval"] = float(two_d.interval)
+        _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding)
     fp8 = config.fp8.policy != "off"
     if check_single is None:
         check_single = (world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8
                         and (two_d is None or two_d.sync == "gradients"))  # averaged replicas differ by design
-    phases = {p: float(np.median(times[p])) for p in PHASES}
+    phases = {p: float(np.median(run.times[p])) for p in PHASES}
     if check_single:
-        ref = reference_run(workload, gconf, steps=total, eval_at=eval_at, device=dev, transform=transform)
-        metrics.update(compare_to_reference(losses, trajectory, ref))
-        extra["single_process"] = ref
-        if fp8:
-            extra["single_process_note"] = FP8_NOTE
-        elif not metrics["matches_single_process"]:
-            return Result.failed(
-                "error", f"the distributed run deviates from the single-process run: early loss "
-                         f"{metrics['loss_max_rel_diff_vs_single_process']:.2e} (tolerance {LOSS_RTOL:g}), end NE "
-                         f"{metrics['ne_end_rel_diff_vs_single_process']:.2e} (tolerance {NE_RTOL:g})",
-                metrics=metrics, trajectory=trajectory, phases_ms=phases, extra=extra, **common)
-    return Result(status="ok", source="measured", metrics=metrics, trajectory=trajectory, phases_ms=phases,
+        why = _compare_single_process(workload, gconf, run, losses, metrics, extra, total=total, eval_at=eval_at,
+                                      dev=dev, transform=transform, fp8=fp8)
+        if why is not None:
+            return Result.failed("error", why, metrics=metrics, trajectory=run.trajectory, phases_ms=phases,
+                                 extra=extra, **common)
+    return Result(status="ok", source="measured", metrics=metrics, trajectory=run.trajectory, phases_ms=phases,
                   extra=extra, **common)
 
 

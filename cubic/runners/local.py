@@ -72,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -427,37 +428,52 @@ def _phase_steps(steps: int) -> set[int]:
     return {j for j in range(steps) if j % PHASE_EVERY == min(2, steps - 1)}
 
 
-def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
-                      device: str = "auto", eval_every: int | None = None, fault: Fault | None = None,
-                      progress: ProgressFn | None = None, versions_info: dict[str, str] | None = None) -> Result:
-    """One measurement in this process (the child's body). Exceptions propagate to the caller."""
+def quality_metrics(trajectory: list[dict], losses: list[float]) -> dict[str, float]:
+    """What a run did to the model: eval loss and NE before the first and after the last step, and
+    the mean training loss of the first and of the last (up to) five steps."""
     import numpy as np
-    import torch
 
-    from cubic.core.fingerprint import fingerprint, fingerprint_hash
-    from cubic.core.train import NonFiniteLoss, PhaseClock, TrainSession, window_stats
+    k = min(5, len(losses))
+    return {"loss_start": trajectory[0]["loss"], "loss_end": trajectory[-1]["loss"],
+            "ne_start": trajectory[0]["ne"], "ne_end": trajectory[-1]["ne"],
+            "train_loss_first": float(np.mean(losses[:k])), "train_loss_last": float(np.mean(losses[-k:]))}
 
-    head = result_header(workload, config)
-    dev = torch.device(resolve_device(device))
+
+@dataclass
+class _Timings:
+    """What the training loop (:func:`_train_timed`) measured."""
+
+    times: dict[str, list[float]]  # ms: "step" (whole timed steps) and each of PHASES (phase steps)
+    preempted: list[int]  # involuntary context switches of each "step" entry (0: not preempted)
+    phase_steps: set[int]
+    gen_s: float  # seconds generating batches during the loop
+    failure: str | None  # the non-finite loss's message: the run stopped there
+
+
+def _session(workload: Workload, config: Config, dev, fault: Fault | None):
+    """The run's TrainSession (FP8 applied) and its fault injector (a ``nan`` fault hooks the loss)."""
+    from cubic.core.train import TrainSession
+
     session = TrainSession(workload, config, dev, transform=fp8_transform(config, workload))
-    w = session.workload
     inject = _Inject(fault)
     if inject.fault is not None and inject.fault.kind == "nan":
         session.loss_hook = lambda step, loss: loss * float("nan") if inject.at(step, "nan") else loss
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+    return session, inject
 
-    def evaluate(step: int) -> dict[str, float]:
-        return {"step": float(step), **session.evaluate()}
+
+def _evaluate(session, step: int) -> dict[str, float]:
+    return {"step": float(step), **session.evaluate()}
+
+
+def _train_timed(session, dev, meter: CpuMeter, inject: _Inject, trajectory: list[dict], *, steps: int,
+                 warmup: int, every: int, progress: ProgressFn | None) -> _Timings:
+    """``warmup`` untimed and ``steps`` timed training steps (see the module docstring), appending
+    the evaluations every ``every`` steps (not the last) to ``trajectory``. Stops at a non-finite loss."""
+    import torch
+
+    from cubic.core.train import NonFiniteLoss, PhaseClock
 
     total = warmup + steps
-    every = eval_every or max(1, total // 5)
-    trajectory = [evaluate(0)]
-    probe_before = speed_probe() if dev.type == "cpu" else math.nan  # before the peak-memory reset
-    setup_peak = proc_status_bytes("VmHWM")
-    peak_reset = dev.type == "cpu" and reset_peak_rss()
-    meter = CpuMeter()
-    ticks0, own0, ticks_t0 = machine_ticks(), cpu_and_preemptions()[0], time.monotonic()
     clock = PhaseClock(dev, session.comm_seconds)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
     times: dict[str, list[float]] = {p: [] for p in ("step", *PHASES)}
@@ -501,13 +517,20 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
             if done % _NAN_CHECK_EVERY == 0 or done == total or done % every == 0:
                 session.check_losses()
         except NonFiniteLoss as e:
-            return Result.failed("nan", str(e), trajectory=trajectory, **head)
+            return _Timings(times, preempted, phase_steps, gen_s, str(e))
         if done % every == 0 and done < total:
-            trajectory.append(evaluate(done))
+            trajectory.append(_evaluate(session, done))
         now = time.monotonic()
         if progress is not None and (now - last_progress >= _PROGRESS_EVERY_S or done == total):
             progress(done, total)
             last_progress = now
+    return _Timings(times, preempted, phase_steps, gen_s, None)
+
+
+def _others_and_steal(ticks0: tuple[int, int] | None, own0: float, ticks_t0: float) -> tuple[float, float]:
+    """The shares of the machine's CPU time that other processes and the hypervisor (steal) used
+    since ``ticks0`` (:func:`machine_ticks`), ``own0`` (this process's CPU seconds) and ``ticks_t0``
+    (``time.monotonic``) were read; NaN where there is no such count."""
     ticks1, own1, ticks_wall = machine_ticks(), cpu_and_preemptions()[0], time.monotonic() - ticks_t0
     hz = os.sysconf("SC_CLK_TCK")
     available = hz * ticks_wall * (os.cpu_count() or 1)  # clock ticks all CPUs had while the run trained
@@ -517,20 +540,49 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
         steal = (ticks1[1] - ticks0[1]) / available
     else:
         others = steal = math.nan
-    trajectory.append(evaluate(total))
+    return others, steal
+
+
+def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, warmup: int = 5,
+                      device: str = "auto", eval_every: int | None = None, fault: Fault | None = None,
+                      progress: ProgressFn | None = None, versions_info: dict[str, str] | None = None) -> Result:
+    """One measurement in this process (the child's body). Exceptions propagate to the caller."""
+    import numpy as np
+    import torch
+
+    from cubic.core.fingerprint import fingerprint, fingerprint_hash
+    from cubic.core.train import window_stats
+
+    head = result_header(workload, config)
+    dev = torch.device(resolve_device(device))
+    session, inject = _session(workload, config, dev, fault)
+    w = session.workload
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    total = warmup + steps
+    every = eval_every or max(1, total // 5)
+    trajectory = [_evaluate(session, 0)]
+    probe_before = speed_probe() if dev.type == "cpu" else math.nan  # before the peak-memory reset
+    setup_peak = proc_status_bytes("VmHWM")
+    peak_reset = dev.type == "cpu" and reset_peak_rss()
+    meter = CpuMeter()
+    ticks0, own0, ticks_t0 = machine_ticks(), cpu_and_preemptions()[0], time.monotonic()
+    run = _train_timed(session, dev, meter, inject, trajectory, steps=steps, warmup=warmup, every=every,
+                       progress=progress)
+    if run.failure is not None:
+        return Result.failed("nan", run.failure, trajectory=trajectory, **head)
+    others, steal = _others_and_steal(ticks0, own0, ticks_t0)
+    trajectory.append(_evaluate(session, total))
     mem = peak_memory(dev)  # before the probe's buffers can raise it
     probe_after = speed_probe() if dev.type == "cpu" else math.nan
 
-    step_ms = np.asarray(times["step"])
-    losses = session.losses
-    k = min(5, len(losses))
+    step_ms = np.asarray(run.times["step"])
     metrics = {
-        **window_stats(times["step"], w.batch_size, preempted=preempted),
+        **window_stats(run.times["step"], w.batch_size, preempted=run.preempted),
         "step_time_p90_ms": float(np.percentile(step_ms, 90)),
         **mem,
-        "loss_start": trajectory[0]["loss"], "loss_end": trajectory[-1]["loss"],
-        "ne_start": trajectory[0]["ne"], "ne_end": trajectory[-1]["ne"],
-        "train_loss_first": float(np.mean(losses[:k])), "train_loss_last": float(np.mean(losses[-k:])),
+        **quality_metrics(trajectory, session.losses),
         "batch_size": float(w.batch_size),
         **meter.metrics(),
         # how fast the machine itself was around the run (see speed_probe); the shares of the
@@ -541,13 +593,13 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
     fp = fingerprint(dev.type)
     return Result(
         status="ok", source="measured", metrics=metrics,
-        phases_ms={p: float(np.median(times[p])) for p in PHASES},
+        phases_ms={p: float(np.median(run.times[p])) for p in PHASES},
         trajectory=trajectory, fingerprint=fp, fingerprint_hash=fingerprint_hash(fp),
         versions=versions_info if versions_info is not None else versions(),
         extra={"device": str(dev), "threads": torch.get_num_threads(), "embedding_kernel": session.model.embedding.kernel,
                "dense_dtype": config.kernels.dense_dtype, "steps": steps, "warmup": warmup, "eval_every": every,
-               "data_gen_s": gen_s, "step_times_ms": [round(x, 4) for x in step_ms.tolist()],
-               "step_preempted": preempted, "phase_steps": sorted(phase_steps),
+               "data_gen_s": run.gen_s, "step_times_ms": [round(x, 4) for x in step_ms.tolist()],
+               "step_preempted": run.preempted, "phase_steps": sorted(run.phase_steps),
                "peak_mem": "cuda max_memory_allocated/reserved" if dev.type == "cuda" else
                            ("VmHWM since training started" if peak_reset else "VmHWM of the process"),
                "setup_peak_rss_bytes": setup_peak,
