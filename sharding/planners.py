@@ -29,6 +29,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -252,6 +253,18 @@ class HeuristicPlanner(Planner):
 
 # ---------------------------------------------------------------------------------- cubic search
 
+class _Pieces(NamedTuple):
+    """The units' features as arrays, one row per unit (the local search scores them in batches)."""
+
+    V: np.ndarray
+    cols: np.ndarray
+    ids: np.ndarray
+    sync: np.ndarray
+    mem: np.ndarray
+    free: np.ndarray  # not pinned to a rank
+    tid: np.ndarray  # table index
+
+
 class _Placement:
     """Greedy grid search of units onto ranks on the learned cost model (vectorised over ranks)."""
 
@@ -300,7 +313,7 @@ class _Placement:
         ids = np.zeros(G)
         sync = np.full(G, self.base_sync)
         mem = np.full(G, float(self.base_mem))
-        cost = self.compute(sums, maxlb) * (sums[:, 0] > 0) + self.comm(cols, ids) + sync
+        cost = self._rank_cost(sums, maxlb, cols, ids, sync)
         ranks = [-1] * len(self.units)
         used: dict[str, list[int]] = {}
         if order is None:
@@ -342,6 +355,11 @@ class _Placement:
             cols[r] += u.cols
             ids[r] += u.ids
             sync[r] += u.sync_ms
+        return self._rank_cost(sums, maxlb, cols, ids, sync)
+
+    def _rank_cost(self, sums: np.ndarray, maxlb: np.ndarray, cols: np.ndarray, ids: np.ndarray,
+                   sync: np.ndarray) -> np.ndarray:
+        """Cost of each row of per-rank totals: compute (none on an empty rank) + comm + sync."""
         return self.compute(sums, maxlb) * (sums[:, 0] > 0) + self.comm(cols, ids) + sync
 
     def refine(self, ranks: list[int], deadline: float, max_iters: int = 400) -> tuple[list[int], float]:
@@ -350,107 +368,139 @@ class _Placement:
         touched) while it lowers b's cost below the old max: on a plateau of tied ranks this still
         makes progress (the multiset of rank costs falls lexicographically, so it terminates).
         Every candidate is scored in one batch: a move or swap changes only the two ranks' sums."""
-        ctx, G = self.ctx, self.ctx.group
-        units = self.units
-        n = len(units)
+        G = self.ctx.group
+        n = len(self.units)
         if n == 0 or G <= 1:
             return list(ranks), float(self.rank_costs(ranks).max()) if n else 0.0
         ranks = np.array(ranks, dtype=int)
-        V = np.stack([u.vec for u in units])
-        ucols = np.array([u.cols for u in units], dtype=float)
-        uids = np.array([u.ids for u in units], dtype=float)
-        usync = np.array([u.sync_ms for u in units])
-        umem = np.array([u.mem for u in units], dtype=float)
-        free = np.array([u.fixed is None for u in units])
-        tid = np.unique([u.table.name for u in units], return_inverse=True)[1]
+        pc = self._piece_arrays()
         # pieces may be placed only where no other piece of their table is: table x rank counts
-        tcount = np.zeros((tid.max() + 1, G), dtype=int)
-        np.add.at(tcount, (tid, ranks), 1)
-
-        def rank_cost(sums, maxlb, cols, ids, sync):
-            return self.compute(sums, maxlb) * (sums[:, 0] > 0) + self.comm(cols, ids) + sync
-
-        def maxlb_without(r, drop):
-            """Largest lookup_bytes on rank r once each piece in ``drop`` (pieces of r) leaves it."""
-            on = np.flatnonzero(ranks == r)
-            lb = V[on, 2]
-            order = np.argsort(-lb)
-            top1 = lb[order[0]]
-            top2 = lb[order[1]] if len(on) > 1 else 0.0
-            out = np.where(drop == on[order[0]], top2, top1)
-            return np.maximum(out, self.base_maxlb[r])
-
+        tcount = np.zeros((pc.tid.max() + 1, G), dtype=int)
+        np.add.at(tcount, (pc.tid, ranks), 1)
         for _ in range(max_iters):
             if time.perf_counter() > deadline:
                 break
-            sums = self.base_sums.copy()
-            np.add.at(sums, ranks, V)
-            maxlb = self.base_maxlb.copy()
-            np.maximum.at(maxlb, ranks, V[:, 2])
-            cols = np.bincount(ranks, ucols, G)
-            ids = np.bincount(ranks, uids, G)
-            sync = self.base_sync + np.bincount(ranks, usync, G)
-            mem = self.base_mem + np.bincount(ranks, umem, G)
-            cost = rank_cost(sums, maxlb, cols, ids, sync)
-            b = int(np.argmax(cost))
-            on_b = np.flatnonzero((ranks == b) & free)
-            if not len(on_b):
+            step = self._refine_step(ranks, pc, tcount)
+            if step is None:
                 break
-            others = np.flatnonzero((ranks != b) & free)
-            # candidates (i on b, target rank r, j on r or -1 for a move)
-            I_m = np.repeat(on_b, G)
-            R_m = np.tile(np.arange(G), len(on_b))
-            ok_m = (R_m != b) & (tcount[tid[I_m], R_m] == 0) & (mem[R_m] + umem[I_m] <= ctx.memory_bytes)
-            I, R, J = I_m[ok_m], R_m[ok_m], np.full(ok_m.sum(), -1)
-            if G <= 16 or len(on_b) * len(others) <= 20000:
-                I_s = np.repeat(on_b, len(others))
-                J_s = np.tile(others, len(on_b))
-                R_s = ranks[J_s]
-                same = tid[I_s] == tid[J_s]
-                ok_s = (~same & (tcount[tid[I_s], R_s] == 0) & (tcount[tid[J_s], b] == 0)
-                        & (mem[R_s] - umem[J_s] + umem[I_s] <= ctx.memory_bytes)
-                        & (mem[b] - umem[I_s] + umem[J_s] <= ctx.memory_bytes))
-                I, R, J = np.concatenate([I, I_s[ok_s]]), np.concatenate([R, R_s[ok_s]]), np.concatenate([J, J_s[ok_s]])
-            if not len(I):
-                break
-            sw = J >= 0
-            Jc = np.where(sw, J, 0)
-            vj = np.where(sw[:, None], V[Jc], 0.0)
-            cj = np.where(sw, ucols[Jc], 0.0)
-            ij = np.where(sw, uids[Jc], 0.0)
-            sj = np.where(sw, usync[Jc], 0.0)
-            # new bottleneck rank b'
-            mb = maxlb_without(b, I)
-            mb = np.maximum(mb, np.where(sw, vj[:, 2], 0.0))
-            cb = rank_cost(sums[b] - V[I] + vj, mb, cols[b] - ucols[I] + cj, ids[b] - uids[I] + ij,
-                           sync[b] - usync[I] + sj)
-            # new target rank r': loses j (a swap) and gains i
-            mr = maxlb[R].copy()
-            for r in np.unique(R[sw]):
-                k = sw & (R == r)
-                mr[k] = maxlb_without(int(r), J[k])
-            mr = np.maximum(mr, V[I, 2])
-            cr = rank_cost(sums[R] - vj + V[I], mr, cols[R] - cj + ucols[I], ids[R] - ij + uids[I],
-                           sync[R] - sj + usync[I])
-            # plan max over the untouched ranks: the largest cost outside {b, r}
-            top = np.argsort(-cost)[:3]
-            rest = np.where(R == top[1], cost[top[2]] if G > 2 else 0.0, cost[top[1]])
-            new_max = np.maximum(np.maximum(cb, cr), rest)
-            pair = np.maximum(cb, cr)
-            good = pair < cost[b] - 1e-6
-            if not good.any():
-                break
-            k = np.flatnonzero(good)[np.lexsort((pair[good], new_max[good]))[0]]
-            i, r, j = int(I[k]), int(R[k]), int(J[k])
-            tcount[tid[i], b] -= 1
-            tcount[tid[i], r] += 1
+            b, i, r, j = step
+            tcount[pc.tid[i], b] -= 1
+            tcount[pc.tid[i], r] += 1
             ranks[i] = r
             if j >= 0:
-                tcount[tid[j], r] -= 1
-                tcount[tid[j], b] += 1
+                tcount[pc.tid[j], r] -= 1
+                tcount[pc.tid[j], b] += 1
                 ranks[j] = b
         ranks = [int(r) for r in ranks]
         return ranks, float(self.rank_costs(ranks).max())
+
+    def _piece_arrays(self) -> _Pieces:
+        units = self.units
+        return _Pieces(V=np.stack([u.vec for u in units]),
+                       cols=np.array([u.cols for u in units], dtype=float),
+                       ids=np.array([u.ids for u in units], dtype=float),
+                       sync=np.array([u.sync_ms for u in units]),
+                       mem=np.array([u.mem for u in units], dtype=float),
+                       free=np.array([u.fixed is None for u in units]),
+                       tid=np.unique([u.table.name for u in units], return_inverse=True)[1])
+
+    def _rank_totals(self, ranks: np.ndarray, pc: _Pieces) -> tuple[np.ndarray, ...]:
+        """Per-rank (sums, maxlb, cols, ids, sync, mem) of the placement ``ranks``."""
+        G = self.ctx.group
+        sums = self.base_sums.copy()
+        np.add.at(sums, ranks, pc.V)
+        maxlb = self.base_maxlb.copy()
+        np.maximum.at(maxlb, ranks, pc.V[:, 2])
+        cols = np.bincount(ranks, pc.cols, G)
+        ids = np.bincount(ranks, pc.ids, G)
+        sync = self.base_sync + np.bincount(ranks, pc.sync, G)
+        mem = self.base_mem + np.bincount(ranks, pc.mem, G)
+        return sums, maxlb, cols, ids, sync, mem
+
+    def _maxlb_without(self, ranks: np.ndarray, V: np.ndarray, r: int, drop: np.ndarray) -> np.ndarray:
+        """Largest lookup_bytes on rank r once each piece in ``drop`` (pieces of r) leaves it."""
+        on = np.flatnonzero(ranks == r)
+        lb = V[on, 2]
+        order = np.argsort(-lb)
+        top1 = lb[order[0]]
+        top2 = lb[order[1]] if len(on) > 1 else 0.0
+        out = np.where(drop == on[order[0]], top2, top1)
+        return np.maximum(out, self.base_maxlb[r])
+
+    def _refine_step(self, ranks: np.ndarray, pc: _Pieces, tcount: np.ndarray) -> tuple[int, int, int, int] | None:
+        """The best candidate off the bottleneck rank b as (b, i, r, j): piece i of b goes to rank r,
+        and piece j of r (unless j = -1, a plain move) comes to b; None when none lowers b's cost."""
+        sums, maxlb, cols, ids, sync, mem = self._rank_totals(ranks, pc)
+        cost = self._rank_cost(sums, maxlb, cols, ids, sync)
+        b = int(np.argmax(cost))
+        cand = self._refine_candidates(ranks, pc, tcount, mem, b)
+        if cand is None:
+            return None
+        I, R, J = cand
+        new_max, pair = self._refine_scores(ranks, pc, (sums, maxlb, cols, ids, sync), cost, b, I, R, J)
+        good = pair < cost[b] - 1e-6
+        if not good.any():
+            return None
+        k = np.flatnonzero(good)[np.lexsort((pair[good], new_max[good]))[0]]
+        return b, int(I[k]), int(R[k]), int(J[k])
+
+    def _refine_candidates(self, ranks: np.ndarray, pc: _Pieces, tcount: np.ndarray, mem: np.ndarray,
+                           b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The legal candidates (i on b, target rank r, j on r or -1 for a move) as arrays I, R, J;
+        None when b has no free piece or no candidate is legal."""
+        ctx, G = self.ctx, self.ctx.group
+        tid, umem = pc.tid, pc.mem
+        on_b = np.flatnonzero((ranks == b) & pc.free)
+        if not len(on_b):
+            return None
+        others = np.flatnonzero((ranks != b) & pc.free)
+        I_m = np.repeat(on_b, G)
+        R_m = np.tile(np.arange(G), len(on_b))
+        ok_m = (R_m != b) & (tcount[tid[I_m], R_m] == 0) & (mem[R_m] + umem[I_m] <= ctx.memory_bytes)
+        I, R, J = I_m[ok_m], R_m[ok_m], np.full(ok_m.sum(), -1)
+        if G <= 16 or len(on_b) * len(others) <= 20000:
+            I_s = np.repeat(on_b, len(others))
+            J_s = np.tile(others, len(on_b))
+            R_s = ranks[J_s]
+            same = tid[I_s] == tid[J_s]
+            ok_s = (~same & (tcount[tid[I_s], R_s] == 0) & (tcount[tid[J_s], b] == 0)
+                    & (mem[R_s] - umem[J_s] + umem[I_s] <= ctx.memory_bytes)
+                    & (mem[b] - umem[I_s] + umem[J_s] <= ctx.memory_bytes))
+            I, R, J = np.concatenate([I, I_s[ok_s]]), np.concatenate([R, R_s[ok_s]]), np.concatenate([J, J_s[ok_s]])
+        if not len(I):
+            return None
+        return I, R, J
+
+    def _refine_scores(self, ranks: np.ndarray, pc: _Pieces, totals: tuple[np.ndarray, ...], cost: np.ndarray,
+                       b: int, I: np.ndarray, R: np.ndarray, J: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each candidate's new plan max and the larger new cost of the two ranks it touches."""
+        G = self.ctx.group
+        sums, maxlb, cols, ids, sync = totals
+        V, ucols, uids, usync = pc.V, pc.cols, pc.ids, pc.sync
+        sw = J >= 0
+        Jc = np.where(sw, J, 0)
+        vj = np.where(sw[:, None], V[Jc], 0.0)
+        cj = np.where(sw, ucols[Jc], 0.0)
+        ij = np.where(sw, uids[Jc], 0.0)
+        sj = np.where(sw, usync[Jc], 0.0)
+        # new bottleneck rank b'
+        mb = self._maxlb_without(ranks, V, b, I)
+        mb = np.maximum(mb, np.where(sw, vj[:, 2], 0.0))
+        cb = self._rank_cost(sums[b] - V[I] + vj, mb, cols[b] - ucols[I] + cj, ids[b] - uids[I] + ij,
+                             sync[b] - usync[I] + sj)
+        # new target rank r': loses j (a swap) and gains i
+        mr = maxlb[R].copy()
+        for r in np.unique(R[sw]):
+            k = sw & (R == r)
+            mr[k] = self._maxlb_without(ranks, V, int(r), J[k])
+        mr = np.maximum(mr, V[I, 2])
+        cr = self._rank_cost(sums[R] - vj + V[I], mr, cols[R] - cj + ucols[I], ids[R] - ij + uids[I],
+                             sync[R] - sj + usync[I])
+        # plan max over the untouched ranks: the largest cost outside {b, r}
+        top = np.argsort(-cost)[:3]
+        rest = np.where(R == top[1], cost[top[2]] if G > 2 else 0.0, cost[top[1]])
+        new_max = np.maximum(np.maximum(cb, cr), rest)
+        return new_max, np.maximum(cb, cr)
 
     def kick(self, ranks: list[int], rng: np.random.Generator, n: int = 2) -> list[int]:
         """``n`` random legal moves of free pieces (memory, one piece of a table per rank): the
@@ -530,23 +580,45 @@ class CubicPlanner(Planner):
             raise SpecError(f"the cubic planner scores plans with Estimator.predict, which {type(est).__name__} "
                             "does not provide (pass a modelled estimator)", field="estimator")
         model = est
-        by_name = {t.name: t for t in ctx.tables}
+        start = self._evaluate(ctx, model, presplit(ctx), deadline)
+        _, sp0, pl0, _, _ = start
+        start, won, heur_ranks = self._portfolio_start(ctx, start)
+        if len(pl0.units) < ctx.group:  # idle ranks: cut the costliest tables until every rank has a piece
+            fill = self._evaluate(ctx, model, self._idle_fill_splits(ctx, start), deadline)
+            if fill[0] < start[0] - 1e-9:
+                start, won = fill, None
+        best, beam, rounds = self._beam_search(ctx, model, start, deadline)
+        if not math.isfinite(best[0]):
+            raise PlanDoesNotFit("no placement fits the memory limit", field="memory_per_rank_gb")
+        end = deadline + 0.25 * self.time_budget_s
+        first = f"{won}'s placement" if won and best[1] is sp0 else "the search's placement"
+        pl, ranks, score, splits, origin = self._refine_starts(best, beam, pl0, sp0, heur_ranks, first, end)
+        ranks, score, kicks, kept = self._iterated_local_search(ctx, pl, ranks, score, end)
+        n_split = {k: sum(1 for v in splits.values() if v[0] == k)
+                   for k in ("column_wise", "row_wise", "table_row_wise", "data_parallel")}
+        notes = f"target {ctx.target}; search rounds {rounds}; splits {n_split}; predicted max {score:.3f} ms"
+        notes += f"; local search from {origin}, {kicks} kicks ({kept} kept)"
+        plan = to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
+        return self._portfolio_guard(ctx, plan, pl0, heur_ranks, t0)
 
-        def evaluate(splits):
-            units, dp = build_units(ctx, splits)
-            pl = _Placement(ctx, model, units, dp)
-            ranks, score, cost = pl.run()
-            if not math.isfinite(score):  # memory-tight: place the biggest pieces first instead
-                ranks, score, cost = pl.run(order=sorted(range(len(units)), key=lambda i: -units[i].mem))
-            if math.isfinite(score) and ctx.group <= 32 and self.refine_candidates:
-                # a split is judged on its refined placement: greedy placement alone misjudges splits
-                ranks, score = pl.refine(ranks, deadline, max_iters=60 if ctx.group <= 8 else 15)
-                cost = pl.rank_costs(ranks)
-            return score, splits, pl, ranks, cost
+    def _evaluate(self, ctx: Context, model, splits: dict, deadline: float) -> tuple:
+        """A split decision's candidate (score, splits, placement, ranks, rank costs)."""
+        units, dp = build_units(ctx, splits)
+        pl = _Placement(ctx, model, units, dp)
+        ranks, score, cost = pl.run()
+        if not math.isfinite(score):  # memory-tight: place the biggest pieces first instead
+            ranks, score, cost = pl.run(order=sorted(range(len(units)), key=lambda i: -units[i].mem))
+        if math.isfinite(score) and ctx.group <= 32 and self.refine_candidates:
+            # a split is judged on its refined placement: greedy placement alone misjudges splits
+            ranks, score = pl.refine(ranks, deadline, max_iters=60 if ctx.group <= 8 else 15)
+            cost = pl.rank_costs(ranks)
+        return score, splits, pl, ranks, cost
 
-        start = evaluate(presplit(ctx))
-        # portfolio: the heuristics' placements of the same pieces, scored by the same model; the
-        # search starts from the best, so the plan returned is never worse than any of them
+    def _portfolio_start(self, ctx: Context, start: tuple) -> tuple[tuple, str | None, list]:
+        """(start, the heuristic whose placement it now is or None, [(heuristic, ranks)]).
+
+        Portfolio: the heuristics' placements of the same pieces, scored by the same model; the
+        search starts from the best, so the plan returned is never worse than any of them."""
         _, sp0, pl0, _, _ = start
         won = None
         heur_ranks = []
@@ -559,21 +631,27 @@ class CubicPlanner(Planner):
             c_h = pl0.rank_costs(r_h)
             if c_h.max() < start[0] - 1e-9:
                 start, won = (float(c_h.max()), sp0, pl0, r_h, c_h), kind
-        if len(pl0.units) < ctx.group:  # idle ranks: cut the costliest tables until every rank has a piece
-            splits, n = dict(sp0), len(pl0.units)
-            st = pl0.standalone()
-            for i in np.argsort(-st, kind="stable"):
-                t = pl0.units[i].table
-                moves = self._moves(ctx, splits, t, int(np.argmax(start[4])))
-                if t.name in splits or not moves:
-                    continue
-                splits = moves[0]
-                n += len(build_units(ctx, {t.name: splits[t.name]})[0]) - 1
-                if n >= ctx.group:
-                    break
-            fill = evaluate(splits)
-            if fill[0] < start[0] - 1e-9:
-                start, won = fill, None
+        return start, won, heur_ranks
+
+    def _idle_fill_splits(self, ctx: Context, start: tuple) -> dict:
+        """The start's splits with its costliest tables cut until there are pieces for every rank."""
+        _, sp0, pl0, _, cost = start
+        splits, n = dict(sp0), len(pl0.units)
+        st = pl0.standalone()
+        for i in np.argsort(-st, kind="stable"):
+            t = pl0.units[i].table
+            moves = self._moves(ctx, splits, t, int(np.argmax(cost)))
+            if t.name in splits or not moves:
+                continue
+            splits = moves[0]
+            n += len(build_units(ctx, {t.name: splits[t.name]})[0]) - 1
+            if n >= ctx.group:
+                break
+        return splits
+
+    def _beam_search(self, ctx: Context, model, start: tuple, deadline: float) -> tuple[tuple, list, int]:
+        """Beam search over splits of the bottleneck rank's pieces: (best, final beam, rounds)."""
+        by_name = {t.name: t for t in ctx.tables}
         beam = [start]
         best = start
         seen = {tuple(sorted(start[1].items()))}
@@ -594,7 +672,7 @@ class CubicPlanner(Planner):
                         if key in seen:
                             continue
                         seen.add(key)
-                        cands.append(evaluate(s))
+                        cands.append(self._evaluate(ctx, model, s, deadline))
                         if time.perf_counter() > deadline:
                             break
             if not cands:
@@ -604,13 +682,13 @@ class CubicPlanner(Planner):
                 break
             beam = pool
             best = min(best, pool[0], key=lambda c: c[0])
-        score, splits, pl, ranks, _ = best
-        if not math.isfinite(score):
-            raise PlanDoesNotFit("no placement fits the memory limit", field="memory_per_rank_gb")
-        # local search from the best plan, the rest of the beam and the heuristics' placements of the
-        # same pieces (different basins), then iterated local search (random kicks) from the best
-        end = deadline + 0.25 * self.time_budget_s
-        first = f"{won}'s placement" if won and best[1] is sp0 else "the search's placement"
+        return best, beam, rounds
+
+    def _refine_starts(self, best: tuple, beam: list, pl0: _Placement, sp0: dict, heur_ranks: list, first: str,
+                       end: float) -> tuple:
+        """Local search from the best plan, the rest of the beam and the heuristics' placements of the
+        same pieces (different basins): the best result as (placement, ranks, score, splits, origin)."""
+        _, splits, pl, ranks, _ = best
         starts = [(pl, ranks, splits, first)] + [(c[2], c[3], c[1], "a beam plan") for c in beam
                                                  if c is not best and math.isfinite(c[0])]
         if pl is pl0:
@@ -622,6 +700,11 @@ class CubicPlanner(Planner):
                 pl, ranks, score, splits, origin = p_s, r_s, sc, sp_s, label
             if time.perf_counter() > end:
                 break
+        return pl, ranks, score, splits, origin
+
+    def _iterated_local_search(self, ctx: Context, pl: _Placement, ranks: list[int], score: float,
+                               end: float) -> tuple[list[int], float, int, int]:
+        """Random kicks, each refined, from the best placement: (ranks, score, kicks, kicks kept)."""
         rng, stale, kicks, kept = np.random.default_rng(0), 0, 0, 0
         # (not on large groups: there the bottleneck is a pinned or comm-bound rank and kicks only cost time)
         while stale < self.kicks and ctx.group <= 32 and time.perf_counter() < end and len(pl.units) > 1:
@@ -631,12 +714,7 @@ class CubicPlanner(Planner):
                 ranks, score, stale, kept = r_k, sc, 0, kept + 1
             else:
                 stale += 1
-        n_split = {k: sum(1 for v in splits.values() if v[0] == k)
-                   for k in ("column_wise", "row_wise", "table_row_wise", "data_parallel")}
-        notes = f"target {ctx.target}; search rounds {rounds}; splits {n_split}; predicted max {score:.3f} ms"
-        notes += f"; local search from {origin}, {kicks} kicks ({kept} kept)"
-        plan = to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
-        return self._portfolio_guard(ctx, plan, pl0, heur_ranks, t0)
+        return ranks, score, kicks, kept
 
     def _portfolio_guard(self, ctx: Context, plan: Plan, pl0: "_Placement", heur_ranks: list, t0: float) -> Plan:
         """The guarantee, checked on whole plans with the plan cost itself (not the search's running

@@ -477,19 +477,30 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from cubic.cli.common import nonnegative_int, positive_float, positive_int, add_store_argument
-
     p = sub.add_parser("campaign", help="proxy-guided co-design search campaigns (CubicML)",
                        description="Search a co-design space for the highest throughput that fits memory and "
                                    "keeps quality: a learned proxy proposes, real runs validate, the proxy "
                                    "retrains. Campaigns are stored and resumable.")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    # the order here is the order of the verbs in `cubic campaign --help`
+    _add_run(verbs)
+    _add_resume(verbs)
+    _add_work(verbs)
+    _add_report(verbs)
+    _add_list(verbs)
+    _add_dashboard(verbs)
 
-    def common(q):
-        q.add_argument("--storage", metavar="URL", help="Optuna storage of campaigns (default $CUBIC_CAMPAIGNS or "
-                                                         "sqlite:///./.cubic/campaigns.db; a PostgreSQL URL shares "
-                                                         "one campaign between machines)")
-        q.add_argument("--json", action="store_true", help="machine-readable output")
+
+def _add_common(q: Any) -> None:
+    """--storage and --json, which every verb takes."""
+    q.add_argument("--storage", metavar="URL", help="Optuna storage of campaigns (default $CUBIC_CAMPAIGNS or "
+                                                     "sqlite:///./.cubic/campaigns.db; a PostgreSQL URL shares "
+                                                     "one campaign between machines)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_run(verbs: Any) -> None:
+    from cubic.cli.common import nonnegative_int, positive_float, positive_int, add_store_argument
 
     run = verbs.add_parser("run", help="start a campaign", description="Start a new campaign and run it to its "
                            "budget or a plateau; optionally also the random and direct-TPE baselines, and a report.")
@@ -546,8 +557,12 @@ def register(sub: Any) -> None:
                      help="start afresh if a campaign of this name exists (its runs stay in the trial store)")
     _add_job_flags(run)
     add_store_argument(run)
-    common(run)
+    _add_common(run)
     run.set_defaults(func=cmd_run)
+
+
+def _add_resume(verbs: Any) -> None:
+    from cubic.cli.common import nonnegative_int, positive_int, add_store_argument
 
     res = verbs.add_parser("resume", help="continue a stopped or killed campaign",
                            description="Continue a campaign from its stored state; no finished run is run again.")
@@ -557,8 +572,12 @@ def register(sub: Any) -> None:
                      help="extra repeats of the confirm phase (default: as the campaign was started)")
     res.add_argument("--report", metavar="DIR")
     add_store_argument(res)
-    common(res)
+    _add_common(res)
     res.set_defaults(func=cmd_resume)
+
+
+def _add_work(verbs: Any) -> None:
+    from cubic.cli.common import positive_int, add_store_argument
 
     wk = verbs.add_parser("work", help="add a worker to a campaign (several processes or machines on one storage)",
                           description="Run the points the campaign's coordinator proposes, with its stored "
@@ -569,8 +588,12 @@ def register(sub: Any) -> None:
                     help="after a database outage (a restart), wait this long for it to answer and go on "
                          "(default cubic.codesign.storage.DB_WAIT_S, 300; 0: stop at once)")
     add_store_argument(wk)
-    common(wk)
+    _add_common(wk)
     wk.set_defaults(func=cmd_work)
+
+
+def _add_report(verbs: Any) -> None:
+    from cubic.cli.common import add_store_argument
 
     rep = verbs.add_parser("report", help="write a campaign's HTML report (one self-contained page, interactive "
                            "plotly figures) and the winning job config")
@@ -579,20 +602,24 @@ def register(sub: Any) -> None:
     rep.add_argument("--baseline", nargs="+", metavar="CAMPAIGN",
                      help="campaigns to compare against (default: NAME-random, NAME-tpe when present)")
     add_store_argument(rep)
-    common(rep)
+    _add_common(rep)
     rep.set_defaults(func=cmd_report)
 
+
+def _add_list(verbs: Any) -> None:
     ls = verbs.add_parser("list", help="stored campaigns")
-    common(ls)
+    _add_common(ls)
     ls.set_defaults(func=cmd_list)
 
+
+def _add_dashboard(verbs: Any) -> None:
     db = verbs.add_parser("dashboard", help="serve optuna-dashboard on a campaign's storage",
                           description="Serve optuna-dashboard (the live study: history, parameter importances, "
                                       "trial attributes) on the campaign's storage; prints the URL.")
     db.add_argument("name")
     db.add_argument("--host", default="127.0.0.1", help="address to serve on (default loopback only)")
     db.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
-    common(db)
+    _add_common(db)
     db.set_defaults(func=cmd_dashboard)
 
 
