@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +20,8 @@ from experiments.common import ci_text
 from experiments.common import paired as _paired
 from fp8.dispatch import Dispatcher
 from fp8.kernels import swap_linears
+from fp8.placement import Placement
+from fp8.probe import Probe
 from fp8.quality import train_variant
 from fp8.recommend import probe_mods, probe_workload, recommend
 
@@ -94,16 +97,25 @@ def plan_seeds(pilot: dict, elapsed_s: float, per_seed_s: float, wall_budget_s: 
                      "budget, max_seeds)")}
 
 
-def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_batches: int, ci_db: float,
-                      dispatcher: Dispatcher, pilot_seeds: int, core_seeds: int, mod_seeds: int, max_seeds: int,
-                      wall_budget_s: float, eval_batch: int = EVAL_BATCH, stride: int = 1, pool=None,
-                      workers: int = 1, site_seeds: int = 0) -> dict:
-    """Probe (plain, then the suggested Mods on), recommend, then train paired seeds. A pilot of
-    ``pilot_seeds`` trains full precision, the recommendation and bf16 on every site (the noise floor);
-    all-FP8 per recipe on the first ``core_seeds``; the recommendation without each of its Mods on the
-    first ``mod_seeds``. The pilot's spread says how many seeds resolve +-0.1% (:func:`plan_seeds`); the
-    full run then trains full precision and the recommendation on that many (within ``wall_budget_s``)."""
-    w = load_workload(name)
+@dataclass
+class _Recommendations:
+    """The Probe (plain, then with the suggested Mods on) and the placements recommend makes from it."""
+    probe: Probe
+    probe_s: float
+    mods_probe_s: float
+    summary: dict[str, dict]  # the Probe's per-site summary
+    placement: Placement  # the conservative defaults: the placement the quality runs train
+    plain: Placement  # the plain rule (CI lower bound only)
+    no_mods: Placement
+    fast: Placement  # safe and predicted faster on an H100
+    site_scope: Placement  # the budget on each site alone
+    sqnr_only: Placement  # the rule before the held-out NE check
+
+
+def _probe_and_recommend(w, name: str, budget: float, warmup: int, max_batches: int, ci_db: float,
+                         dispatcher: Dispatcher, stride: int) -> _Recommendations:
+    """Probe the workload (plain, then with the suggested Mods on) and recommend from it: the conservative
+    defaults beside the plain rule, no Mods, require_fast, the per-site budget and SQNR alone (printed)."""
     t0 = time.perf_counter()
     # the Probe measures one step in `stride` from `warmup` on, so its batches span the training window
     # the quality runs are judged over (per-site SQNR drifts by 1-4 dB over a run; a window right after
@@ -132,11 +144,16 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
           f"{len(plain.module_filter)}; budget per site instead of per model: {len(site_scope.module_filter)}; "
           f"SQNR alone (no NE check): {sqnr_only.module_filter}; "
           f"safe-and-fast on H100: {len(fast_placement.module_filter)}", flush=True)
+    return _Recommendations(probe, probe_s, mods_probe_s, summary, placement, plain, no_mods, fast_placement,
+                            site_scope, sqnr_only)
 
-    wt = with_eval_batch(w, eval_batch)
-    sites = list(summary)
-    rec_doc = placement.model_dump(mode="json")
-    used_mods = sorted({m.name for s in placement.fp8_sites().values() for m in s.applied_mods} - {"pad_dims"})
+
+def _variants(rec: _Recommendations) -> tuple[dict, dict[str, FP8Choice | None], list[str], bool]:
+    """The recommendation as a placement document, the trained variants by name, the Mods the
+    recommendation applies (pad_dims aside: a layout change, not a numerics one) and whether the
+    per-site budget picks the recommendation's sites."""
+    rec_doc = rec.placement.model_dump(mode="json")
+    used_mods = sorted({m.name for s in rec.placement.fp8_sites().values() for m in s.applied_mods} - {"pad_dims"})
     choices: dict[str, FP8Choice | None] = {
         "full_precision": None,
         "recommended": FP8Choice(policy="placement", placement=rec_doc),
@@ -146,54 +163,75 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "bf16_noise_floor": None,
     } | {f"recommended_without_{m}": FP8Choice(policy="placement", placement=without_mod(rec_doc, m))
          for m in used_mods}
-    same_sites = sorted(site_scope.module_filter) == sorted(placement.module_filter)
+    same_sites = sorted(rec.site_scope.module_filter) == sorted(rec.placement.module_filter)
     if not same_sites:
-        choices["site_budget"] = FP8Choice(policy="placement", placement=site_scope.model_dump(mode="json"))
+        choices["site_budget"] = FP8Choice(policy="placement", placement=rec.site_scope.model_dump(mode="json"))
+    return rec_doc, choices, used_mods, same_sites
 
+
+@dataclass
+class _Training:
+    """What the paired runs measured, gathered as they come back."""
+    runs: dict[str, dict] = field(default_factory=dict)  # seed 0's full record per variant
+    ne: dict[str, dict[int, float]] = field(default_factory=dict)
+    wall: dict[str, list[float]] = field(default_factory=dict)
+    loads: list[float] = field(default_factory=list)
+
+    def collect(self, results: list[tuple]) -> None:
+        for vname, seed, r in results:
+            if seed == 0:
+                self.runs[vname] = r
+            self.ne.setdefault(vname, {})[seed] = r["ne"]
+            self.wall.setdefault(vname, []).append(r["wall_s"])
+            self.loads.append(r["loadavg_1m"])
+
+    def diffs(self, vname: str, against: str = "full_precision") -> dict[int, float]:
+        """Per seed, ``vname``'s NE relative to ``against``'s on the same seed."""
+        ne = self.ne
+        return {s: (v - ne[against][s]) / ne[against][s] for s, v in sorted(ne.get(vname, {}).items())
+                if s in ne[against]}
+
+
+def _train_paired(name: str, wt, choices: dict[str, FP8Choice | None], steps: int, warmup: int, sites: list[str],
+                  pilot_seeds: int, core_seeds: int, mod_seeds: int, site_seeds: int, max_seeds: int,
+                  wall_budget_s: float, pool, workers: int) -> tuple[_Training, dict, float]:
+    """The pilot, then full precision and the recommendation on the seeds it plans: what they measured,
+    the seed plan and the training wall time."""
     def task(vname: str, seed: int) -> tuple:
         track = seed == 0 and vname.startswith("all_fp8")
         return (wt, vname, choices[vname], steps, seed, track, warmup, sites if vname == "bf16_noise_floor" else None)
 
-    runs: dict[str, dict] = {}  # seed 0's full record per variant
-    ne: dict[str, dict[int, float]] = {}
-    wall: dict[str, list[float]] = {}
-    loads: list[float] = []
-
-    def collect(results: list[tuple]) -> None:
-        for vname, seed, r in results:
-            if seed == 0:
-                runs[vname] = r
-            ne.setdefault(vname, {})[seed] = r["ne"]
-            wall.setdefault(vname, []).append(r["wall_s"])
-            loads.append(r["loadavg_1m"])
-
+    tr = _Training()
     t_train = time.perf_counter()
     pilot_tasks = [task(v, s) for s in range(pilot_seeds) for v in ("full_precision", "recommended", "bf16_noise_floor")]
     pilot_tasks += [task(v, s) for s in range(core_seeds) for v in choices if v.startswith("all_fp8")]
     pilot_tasks += [task(v, s) for s in range(mod_seeds) for v in choices if v.startswith("recommended_without_")]
     pilot_tasks += [task("site_budget", s) for s in range(site_seeds) if "site_budget" in choices]
-    collect(run_tasks(pool, pilot_tasks))
+    tr.collect(run_tasks(pool, pilot_tasks))
 
-    def diffs(vname: str, against: str = "full_precision") -> dict[int, float]:
-        return {s: (v - ne[against][s]) / ne[against][s] for s, v in sorted(ne.get(vname, {}).items()) if s in ne[against]}
-
-    pilot = paired(list(diffs("recommended").values()))
-    per_seed_s = (statistics.fmean(wall["full_precision"]) + statistics.fmean(wall["recommended"])) / workers
+    pilot = paired(list(tr.diffs("recommended").values()))
+    per_seed_s = (statistics.fmean(tr.wall["full_precision"]) + statistics.fmean(tr.wall["recommended"])) / workers
     plan = plan_seeds(pilot, time.perf_counter() - t_train, per_seed_s, wall_budget_s, max_seeds)
     print(f"[{name}] pilot ({pilot_seeds} paired seeds): recommended {100 * pilot['mean']:+.3f}%, per-seed sd "
           f"{100 * pilot['sd']:.3f}% -> {plan['seeds_needed']} seeds needed for +-{100 * plan['planned_half_width']:.3f}%, "
           f"{plan['seeds_affordable']} affordable ({per_seed_s:.0f} s per seed); running {plan['seeds_planned']}",
           flush=True)
     extra = range(pilot_seeds, plan["seeds_planned"])
-    collect(run_tasks(pool, [task(v, s) for s in extra for v in ("full_precision", "recommended")]))
-    training_wall_s = time.perf_counter() - t_train
+    tr.collect(run_tasks(pool, [task(v, s) for s in extra for v in ("full_precision", "recommended")]))
+    return tr, plan, time.perf_counter() - t_train
 
-    per_seed = {v: diffs(v) for v in choices if v != "full_precision" and v in ne}
+
+def _ne_stats(name: str, choices: dict[str, FP8Choice | None], tr: _Training,
+              placement: Placement) -> tuple[dict[str, dict], dict, dict]:
+    """Each variant's paired NE difference to full precision, the recommendation's against the bf16 noise
+    floor, and the verdict on the quality target (printed as they are known)."""
+    per_seed = {v: tr.diffs(v) for v in choices if v != "full_precision" and v in tr.ne}
     stats = {v: paired(list(d.values())) | {"seed_ids": list(d)} for v, d in per_seed.items()}
     # the recommendation against bf16 on every site, paired by seed: is FP8 on the chosen sites any worse
     # than the trajectory divergence a far smaller perturbation (bf16, ~50 dB) already causes?
     both = [sd for sd in per_seed["recommended"] if sd in per_seed["bf16_noise_floor"]]
     rec_vs_bf16 = paired([per_seed["recommended"][sd] - per_seed["bf16_noise_floor"][sd] for sd in both])
+    runs = tr.runs
     for vname, st in stats.items():
         if vname in runs:
             runs[vname]["ne_rel_diff"] = st["mean"]
@@ -204,9 +242,11 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
     if not placement.module_filter:
         target["text"] += " (no site in FP8: the recommendation is full precision)"
     print(f"[{name}] target: {target['text']}", flush=True)
+    return stats, rec_vs_bf16, target
 
-    # per Mod: the sites whose Mods made them safe or faster (Probe evidence), and the NE effect of taking
-    # the Mod off those sites (paired with the recommendation on the same seeds; measured)
+
+def _mods_evidence(placement: Placement) -> dict[str, dict]:
+    """Per Mod: the sites whose Mods made them safe or faster (Probe evidence) and where it is applied."""
     mods_out: dict[str, dict] = {}
     for sname, s in placement.sites.items():
         mp = s.mods_probe
@@ -231,6 +271,14 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
                 row["sites_made_faster"].append(sname)
             if mp.chosen:
                 row["sites_applied"].append(sname)
+    return mods_out
+
+
+def _mods_section(name: str, placement: Placement, used_mods: list[str],
+                  ne: dict[str, dict[int, float]]) -> dict[str, dict]:
+    """Per Mod: the Probe's evidence, and the NE effect of taking the Mod off the sites it is applied on
+    (paired with the recommendation on the same seeds; measured)."""
+    mods_out = _mods_evidence(placement)
     for m in used_mods:
         d = {sd: ne[f"recommended_without_{m}"][sd] / ne["recommended"][sd] - 1
              for sd in ne.get(f"recommended_without_{m}", {}) if sd in ne["recommended"]}
@@ -243,8 +291,12 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
               f"faster {row['sites_made_faster']}, applied {row['sites_applied']}" + (
                   f"; removing it: NE {100 * eff['mean']:+.3f}% [{100 * eff['ci95'][0]:+.3f}%, "
                   f"{100 * eff['ci95'][1]:+.3f}%] over {eff['seeds']} seeds" if eff else ""))
+    return mods_out
 
-    # Probe's prediction vs the error measured in FP8 training (same window: after the warmup)
+
+def _probe_eval(name: str, rec: _Recommendations, runs: dict[str, dict]) -> dict:
+    """The Probe's prediction vs the error measured in FP8 training (same window: after the warmup)."""
+    summary = rec.summary
     pred_vs_meas = []
     for recipe, vname in (("tensorwise", "all_fp8_tensorwise"), ("rowwise", "all_fp8_rowwise"),
                           ("rowwise_with_gw_hp", "all_fp8_rowwise_with_gw_hp")):
@@ -267,7 +319,7 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "share_measured_inside_ci": statistics.fmean(p["measured_inside_ci"] for p in pred_vs_meas) if pred_vs_meas else math.nan,
         "share_measured_below_ci": statistics.fmean(p["measured_below_ci_low"] for p in pred_vs_meas) if pred_vs_meas else math.nan,
         "batches_per_site": {"min": min(batches), "median": statistics.median(batches), "max": max(batches)},
-        "probe_steps": probe.steps, "probe_wall_s": probe_s, "mods_probe_wall_s": mods_probe_s,
+        "probe_steps": rec.probe.steps, "probe_wall_s": rec.probe_s, "mods_probe_wall_s": rec.mods_probe_s,
         "sites_ci_narrow": sum(s["converged_ci"] for s in summary.values()), "sites": len(summary),
         "note": ("the interval covers batch-to-batch noise within the probe window; the measured value averages "
                  "the whole training run, so drift of the statistics after the window is outside it"),
@@ -275,10 +327,33 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
     print(f"[{name}] probe predicted vs measured-in-training SQNR: MAE {probe_eval['mae_db']:.2f} dB, "
           f"max {probe_eval['max_abs_error_db']:.2f} dB, measured inside the CI "
           f"{100 * probe_eval['share_measured_inside_ci']:.0f}%; batches per site {probe_eval['batches_per_site']}")
+    return probe_eval
+
+
+def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_batches: int, ci_db: float,
+                      dispatcher: Dispatcher, pilot_seeds: int, core_seeds: int, mod_seeds: int, max_seeds: int,
+                      wall_budget_s: float, eval_batch: int = EVAL_BATCH, stride: int = 1, pool=None,
+                      workers: int = 1, site_seeds: int = 0) -> dict:
+    """Probe (plain, then the suggested Mods on), recommend, then train paired seeds. A pilot of
+    ``pilot_seeds`` trains full precision, the recommendation and bf16 on every site (the noise floor);
+    all-FP8 per recipe on the first ``core_seeds``; the recommendation without each of its Mods on the
+    first ``mod_seeds``. The pilot's spread says how many seeds resolve +-0.1% (:func:`plan_seeds`); the
+    full run then trains full precision and the recommendation on that many (within ``wall_budget_s``)."""
+    w = load_workload(name)
+    rec = _probe_and_recommend(w, name, budget, warmup, max_batches, ci_db, dispatcher, stride)
+    placement, site_scope, sqnr_only, summary = rec.placement, rec.site_scope, rec.sqnr_only, rec.summary
+    rec_doc, choices, used_mods, same_sites = _variants(rec)
+    tr, plan, training_wall_s = _train_paired(
+        name, with_eval_batch(w, eval_batch), choices, steps, warmup, list(summary), pilot_seeds, core_seeds,
+        mod_seeds, site_seeds, max_seeds, wall_budget_s, pool, workers)
+    stats, rec_vs_bf16, target = _ne_stats(name, choices, tr, placement)
+    mods_out = _mods_section(name, placement, used_mods, tr.ne)
+    probe_eval = _probe_eval(name, rec, tr.runs)
+    loads = tr.loads
     return {
         "workload": name, "budget_sqnr_db": budget, "steps": steps, "eval_batch": eval_batch,
         "label": "measured on this CPU (FP8 numerics via torch._scaled_mm / emulation)",
-        "probe_warmup_steps": warmup, "probe_stride": stride, "probe_trained_steps": probe.trained_steps,
+        "probe_warmup_steps": warmup, "probe_stride": stride, "probe_trained_steps": rec.probe.trained_steps,
         "dense_tail_df": w.data.dense_tail_df, "pilot_seeds": pilot_seeds, "core_seeds": core_seeds,
         "mod_seeds": mod_seeds, "max_seeds": max_seeds, "seed_plan": plan, "workers": workers,
         "wall_budget_s": wall_budget_s, "training_wall_s": training_wall_s,
@@ -287,9 +362,9 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "recommended_sites": placement.module_filter,
         "recommended_sites_with_mods": {n: [m.name for m in s.applied_mods] for n, s in placement.fp8_sites().items()
                                         if s.applied_mods},
-        "sites_without_mods": no_mods.module_filter,
+        "sites_without_mods": rec.no_mods.module_filter,
         "kept_sites": {n: s.reason for n, s in placement.sites.items() if s.recipe is None},
-        "plain_rule_sites": plain.module_filter,
+        "plain_rule_sites": rec.plain.module_filter,
         "budget_scope": placement.budget_scope, "model_sqnr_db": placement.model_sqnr_db,
         "site_budget_sites": site_scope.module_filter, "site_budget_model_sqnr_db": site_scope.model_sqnr_db,
         "site_budget_same_sites": same_sites,
@@ -298,9 +373,9 @@ def quality_and_probe(name: str, budget: float, steps: int, warmup: int, max_bat
         "held_out_ne_per_site": {
             n: {r: {k: e[k] for k in ("ne_rel", "ne_rel_ci_low", "ne_rel_ci_high")} for r, e in v["errors"].items()
                 if "ne_rel" in e} for n, v in summary.items()},
-        "fast_placement_sites": fast_placement.module_filter,
+        "fast_placement_sites": rec.fast.module_filter,
         "site_speedups_h100": {n: s.speedups for n, s in placement.sites.items()},
-        "runs": runs, "ne_rel_diff": stats, "probe_eval": probe_eval, "mods": mods_out,
+        "runs": tr.runs, "ne_rel_diff": stats, "probe_eval": probe_eval, "mods": mods_out,
         "recommended_ne_rel_diff": stats["recommended"]["mean"],
         "recommended_ci95": stats["recommended"]["ci95"],
         "recommended_minus_bf16": rec_vs_bf16,

@@ -340,6 +340,115 @@ def _plotly():
     return go, make_subplots
 
 
+def _best_so_far_curves(storage, name: str, space: Space, trials, ctx, baselines: list[str],
+                        existing: set[str]) -> tuple[list[tuple[float, float, float]], dict[str, list[float]]]:
+    """This campaign's best so far (with its 95% band), and the best-so-far curve of it and of each
+    baseline campaign in the storage, by legend label."""
+    own = _best_curve_with_interval(space, trials, ctx)
+    curves = {name: [v for v, _, _ in own]}
+    for b in baselines:
+        if b in existing:
+            bm, _, bt = _load(storage, b)
+            curves[f"{b} ({bm['strategy']})"] = _best_curve(space, bt, bm.get("context", {}))
+    return own, curves
+
+
+def _add_pareto(go, name: str, space: Space, runs, mem: str | None, label: str, figures: list,
+                skipped: list[str]) -> None:
+    """The objective against the second objective, else memory: drawn into ``figures``, or why not into
+    ``skipped``."""
+    m = space.primary.metric
+    second = space.objectives[1].metric if len(space.objectives) > 1 else mem
+    sec_dir = space.objectives[1].direction if len(space.objectives) > 1 else "minimize"
+    if second is None:
+        skipped.append(f"Pareto front: no run reports a memory figure ({', '.join(MEMORY_METRICS)})")
+    else:
+        fig, cap = _fig_pareto(go, name, space, runs, second, sec_dir, label)
+        if fig is None:
+            skipped.append(cap)
+        else:
+            figures.append(("pareto", "Throughput against memory" if second == mem and m.endswith("_per_s")
+                            else "Pareto front", fig, cap))
+
+
+def _proposal_pairs(space: Space, trials, runs) -> list[tuple[float, float, dict[str, Any]]]:
+    """(the proxy's prediction at proposal time, the run's value, the run) for each successful run the
+    proxy predicted."""
+    m = space.primary.metric
+    return [(t.user_attrs["predicted"].get(m), r["value"], r) for t, r in zip(trials, runs)
+            if t.user_attrs.get("predicted") and r["ok"] and t.user_attrs["predicted"].get(m) is not None
+            and r["value"] is not None]
+
+
+def _importance(study, trials, skipped: list[str]) -> dict[str, float]:
+    """Parameter importance (fANOVA over the completed runs); empty, with the reason in ``skipped``,
+    when there are too few runs or it fails."""
+    importance = {}
+    try:
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if len(complete) >= 4:
+            importance = optuna.importance.get_param_importances(
+                study, target=lambda t: t.values[0], evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+        else:
+            skipped.append(f"parameter importance: {len(complete)} completed runs (needs 4)")
+    except Exception as e:  # too few runs, or every run identical in some parameter
+        skipped.append(f"parameter importance unavailable: {type(e).__name__}: {e}")
+    return importance
+
+
+def _write_winner(out: Path, space: Space, winner: dict[str, Any] | None, confirm: dict[str, Any] | None,
+                  ci: tuple[str, str]) -> None:
+    """Adds the 95% interval of a fresh run (and the confirm step's) to ``winner`` and writes it as
+    ``winner.json``; removes a stale one when there is no winner."""
+    m = space.primary.metric
+    lo_name, hi_name = ci
+    if winner is not None:
+        wm = winner.get("metrics", {})
+        winner["interval_95"] = {"metric": m, "value": wm.get(m), "lo": wm.get(lo_name, wm.get(m)),
+                                 "hi": wm.get(hi_name, wm.get(m)), "repeats": wm.get("repeats", 1.0),
+                                 "meaning": "what a fresh run measures"}
+        if confirm:
+            winner["confirm"] = confirm
+            cw = confirm.get("winner")
+            if cw and confirm.get("metric") == m and space.key(cw["point"]) == space.key(winner.get("point") or {}):
+                # the one interval of this configuration: the confirm step's estimate over every repeat
+                winner["interval_95"].update(value=cw["value"], lo=cw["lo"], hi=cw["hi"], repeats=cw["repeats"],
+                                             basis=cw.get("basis"))
+        (out / "winner.json").write_text(json.dumps(winner, indent=2, default=str) + "\n")
+    else:
+        (out / "winner.json").unlink(missing_ok=True)  # a stale winner of an earlier report must not pass for this one
+
+
+def _confirmed_text(x: dict[str, Any]) -> str:
+    """A configuration the confirm step re-measured: its 95% interval at its point."""
+    point = ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in x["point"].items())
+    return f"{interval_text(x)} at {point}"
+
+
+def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: str, tau: float | None,
+             winner: dict[str, Any] | None, confirm: dict[str, Any] | None, m: str) -> dict[str, Any]:
+    """The campaign in a few lines (the page's summary table and summary.json)."""
+    summary = {"campaign": name, "workload": ctx.get("workload"), "strategy": meta["strategy"],
+               "runs": len(trials), "budget": meta["budget"], "status": study.user_attrs.get("status"),
+               "stop_reason": study.user_attrs.get("stop_reason"), "runs are": label,
+               "failed runs": sum(1 for r in runs if not r["ok"]),
+               "proxy Kendall tau at proposal time": None if tau is None else round(tau, 3),
+               "warm start from": ", ".join(meta.get("warm_start") or []) or "-"}
+    if winner is not None:
+        iv = winner["interval_95"]
+        summary[f"best {m} (95% interval of a fresh run, repeats)"] = (
+            f"{fmt(iv['value'])} [{fmt(iv['lo'])}, {fmt(iv['hi'])}] ({iv.get('basis') or format(iv['repeats'], '.0f')})"
+            if iv["lo"] != iv["hi"] else f"{fmt(iv['value'])} (deterministic source: no interval)")
+    if confirm and confirm.get("winner"):
+        summary["confirmed winner (95% interval)"] = _confirmed_text(confirm["winner"])
+        summary["confirmed runner-up (95% interval)"] = (_confirmed_text(confirm["runner_up"])
+                                                         if confirm.get("runner_up") else "-")
+        summary["winner separated from runner-up"] = {True: "yes", False: "no", None: "-"}[confirm["separated"]] + \
+            f" ({confirm.get('verdict') or ''}; after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra " \
+            "repeats)"
+    return summary
+
+
 def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: list[str] | None = None,
                  store_url: str | None = None) -> Path:
     """``index.html`` (one self-contained page: the answer first, then interactive plotly figures,
@@ -366,37 +475,17 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     skipped: list[str] = []  # figures not drawn, and why
 
     # best so far against real runs, with the baselines
-    own = _best_curve_with_interval(space, trials, ctx)
-    curves = {name: [v for v, _, _ in own]}
-    for b in baselines:
-        if b in existing:
-            bm, _, bt = _load(storage, b)
-            curves[f"{b} ({bm['strategy']})"] = _best_curve(space, bt, bm.get("context", {}))
+    own, curves = _best_so_far_curves(storage, name, space, trials, ctx, baselines, existing)
     if all(math.isnan(v) for cur in curves.values() for v in cur):
         skipped.append("best so far: no feasible run yet (every run failed or broke a constraint)")
     else:
         figures.append(("best_so_far", "Best so far", *_fig_best_so_far(go, name, space, own, curves, label)))
-
-    # the objective against the second objective, else memory
-    second = space.objectives[1].metric if len(space.objectives) > 1 else mem
-    sec_dir = space.objectives[1].direction if len(space.objectives) > 1 else "minimize"
-    if second is None:
-        skipped.append(f"Pareto front: no run reports a memory figure ({', '.join(MEMORY_METRICS)})")
-    else:
-        fig, cap = _fig_pareto(go, name, space, runs, second, sec_dir, label)
-        if fig is None:
-            skipped.append(cap)
-        else:
-            figures.append(("pareto", "Throughput against memory" if second == mem and m.endswith("_per_s")
-                            else "Pareto front", fig, cap))
-
+    _add_pareto(go, name, space, runs, mem, label, figures, skipped)
     if runs:
         figures.append(("runs", "Every run", *_fig_runs(go, make_subplots, name, space, runs, label)))
 
     # predicted (at proposal time) against measured
-    pairs = [(t.user_attrs["predicted"].get(m), r["value"], r) for t, r in zip(trials, runs)
-             if t.user_attrs.get("predicted") and r["ok"] and t.user_attrs["predicted"].get(m) is not None
-             and r["value"] is not None]
+    pairs = _proposal_pairs(space, trials, runs)
     tau = None
     if len(pairs) < 5:  # a rank correlation over fewer points says nothing
         if any(t.user_attrs.get("predicted") for t in trials):
@@ -406,64 +495,17 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
         figures.append(("predicted_vs_measured", "Proxy prediction against the run",
                         *_fig_predicted(go, space, pairs, tau, label)))
 
-    # parameter importance (fANOVA over the completed runs)
-    importance = {}
-    try:
-        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if len(complete) >= 4:
-            importance = optuna.importance.get_param_importances(
-                study, target=lambda t: t.values[0], evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
-        else:
-            skipped.append(f"parameter importance: {len(complete)} completed runs (needs 4)")
-    except Exception as e:  # too few runs, or every run identical in some parameter
-        skipped.append(f"parameter importance unavailable: {type(e).__name__}: {e}")
+    importance = _importance(study, trials, skipped)
     if importance:
         figures.append(("importance", "Which knobs mattered", *_fig_importance(go, space, importance)))
 
     winner = winner_job_config(space, meta, trials, store_url)
     confirm = study.user_attrs.get("confirm")
-    lo_name, hi_name = ci_names(m)
-    if winner is not None:
-        wm = winner.get("metrics", {})
-        winner["interval_95"] = {"metric": m, "value": wm.get(m), "lo": wm.get(lo_name, wm.get(m)),
-                                 "hi": wm.get(hi_name, wm.get(m)), "repeats": wm.get("repeats", 1.0),
-                                 "meaning": "what a fresh run measures"}
-        if confirm:
-            winner["confirm"] = confirm
-            cw = confirm.get("winner")
-            if cw and confirm.get("metric") == m and space.key(cw["point"]) == space.key(winner.get("point") or {}):
-                # the one interval of this configuration: the confirm step's estimate over every repeat
-                winner["interval_95"].update(value=cw["value"], lo=cw["lo"], hi=cw["hi"], repeats=cw["repeats"],
-                                             basis=cw.get("basis"))
-        (out / "winner.json").write_text(json.dumps(winner, indent=2, default=str) + "\n")
-    else:
-        (out / "winner.json").unlink(missing_ok=True)  # a stale winner of an earlier report must not pass for this one
+    _write_winner(out, space, winner, confirm, ci_names(m))
     answer = campaign_answer(space, meta, study, trials, importance=importance, winner_doc=winner, source=label)
     write_answer(out, answer)  # answer.md, and winner.yaml as `cubic run --config` takes it
 
-    summary = {"campaign": name, "workload": ctx.get("workload"), "strategy": meta["strategy"],
-               "runs": len(trials), "budget": meta["budget"], "status": study.user_attrs.get("status"),
-               "stop_reason": study.user_attrs.get("stop_reason"), "runs are": label,
-               "failed runs": sum(1 for r in runs if not r["ok"]),
-               "proxy Kendall tau at proposal time": None if tau is None else round(tau, 3),
-               "warm start from": ", ".join(meta.get("warm_start") or []) or "-"}
-    if winner is not None:
-        iv = winner["interval_95"]
-        summary[f"best {m} (95% interval of a fresh run, repeats)"] = (
-            f"{fmt(iv['value'])} [{fmt(iv['lo'])}, {fmt(iv['hi'])}] ({iv.get('basis') or format(iv['repeats'], '.0f')})"
-            if iv["lo"] != iv["hi"] else f"{fmt(iv['value'])} (deterministic source: no interval)")
-    if confirm and confirm.get("winner"):
-
-        def _iv(x):
-            point = ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in x["point"].items())
-            return f"{interval_text(x)} at {point}"
-
-        summary["confirmed winner (95% interval)"] = _iv(confirm["winner"])
-        summary["confirmed runner-up (95% interval)"] = _iv(confirm["runner_up"]) if confirm.get("runner_up") else "-"
-        summary["winner separated from runner-up"] = {True: "yes", False: "no", None: "-"}[confirm["separated"]] + \
-            f" ({confirm.get('verdict') or ''}; after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra " \
-            "repeats)"
-
+    summary = _summary(name, meta, study, trials, runs, ctx, label, tau, winner, confirm, m)
     page = out / "index.html"
     page.write_text(_page(name, ctx, label, answer, out, figures, skipped, summary, runs, space, mem))
     (out / "summary.json").write_text(json.dumps({**summary, "confirm": confirm, "importance": importance,
