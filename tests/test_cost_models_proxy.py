@@ -103,3 +103,32 @@ def test_a_fallback_family_is_kept_unless_cv_shows_another_ranks_clearly_better(
     p = Proxy(families=("xgboost", "gp"), fallback="gp").fit(X, y)
     clear = p.cv_tau_["xgboost"] - p.cv_tau_["gp"] >= 0.1 and p.cv_tau_["xgboost"] >= 0.3
     assert p.selected_ == ("xgboost" if clear else "gp")
+
+
+def _bumps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    # a 6-D sum of four narrow Gaussian bumps (hartmann6's shape): few runs see little of it
+    brng = np.random.default_rng(11)
+    A, P, a = brng.uniform(1, 15, size=(4, 6)), brng.uniform(size=(4, 6)), np.array([1.0, 1.2, 3.0, 3.2])
+    X = rng.uniform(size=(n, 6))
+    return X, (a * np.exp(-(A[None] * (X[:, None, :] - P[None]) ** 2).sum(-1))).sum(-1)
+
+
+def test_the_gp_fits_its_hyperparameters_under_priors_and_ranks_better_from_few_runs():
+    """With a handful of runs the likelihood alone sends length scales to their bounds; the GP
+    family fits them by MAP under Optuna GPSampler's priors, and ranks unseen points better."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+
+    lo, hi = np.log(1e-2), np.log(1e3)
+    taus_map, taus_ml = [], []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        X, y = _bumps(10, rng)
+        Xt, yt = _bumps(300, rng)
+        m = EnsembleRegressor(kind="gp").fit(X, y)
+        theta = m.members_[0].kernel_.theta[1:-1]  # log length scales (standardized inputs)
+        assert np.all((theta > lo + 0.05) & (theta < hi - 0.05)), theta
+        taus_map.append(kendall_tau(yt, m.predict(Xt)))
+        ml = GaussianProcessRegressor(kernel=m.members_[0].kernel, n_restarts_optimizer=1, random_state=0)
+        ml.fit(m.x_scaler_.transform(X), (y - m.y_mean_) / m.y_std_)
+        taus_ml.append(kendall_tau(yt, ml.predict(m.x_scaler_.transform(Xt))))
+    assert np.mean(taus_map) > np.mean(taus_ml) + 0.05, (taus_map, taus_ml)

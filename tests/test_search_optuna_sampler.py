@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 
+import numpy as np
 import optuna
 import pytest
 
 from search.optuna_sampler import CONSTRAINTS_KEY, STATE_KEY, CubicSampler
+from search.space import Space
 from search.strategies import ProxyGuided
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -135,3 +137,31 @@ def test_restart_rebuilds_state_from_the_trials(tmp_path):
         assert pa.keys() == pb.keys()
         for k in pa:
             assert pa[k] == pytest.approx(pb[k]) if isinstance(pa[k], float) else pa[k] == pb[k]
+
+
+def test_geometric_numeric_choices_are_modelled_on_a_log_scale():
+    """Optuna's categorical carries no scale: learning rates or batch sizes given as a list span
+    decades, and on a linear feature every choice but the largest would sit near 0."""
+    from optuna.distributions import CategoricalDistribution
+
+    from search.optuna_sampler import parameter_of
+
+    lr = parameter_of("lr", CategoricalDistribution([1e-4, 1e-3, 1e-2, 1e-1]))
+    assert lr.log
+    feats = [float(Space(name="s", objectives=[{"metric": "v"}], parameters=[lr]).features({"lr": v})[0])
+             for v in lr.choices]
+    assert np.allclose(feats, [0, 1 / 3, 2 / 3, 1])
+    assert not parameter_of("n", CategoricalDistribution([1, 2, 3])).log  # under a decade: linear
+    assert not parameter_of("x", CategoricalDistribution([0, 10, 100])).log  # not all positive
+    assert not parameter_of("opt", CategoricalDistribution(["sgd", "adam"])).log
+    assert not parameter_of("b", CategoricalDistribution([True, False])).log
+
+
+def test_rounds_start_at_one_point_and_grow_to_batch_size():
+    s = CubicSampler(batch_size=4)
+    rounds = sorted({s.round_of(n) for n in range(60)})
+    sizes = [k for _, k in rounds]
+    assert sizes[0] == 1 and sizes[-1] == 4 and sizes == sorted(sizes)
+    assert all(a + k == b for (a, k), (b, _) in zip(rounds, rounds[1:]))  # rounds tile the trials
+    assert all(a <= n < a + k for n in range(60) for a, k in [s.round_of(n)])
+    assert CubicSampler(batch_size=1).round_of(37) == (37, 1)
