@@ -621,7 +621,8 @@ def main() -> None:
                     help="only the public test problems (regret at 25/50/100 through study.optimize), merged into "
                          "the JSON beside the stored real/simulated sections")
     ap.add_argument("--public-budget", type=int, default=100)
-    ap.add_argument("--public-problems", nargs="*", default=["branin", "hartmann6", "mlp-tabular"])
+    ap.add_argument("--public-problems", nargs="*", default=["branin", "hartmann6", "mlp-tabular", "levy4"],
+                    help="levy4 informed no design choice of the search: its row is a second look")
     ap.add_argument("--hard", action="store_true",
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
