@@ -406,6 +406,23 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _keep_public(results: dict, name: str) -> None:
+    """A full run keeps the stored --public section and its targets: they come from their own
+    invocation, whose context (code version, load) the section carries."""
+    import json
+
+    from experiments.common import RESULTS
+
+    path = RESULTS / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    if not stored.get("public"):
+        return
+    results["public"] = {**stored["public"], "stale_sections_note": (
+        "'public' is from its own --public invocation (its context above); the rest of this file from the full run "
+        "that finished at 'finished_at'")}
+    results["targets"].update({k: v for k, v in (stored.get("targets") or {}).items() if k.startswith("public:")})
+
+
 def run_public(args) -> None:
     import json
 
@@ -779,6 +796,7 @@ def main() -> None:
 
     results["targets"] = targets(results)
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
+    _keep_public(results, name)
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")
