@@ -464,14 +464,22 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     # Ctrl-C stops it even when started with SIGINT ignored (a shell's background job, nohup: Python
     # then leaves SIGINT ignored); SIGTERM is cubic.cli.app.main's, as for every command
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
-    try:
-        httpd.serve_forever()
+    # requests are served on a thread of their own: a Ctrl-C landing inside a request on the main
+    # thread is swallowed by wsgiref's error handler (it answers 500 and serves on), so the main
+    # thread only waits, where the interrupt always lands, and then stops the loop
+    server = threading.Thread(target=httpd.serve_forever, name="dashboard", daemon=True)
+    server.start()
+    try:  # the line inside: a Ctrl-C sent as soon as it is read must land here too
+        print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
+        while server.is_alive():
+            server.join(0.5)
     except KeyboardInterrupt:
         pass
     finally:
+        httpd.shutdown()  # returns once serve_forever has left its loop (at once if it already has)
         httpd.server_close()
     return 0
 
