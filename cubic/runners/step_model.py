@@ -67,6 +67,12 @@ ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
 LENGTH_BYTES = 4  # int32 lengths per (example, table)
 EMB_BYTES = 4  # fp32 embedding weights and pooled outputs/gradients (FBGEMM TBE default)
 
+
+def embedding_bytes(rows, cols, sgd_emb: bool):
+    """A table's or shard's fp32 weights, plus row-wise AdaGrad's one fp32 state per row (none for SGD)."""
+    return rows * cols * EMB_BYTES + (0 if sgd_emb else rows * EMB_BYTES)
+
+
 # public sources (or stated assumptions) of the model's own constants; the hardware figures are in
 # cost_models/hardware.py and the GEMM model's in cost_models/gpu_gemm.py
 PARAM_SOURCES = {
@@ -541,7 +547,7 @@ class _GroupShards:
         return tuple(np.bincount(self.rank, weights=w, minlength=G) for w in (f_t, b_t, u_t))
 
     def shard_bytes(self, sgd_emb: bool) -> np.ndarray:
-        return self.rows * self.cols * EMB_BYTES + (0 if sgd_emb else self.rows * EMB_BYTES)
+        return embedding_bytes(self.rows, self.cols, sgd_emb)
 
 
 @dataclass
@@ -610,7 +616,7 @@ def _group_plan(wl: Workload, config: Config, cluster: ClusterSpec, W: int, dc: 
         raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
     sgd_emb = wl.optimizers.embedding == "sgd"
     base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
-    emb_bytes = sum(t.rows * t.dim * EMB_BYTES + (0 if sgd_emb else t.rows * EMB_BYTES) for t in wl.tables)
+    emb_bytes = sum(embedding_bytes(t.rows, t.dim, sgd_emb) for t in wl.tables)
     low = base_mem + emb_bytes / G
     if low > dev.hbm_bytes:
         # even a perfectly balanced plan cannot fit: report the lower bound of the peak
