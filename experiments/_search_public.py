@@ -21,6 +21,11 @@ DESIGN_PROBLEMS = ("branin", "hartmann6", "mlp-tabular")
 METHODS = ("cubic", "tpe-multivariate", "gp", "random")
 
 
+def relative_regret(best: float, optimum: float, random_median: float) -> float:
+    """(best - optimum) / (median of random points - optimum): 0 at the optimum, 1 at random's median."""
+    return float((best - optimum) / (random_median - optimum))
+
+
 def sampler(method: str, seed: int):
     from search.optuna_sampler import CubicSampler
 
@@ -57,7 +62,7 @@ def run(names, seeds, budget: int, log=print, on_row=None) -> dict:
                 study.optimize(objective, n_trials=budget)
                 wall = time.perf_counter() - t0
                 best = np.minimum.accumulate([t.value for t in study.trials])
-                reg = [(float(best[n - 1]) - pb.optimum) / (med - pb.optimum) for n in CHECKPOINTS if n <= budget]
+                reg = [relative_regret(float(best[n - 1]), pb.optimum, med) for n in CHECKPOINTS if n <= budget]
                 rows.append({"seed": seed, "regret": dict(zip([str(n) for n in CHECKPOINTS], reg)),
                              "overhead_s_per_trial": (wall - t_obj[0]) / budget})
                 log(f"  public {name} {method} seed {seed}: regret {[round(r, 3) for r in reg]}, "
@@ -92,7 +97,7 @@ def early_second_look(names, seeds, log=print) -> dict:
             for seed in seeds:
                 study = optuna.create_study(sampler=sampler(method, seed))
                 study.optimize(lambda trial: pb.value(pb.suggest(trial)), n_trials=EARLY)
-                regs.append(float((min(t.value for t in study.trials) - pb.optimum) / (med - pb.optimum)))
+                regs.append(relative_regret(min(t.value for t in study.trials), pb.optimum, med))
             row[method] = {"median_regret": float(np.median(regs)), "per_seed": regs}
         log(f"  @{EARLY} over {len(seeds)} seeds {name}: cubic {row['cubic']['median_regret']:.3f}, "
             f"TPE multivariate {row['tpe-multivariate']['median_regret']:.3f}")

@@ -437,6 +437,11 @@ def run_public(args) -> None:
     if args.public_early_seeds:
         from experiments._search_public import early_second_look
 
+        if not stored.get("public"):
+            print(f"search_benchmark: --public-early-seeds needs a stored --public run in {path}: run --public first",
+                  file=sys.stderr)
+            raise SystemExit(2)
+
         stored["public"]["early_25"] = early_second_look(args.public_problems, list(range(args.public_early_seeds)),
                                                          log=log)
         stored["public"]["early_25"]["context"] = run_context("mixed")
