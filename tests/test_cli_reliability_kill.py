@@ -96,3 +96,48 @@ def test_the_real_cli_with_its_proxy_killed_at_random_moments(tmp_path):
 
     out = kill_resume_cli(tmp_path, kills=5, budget=8, batch=2, strategy="cubic", max_wait_s=3.0, rng_seed=2)
     _user_sees_exactly_the_budget(out)
+
+
+@pytest.mark.parametrize("crash_at", [1, 3, 4])  # enqueues of round 1: before, inside, after its trials
+def test_a_coordinator_killed_while_enqueueing_a_round_goes_on_with_that_round(tmp_path, crash_at):
+    """The round and the strategy's state are one write before the round's trials: a coordinator
+    killed among the enqueues (or right after them) resumes with the same round and state, so the
+    campaign runs what an uninterrupted one runs (it proposed from a partial round before)."""
+    import optuna
+
+    from cubic.codesign.campaign import Campaign
+    from cubic.testing import FastRunner, space, toy_workload
+
+    sp, wl, runner = space(), toy_workload(), FastRunner(delay_s=0.0, log="")
+
+    def evaluate(point):
+        return runner.run(wl, sp.to_config(point))
+
+    kw = dict(budget=12, batch_size=4, seed=5, strategy="random")
+    ref = Campaign(sp, evaluate, name="ref", storage=f"sqlite:///{tmp_path}/ref.db", **kw)
+    ref.run()
+
+    url = f"sqlite:///{tmp_path}/cut.db"
+    c = Campaign(sp, evaluate, name="cut", storage=url, **kw)
+    enqueue, calls = optuna.Study.enqueue_trial, []
+
+    def crashing(study, *a, **k):
+        calls.append(1)
+        if len(calls) == 4 + crash_at:  # round 0 holds the first 4
+            raise _Crash()
+        return enqueue(study, *a, **k)
+
+    optuna.Study.enqueue_trial = crashing
+    try:
+        with pytest.raises(_Crash):
+            c.run()
+    finally:
+        optuna.Study.enqueue_trial = enqueue
+    c = Campaign.resume("cut", evaluate, storage=url, strategy="random")
+    c.run()
+
+    def outcome(study):
+        return sorted((t.user_attrs["round"], t.user_attrs["key"], t.state.name) for t in study.trials
+                      if "finished_at" in t.user_attrs)
+
+    assert outcome(c.study) == outcome(ref.study)

@@ -539,6 +539,7 @@ class Campaign:
         warm = self._warm_observations()
         self._n_warm = len(warm)
         self.strategy.bind(SearchContext(self.space, self.seed, self.featurize, tuple(warm), self.context))
+        self._restore_round()
         self._recover_lost()
         try:
             while True:
@@ -584,11 +585,33 @@ class Campaign:
         proposals = [p for p in self.strategy.propose(history, k) if self.space.key(p.point) not in done][:k]
         if not proposals:
             return "exhausted"
-        for p in proposals:
-            self.study.enqueue_trial(p.point, user_attrs={"round": round_index, "key": self.space.key(p.point),
-                                                          "predicted": p.predicted}, skip_if_exists=False)
-        self.study.set_user_attr(STATE_KEY, {"round": round_index, "state": self.strategy.state_dict()})
+        # the round and the strategy's state in one write, then its trials: a coordinator killed
+        # between the two goes on with this round (_restore_round) instead of proposing again
+        self.study.set_user_attr(STATE_KEY, {"round": round_index, "state": self.strategy.state_dict(),
+                                             "points": [{"point": p.point, "predicted": p.predicted}
+                                                        for p in proposals]})
+        self._enqueue_round()
         return None
+
+    def _enqueue_round(self) -> None:
+        """Enqueue the recorded round's points that have no trial yet (all of them, but after a
+        coordinator was killed mid-round)."""
+        rec = self.study.user_attrs.get(STATE_KEY) or {}
+        have = {t.user_attrs.get("key") for t in self._trials() if t.user_attrs.get("round") == rec.get("round")}
+        for p in rec.get("points") or ():
+            key = self.space.key(p["point"])
+            if key not in have:
+                self.study.enqueue_trial(p["point"], user_attrs={"round": rec["round"], "key": key,
+                                                                 "predicted": p.get("predicted")}, skip_if_exists=False)
+
+    def _restore_round(self) -> None:
+        """Where the last coordinator left off: the strategy's state as of its last round, and that
+        round's points all enqueued. Run by whoever coordinates (a resume, or a worker taking over),
+        so a campaign killed anywhere proposes what an uninterrupted one would."""
+        rec = self.study.user_attrs.get(STATE_KEY)
+        if rec:
+            self.strategy.load_state_dict(rec.get("state") or {})
+            self._enqueue_round()
 
     def _reached_target(self, history: list[Observation]) -> bool:
         if self.target is None:
