@@ -406,103 +406,6 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _keep_public(results: dict, name: str) -> None:
-    """A full run keeps the stored --public section and its targets: they come from their own
-    invocation, whose context (code version, load) the section carries."""
-    import json
-
-    from experiments.common import RESULTS
-
-    path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
-    if not stored.get("public"):
-        return
-    results["public"] = {**stored["public"], "stale_sections_note": (
-        "'public' is from its own --public invocation (its context above); the rest of this file from the full run "
-        "that finished at 'finished_at'")}
-    results["targets"].update({k: v for k, v in (stored.get("targets") or {}).items() if k.startswith("public:")})
-
-
-def run_public(args) -> None:
-    import json
-
-    from experiments.common import RESULTS
-    from experiments._search_public import overhead_curve, public_targets, run
-
-    name = "search_benchmark"
-    path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}}
-    seeds = list(range(args.seeds))
-    started = time.time()
-    if args.public_early_seeds:
-        from experiments._search_public import early_second_look
-
-        if not stored.get("public"):
-            print(f"search_benchmark: --public-early-seeds needs a stored --public run in {path}: run --public first",
-                  file=sys.stderr)
-            raise SystemExit(2)
-
-        stored["public"]["early_25"] = early_second_look(args.public_problems, list(range(args.public_early_seeds)),
-                                                         log=log)
-        stored["public"]["early_25"]["context"] = run_context("mixed")
-        stored["targets"].update(public_targets(stored["public"]["problems"], stored["public"]["budget"],
-                                                stored["public"].get("overhead_200"), stored["public"]["early_25"]))
-        write_result(name, stored)
-        log(f"wrote {path}")
-        return
-
-    before = dict((stored.get("public") or {}).get("problems") or {})  # problems run by an earlier invocation
-
-    def save(pub):
-        pub = {**before, **pub}
-        stored["public"] = {"kind": "MEASURED on this machine (optimizer runs on formula problems; nothing modelled)",
-                            "budget": args.public_budget, "seeds_last_invocation": seeds, "problems": pub,
-                            "context": run_context("mixed"), "wall_s": time.time() - started,
-                            "regret_note": ("relative regret = (best - optimum) / (median of 2000 random points - "
-                                            "optimum); per problem the median over seeds"),
-                            "stale_sections_note": ("'spaces' and their targets are from the earlier full run "
-                                                    f"({stored.get('finished_at')}); only 'public' is from this code")}
-        targets_old = {k: v for k, v in (stored.get("targets") or {}).items() if not k.startswith("public:")}
-        if curve:
-            stored["public"]["overhead_200"] = {"kind": "MEASURED on this machine", **curve}
-        if all(len(p["methods"]) == 4 for p in pub.values()):
-            targets_old.update(public_targets(pub, args.public_budget, curve))
-        stored["targets"] = targets_old
-        write_result(name, stored)
-
-    curve: dict = {}
-    pub = run(args.public_problems, seeds, args.public_budget, log=log, on_row=save)
-    log("overhead as one study grows to 200 trials ...")
-    curve.update(overhead_curve(trials=200))
-    log(f"  {curve['last_50_s_per_trial']:.3f} s/trial over the last 50 (mean {curve['mean_s_per_trial']:.3f})")
-    save(pub)
-    stored["public"]["problems"] = {**before, **stored["public"]["problems"]}
-    plot_public(stored, png_path(name + "_public"))
-    log(f"wrote {path}")
-
-
-def plot_public(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pub = results["public"]["problems"]
-    fig, axes = plt.subplots(1, len(pub), figsize=(4.5 * len(pub), 3.8), squeeze=False)
-    for ax, (name, r) in zip(axes[0], pub.items()):
-        for m, v in r["methods"].items():
-            xs = [int(n) for n in v["median_regret"]]
-            ax.plot(xs, list(v["median_regret"].values()), marker="o", label=m)
-        ax.set_yscale("log")
-        ax.set_xlabel("evaluations")
-        ax.set_ylabel("median relative regret (MEASURED)")
-        ax.set_title(name, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run_hard(args) -> None:
     """The hard real space: measured table (every configuration, ``passes`` passes, fastest kept),
     then cubic / TPE / random / cubic-noprior campaigns and CubicSampler through study.optimize
@@ -670,7 +573,9 @@ def main() -> None:
                     help="per-run timeout (s): a configuration slower than this is a timeout failure in the table")
     args = ap.parse_args()
     if args.public:
-        return run_public(args)
+        from experiments._search_public import run_public
+
+        return run_public(args, log)
     if args.hard:
         return run_hard(args)
     if args.replot or args.retarget:
@@ -816,7 +721,9 @@ def main() -> None:
 
     results["targets"] = targets(results)
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
-    _keep_public(results, name)
+    from experiments._search_public import keep_public
+
+    keep_public(results, name)
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")
