@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from cubic.cli.common import default_storage
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import SpecError
 
@@ -51,10 +52,6 @@ def check_space_fits_runner(space, kind: str, source: str) -> None:
                                 f"reports {', '.join(sorted(reported))}; use a space for this runner (default: "
                                 f"{DEFAULT_SPACES[kind].relative_to(DATA.parent.parent)})",
                                 source=source, field=f"{what}s[{i}]")
-
-
-def default_storage() -> str:
-    return os.environ.get("CUBIC_CAMPAIGNS", "sqlite:///./.cubic/campaigns.db")
 
 
 def _runner_from_context(ctx: dict[str, Any]):
@@ -438,52 +435,6 @@ def _campaign_name(text: str) -> str:
     return text
 
 
-def cmd_dashboard(args: argparse.Namespace) -> int:
-    """Serve optuna-dashboard on the campaign's storage (loopback unless --host), until Ctrl-C."""
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
-
-    import optuna
-
-    from cubic.codesign.storage import load_meta
-
-    try:
-        import optuna_dashboard
-    except ImportError:
-        print("cubic: optuna-dashboard is not installed (pip install 'cubic[dashboard]', or `make`)", file=sys.stderr)
-        return 2
-    storage = args.storage or default_storage()
-    load_meta(storage, args.name)  # no such campaign: one line naming it, exit 2
-    study_id = optuna.load_study(study_name=args.name, storage=storage)._study_id
-
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, *a):  # the dashboard polls: no line per request
-            pass
-
-    httpd = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=Quiet)
-    url = f"http://{args.host}:{httpd.server_port}/dashboard/studies/{study_id}"
-    # Ctrl-C stops it even when started with SIGINT ignored (a shell's background job, nohup: Python
-    # then leaves SIGINT ignored); SIGTERM is cubic.cli.app.main's, as for every command
-    import signal
-    import threading
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    # requests are served on a thread of their own: a Ctrl-C landing inside a request on the main
-    # thread is swallowed by wsgiref's error handler (it answers 500 and serves on), so the main
-    # thread only waits, where the interrupt always lands, and then stops the loop
-    server = threading.Thread(target=httpd.serve_forever, name="dashboard", daemon=True)
-    server.start()
-    try:  # the line inside: a Ctrl-C sent as soon as it is read must land here too
-        print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
-        while server.is_alive():
-            server.join(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        httpd.shutdown()  # returns once serve_forever has left its loop (at once if it already has)
-        httpd.server_close()
-    return 0
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("campaign", help="proxy-guided co-design search campaigns (CubicML)",
                        description="Search a co-design space for the highest throughput that fits memory and "
@@ -496,7 +447,9 @@ def register(sub: Any) -> None:
     _add_work(verbs)
     _add_report(verbs)
     _add_list(verbs)
-    _add_dashboard(verbs)
+    from cubic.cli.dashboard import add_dashboard
+
+    add_dashboard(verbs, _add_common)
 
 
 def _add_common(q: Any) -> None:
@@ -618,17 +571,6 @@ def _add_list(verbs: Any) -> None:
     ls = verbs.add_parser("list", help="stored campaigns")
     _add_common(ls)
     ls.set_defaults(func=cmd_list)
-
-
-def _add_dashboard(verbs: Any) -> None:
-    db = verbs.add_parser("dashboard", help="serve optuna-dashboard on a campaign's storage",
-                          description="Serve optuna-dashboard (the live study: history, parameter importances, "
-                                      "trial attributes) on the campaign's storage; prints the URL.")
-    db.add_argument("name")
-    db.add_argument("--host", default="127.0.0.1", help="address to serve on (default loopback only)")
-    db.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
-    _add_common(db)
-    db.set_defaults(func=cmd_dashboard)
 
 
 # ---- a user's own job as the objective (cubic.runners.command); baselines for the answer ---------

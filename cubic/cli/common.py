@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -216,3 +217,8 @@ def _expected_fingerprint_hash(runner: Any) -> str | None:
     from cubic.runners.local import expected_fingerprint_hash
 
     return expected_fingerprint_hash(runner)
+
+
+def default_storage() -> str:
+    """The campaigns' Optuna storage when --storage is not given."""
+    return os.environ.get("CUBIC_CAMPAIGNS", "sqlite:///./.cubic/campaigns.db")

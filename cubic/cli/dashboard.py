@@ -1,0 +1,67 @@
+"""``cubic campaign dashboard NAME``: optuna-dashboard served on a campaign's storage, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve optuna-dashboard on the campaign's storage (loopback unless --host), until Ctrl-C."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    import optuna
+
+    from cubic.codesign.storage import load_meta
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        print("cubic: optuna-dashboard is not installed (pip install 'cubic[dashboard]', or `make`)", file=sys.stderr)
+        return 2
+    from cubic.cli.common import default_storage
+
+    storage = args.storage or default_storage()
+    load_meta(storage, args.name)  # no such campaign: one line naming it, exit 2
+    study_id = optuna.load_study(study_name=args.name, storage=storage)._study_id
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *a):  # the dashboard polls: no line per request
+            pass
+
+    httpd = make_server(args.host, args.port, optuna_dashboard.wsgi(storage), handler_class=Quiet)
+    url = f"http://{args.host}:{httpd.server_port}/dashboard/studies/{study_id}"
+    # Ctrl-C stops it even when started with SIGINT ignored (a shell's background job, nohup: Python
+    # then leaves SIGINT ignored); SIGTERM is cubic.cli.app.main's, as for every command
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # requests are served on a thread of their own: a Ctrl-C landing inside a request on the main
+    # thread is swallowed by wsgiref's error handler (it answers 500 and serves on), so the main
+    # thread only waits, where the interrupt always lands, and then stops the loop
+    server = threading.Thread(target=httpd.serve_forever, name="dashboard", daemon=True)
+    server.start()
+    try:  # the line inside: a Ctrl-C sent as soon as it is read must land here too
+        print(f"optuna-dashboard for campaign {args.name!r} on {storage}: {url}  (Ctrl-C stops it)", flush=True)
+        while server.is_alive():
+            server.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.shutdown()  # returns once serve_forever has left its loop (at once if it already has)
+        httpd.server_close()
+    return 0
+
+
+def add_dashboard(verbs: Any, add_common) -> None:
+    """`cubic campaign dashboard`; ``add_common`` adds the --storage and --json every campaign verb takes."""
+    db = verbs.add_parser("dashboard", help="serve optuna-dashboard on a campaign's storage",
+                          description="Serve optuna-dashboard (the live study: history, parameter importances, "
+                                      "trial attributes) on the campaign's storage; prints the URL.")
+    db.add_argument("name")
+    db.add_argument("--host", default="127.0.0.1", help="address to serve on (default loopback only)")
+    db.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
+    add_common(db)
+    db.set_defaults(func=cmd_dashboard)
