@@ -587,16 +587,15 @@ class Campaign:
             return "exhausted"
         # the round and the strategy's state in one write, then its trials: a coordinator killed
         # between the two goes on with this round (_restore_round) instead of proposing again
-        self.study.set_user_attr(STATE_KEY, {"round": round_index, "state": self.strategy.state_dict(),
-                                             "points": [{"point": p.point, "predicted": p.predicted}
-                                                        for p in proposals]})
-        self._enqueue_round()
+        rec = {"round": round_index, "state": self.strategy.state_dict(),
+               "points": [{"point": p.point, "predicted": p.predicted} for p in proposals]}
+        self.study.set_user_attr(STATE_KEY, rec)
+        self._enqueue_round(rec)
         return None
 
-    def _enqueue_round(self) -> None:
+    def _enqueue_round(self, rec: dict[str, Any]) -> None:
         """Enqueue the recorded round's points that have no trial yet (all of them, but after a
         coordinator was killed mid-round)."""
-        rec = self.study.user_attrs.get(STATE_KEY) or {}
         have = {t.user_attrs.get("key") for t in self._trials() if t.user_attrs.get("round") == rec.get("round")}
         for p in rec.get("points") or ():
             key = self.space.key(p["point"])
@@ -611,7 +610,7 @@ class Campaign:
         rec = self.study.user_attrs.get(STATE_KEY)
         if rec:
             self.strategy.load_state_dict(rec.get("state") or {})
-            self._enqueue_round()
+            self._enqueue_round(rec)
 
     def _reached_target(self, history: list[Observation]) -> bool:
         if self.target is None:
