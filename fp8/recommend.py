@@ -345,6 +345,30 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     ``block128`` and ``mx32``, which torchao's Float8Linear does not run); the Probe still measures
     every recipe, and each site's speedups list them all. The placement records it as ``probe.recipes``.
     """
+    device, allowed = _checked_options(device, recipes, budget_scope)
+    probe, mods_probe = _probes(workload, probe, config, mods=mods, mods_probe=mods_probe, warmup_steps=warmup_steps,
+                                max_batches=max_batches, ci_halfwidth_db=ci_halfwidth_db, probe_stride=probe_stride,
+                                device=device)
+    modded = mods_probe.summary() if mods and mods_probe is not None else {}
+    wanted = suggested_mods(probe) if modded else {}
+    target = load_device(target_device)
+    dispatcher = dispatcher or Dispatcher(device=device)
+    batch = _probed_batch(workload, probe, config)
+    summary = probe.summary()
+    order, ends = _site_order(summary)
+    rules = _SiteRules(probe, budget_db, allowed, require_fast, fast_threshold, budget_ne_rel, unsure_margin,
+                       batch, target_batch, target, dispatcher)
+    sites = _place_sites(summary, rules, modded, wanted, order, ends, keep_first_last)
+    model_ne = _apply_model_budgets(sites, rules, budget_scope)
+    doc = _placement_doc(workload, label, rules, sites, summary, budget_scope=budget_scope, model_ne=model_ne,
+                         target_device=target_device, warmup_steps=warmup_steps, keep_first_last=keep_first_last,
+                         order=order, ends=ends, modded=modded, mods_probe=mods_probe)
+    return parse_placement(doc, source="recommend")
+
+
+def _checked_options(device: str, recipes: str | tuple[str, ...], budget_scope: str) -> tuple[str, tuple[str, ...]]:
+    """:func:`recommend`'s ``device`` (as a string) and allowed FP8 recipes, its options checked before
+    any probing, so that a bad one fails at once."""
     from fp8.kernels import check_device
 
     device = str(check_device(device, "device"))
@@ -354,6 +378,15 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
         raise SpecError(str(e), field="recipes") from None
     if budget_scope not in ("site", "model"):
         raise SpecError(f"unknown budget scope {budget_scope!r} (site or model)", field="budget_scope")
+    return device, allowed
+
+
+def _probes(workload: Workload | None, probe: Probe | None, config: Config | None, *, mods: bool,
+            mods_probe: Probe | None, warmup_steps: int, max_batches: int, ci_halfwidth_db: float,
+            probe_stride: int, device: str) -> tuple[Probe, Probe | None]:
+    """The Probe :func:`recommend` decides from (``probe``, else one run on ``workload``) and, with
+    ``mods``, the one with each site's suggested Mods on (``mods_probe``, else :func:`probe_mods`
+    when the workload is given; None when neither)."""
     if probe is None:
         if workload is None:
             raise SpecError("give a workload or a probe", field="workload")
@@ -361,53 +394,79 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
                                   ci_halfwidth_db=ci_halfwidth_db, stride=probe_stride, device=device)
     if mods and mods_probe is None and workload is not None:
         mods_probe = probe_mods(workload, probe, config, warmup_steps=warmup_steps, device=device)
-    modded = mods_probe.summary() if mods and mods_probe is not None else {}
-    wanted = suggested_mods(probe) if modded else {}
-    target = load_device(target_device)
-    dispatcher = dispatcher or Dispatcher(device=device)
-    batch = (config.batch_size if config and config.batch_size else None) or (
+    return probe, mods_probe
+
+
+def _probed_batch(workload: Workload | None, probe: Probe, config: Config | None) -> int:
+    """The batch the Probe ran at (the M that ``target_batch`` rescales): the config's, else the
+    workload's, else the most rows any site saw."""
+    return (config.batch_size if config and config.batch_size else None) or (
         workload.batch_size if workload is not None else max(1, max((r.rows for r in probe.sites.values()), default=1)))
-    summary = probe.summary()
+
+
+def _site_order(summary: dict[str, dict]) -> tuple[list[str], set[str]]:
+    """The sites in execution order (unordered ones last), and the ends ``keep_first_last`` holds
+    back: the input layers and the last layer."""
     order = sorted(summary, key=lambda n: (summary[n].get("order", -1) < 0, summary[n].get("order", -1)))
     # input layers: sites reading the model's raw inputs (their input needs no gradient), e.g. the dense
     # features' projection, which a multi-input model may run after the embedding projections;
     # the first executed site when none does. The last layer is the last executed site (the logits).
     inputs_ = [n for n in order if not summary[n].get("grad_input_used", True)] or order[:1]
-    ends = {*inputs_, *order[-1:]}
-    rules = _SiteRules(probe, budget_db, allowed, require_fast, fast_threshold, budget_ne_rel, unsure_margin,
-                       batch, target_batch, target, dispatcher)
+    return order, {*inputs_, *order[-1:]}
+
+
+def _place_sites(summary: dict[str, dict], rules: _SiteRules, modded: dict[str, dict],
+                 wanted: dict[str, list[dict[str, Any]]], order: list[str], ends: set[str],
+                 keep_first_last: bool) -> dict[str, dict]:
+    """Each site's entry of the placement (:func:`_place_site`), on its own: the model budgets come
+    after. A site probed with its Mods on also weighs that probe; an end is held back by name."""
     last = order[-1] if order else None
-    sites = {name: _place_site(name, site, rules, modded.get(name) if name in wanted else None, wanted.get(name, []),
-                               end=(("last" if name == last else "first (input)")
-                                    if keep_first_last and name in ends else None))
-             for name, site in summary.items()}
-    if budget_scope == "model" and budget_db is not None:
-        apply_model_budget(sites, budget_db, require_fast)
-    model_ne = None
-    if probe.losses is not None:
-        if budget_scope == "model" and budget_ne_rel is not None:
-            model_ne = apply_model_ne_budget(sites, probe, budget_ne_rel, require_fast)
-        else:
-            model_ne = placement_ne_cost(probe, sites, [n for n, s in sites.items() if s["recipe"]])
+    return {name: _place_site(name, site, rules, modded.get(name) if name in wanted else None, wanted.get(name, []),
+                              end=(("last" if name == last else "first (input)")
+                                   if keep_first_last and name in ends else None))
+            for name, site in summary.items()}
+
+
+def _apply_model_budgets(sites: dict[str, dict], rules: _SiteRules, budget_scope: str) -> dict[str, float] | None:
+    """With scope ``"model"``, hold the FP8 sites together to the SQNR budget, then to the held-out
+    NE budget (in place). Returns the kept FP8 sites' held-out NE cost together; None where the
+    Probe measured no held-out losses."""
+    if budget_scope == "model" and rules.budget_db is not None:
+        apply_model_budget(sites, rules.budget_db, rules.require_fast)
+    if rules.probe.losses is None:
+        return None
+    if budget_scope == "model" and rules.budget_ne_rel is not None:
+        return apply_model_ne_budget(sites, rules.probe, rules.budget_ne_rel, rules.require_fast)
+    # scope "site" (or no NE budget): nothing is dropped, but the placement still records its cost
+    return placement_ne_cost(rules.probe, sites, [n for n, s in sites.items() if s["recipe"]])
+
+
+def _placement_doc(workload: Workload | None, label: str | None, rules: _SiteRules, sites: dict[str, dict],
+                   summary: dict[str, dict], *, budget_scope: str, model_ne: dict[str, float] | None,
+                   target_device: str, warmup_steps: int, keep_first_last: bool, order: list[str],
+                   ends: set[str], modded: dict[str, dict], mods_probe: Probe | None) -> dict[str, Any]:
+    """The placement document :func:`recommend` returns, before :func:`fp8.placement.parse_placement`
+    checks it: the sites, the budgets, and how the Probe ran (so a placement says what it rests on)."""
+    probe = rules.probe
     fp8_lows = [s["error"][s["recipe"]]["ci_low_db"] for s in sites.values() if s["recipe"] is not None]
-    doc = {
+    return {
         "version": 1, "workload": workload.name if workload is not None else (label or ""),
         "workload_hash": workload.content_hash() if workload is not None else "",
-        "budget_sqnr_db": budget_db, "budget_scope": budget_scope, "model_sqnr_db": combined_sqnr_db(fp8_lows),
-        "budget_ne_rel": budget_ne_rel if probe.losses is not None else None, "model_ne_rel": model_ne,
-        "target_device": target_device, "probe_device": str(dispatcher.device),
-        "require_fast": require_fast,
+        "budget_sqnr_db": rules.budget_db, "budget_scope": budget_scope, "model_sqnr_db": combined_sqnr_db(fp8_lows),
+        "budget_ne_rel": rules.budget_ne_rel if probe.losses is not None else None, "model_ne_rel": model_ne,
+        "target_device": target_device, "probe_device": str(rules.dispatcher.device),
+        "require_fast": rules.require_fast,
         "probe": {"steps": probe.steps, "ci_halfwidth_db": probe.ci_halfwidth_db, "confidence": probe.confidence,
                   "min_batches": probe.min_batches, "max_batches": probe.max_batches, "stride": probe.stride,
-                  "warmup_steps": warmup_steps, "target_batch": target_batch or batch, "recipes": list(allowed),
-                  "conservative": {"keep_first_last": keep_first_last, "unsure_margin": unsure_margin},
+                  "warmup_steps": warmup_steps, "target_batch": rules.target_batch or rules.batch,
+                  "recipes": list(rules.allowed),
+                  "conservative": {"keep_first_last": keep_first_last, "unsure_margin": rules.unsure_margin},
                   "order": order, "kept_ends": sorted(ends),
                   "mods_probed": sorted(modded), "mods_probe_steps": mods_probe.steps if modded else 0,
                   "stats": {n: s["stats"] for n, s in summary.items()}},
         "sites": sites,
         "module_filter": [n for n, s in sites.items() if s["recipe"] is not None],
     }
-    return parse_placement(doc, source="recommend")
 
 
 def apply_model_budget(sites: dict[str, dict], budget_db: float, require_fast: bool) -> list[str]:
