@@ -346,12 +346,12 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
     every recipe, and each site's speedups list them all. The placement records it as ``probe.recipes``.
     """
     device, allowed = _checked_options(device, recipes, budget_scope)
+    target = load_device(target_device)  # before the Probe, which can run for minutes
     probe, mods_probe = _probes(workload, probe, config, mods=mods, mods_probe=mods_probe, warmup_steps=warmup_steps,
                                 max_batches=max_batches, ci_halfwidth_db=ci_halfwidth_db, probe_stride=probe_stride,
                                 device=device)
     modded = mods_probe.summary() if mods and mods_probe is not None else {}
     wanted = suggested_mods(probe) if modded else {}
-    target = load_device(target_device)
     dispatcher = dispatcher or Dispatcher(device=device)
     batch = _probed_batch(workload, probe, config)
     summary = probe.summary()

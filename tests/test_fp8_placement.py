@@ -437,3 +437,15 @@ def test_recommend_holds_the_fp8_sites_together_to_the_ne_budget():
     with_it = ne_cost(probe.model, _held_out, {m: "emulated_rowwise" for m in [*before, dropped[0]]})
     assert with_it["ci_high"] > budget
     assert parse_placement(held.model_dump(mode="json")).model_ne_rel == held.model_ne_rel
+
+
+def test_recommend_refuses_an_unknown_target_device_before_probing(monkeypatch):
+    # the Probe can run for minutes: a misspelt --target-device must fail at once, not after it
+    import fp8.recommend as rec
+
+    def probed(*a, **k):
+        raise AssertionError("probed before the target device was checked")
+
+    monkeypatch.setattr(rec, "probe_workload", probed)
+    with pytest.raises(SpecError, match="unknown device"):
+        rec.recommend(load_workload("dlrm-small"), None, target_device="h1000")
