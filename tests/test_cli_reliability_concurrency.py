@@ -44,6 +44,7 @@ def test_four_workers_share_one_sqlite_campaign(tmp_path):
     # the lease once it expires (5 s) and the lost run is retried after the heartbeat's grace period
     out = concurrent_workers(f"sqlite:///{tmp_path}/c.db", f"sqlite:///{tmp_path}/t.db", workers=4, budget=24,
                              kill_one=True, lease_s=5.0)
+    assert out["killed_worker"], "the campaign ended before the kill landed: nothing was tested"
     _check(out, 24, killed=True)
 
 
@@ -107,7 +108,9 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held_and_takes_an_ex
     url = f"sqlite:///{tmp_path}/c.db"
     c = Campaign(sp, make_evaluate(sp, None), name="lease", strategy="random", budget=6, batch_size=2, seed=1,
                  storage=url)
-    with Lease(c.storage, "lease", "elsewhere:1", ttl_s=0.6):  # another host's coordinator
+    # another host's coordinator, renewing; a long TTL, so that a loaded machine delaying a renewal
+    # cannot expire it while the worker below starts
+    with Lease(c.storage, "lease", "elsewhere:1", ttl_s=30.0):
         with pytest.raises(LeaseHeld, match="elsewhere:1"):
             Campaign.resume("lease", make_evaluate(sp, None), storage=url).run()
         p = subprocess.run([sys.executable, "-m", "cubic.codesign.worker", "run", "--storage", url, "--name",

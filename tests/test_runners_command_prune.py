@@ -5,7 +5,6 @@ an Optuna pruner once its curve is worse than the median of earlier runs, record
 from __future__ import annotations
 
 import sys
-import time
 
 import optuna
 
@@ -19,6 +18,7 @@ for step in range(1, 11):
     loss = abs(lr - 0.1) + 1.0 / step
     print(json.dumps({"step": step, "loss": loss}), flush=True)
     time.sleep(0.15)
+open(f"done-{lr}", "w").close()
 print(json.dumps({"loss": loss}))
 """
 
@@ -30,9 +30,10 @@ def test_pruner_stops_a_bad_job(tmp_path):
                            direction="minimize")
     good = [runner({"lr": lr}) for lr in (0.1, 0.12)]
     assert all(r.ok for r in good) and good[0].metrics["loss"] < 0.2
-    t0 = time.monotonic()
     bad = runner({"lr": 5.0})
-    assert time.monotonic() - t0 < 1.3  # stopped well before its 10 steps x 0.15 s
+    # ended before its 10 steps (the runner returns once the job is dead); no clock, which a loaded
+    # machine stretches
+    assert (tmp_path / "done-0.1").exists() and not (tmp_path / "done-5.0").exists()
     assert not bad.ok and bad.failure_kind == "pruned" and not bad.transient
     assert 2 <= bad.metrics["pruned_step"] < 10 and bad.metrics["loss"] > 4.0
     states = [t.state for t in runner.curves.study.trials]

@@ -144,9 +144,15 @@ def test_child_dies_with_its_parent(tmp_path):
     child = None
     deadline = time.monotonic() + 120
     while child is None and time.monotonic() < deadline:
+        # the run's child, not the short-lived git processes the parent starts first (code_version)
         with open(children_file) as f:
-            pids = f.read().split()
-        child = int(pids[0]) if pids else None
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        if b"cubic.runners._child" in c.read():
+                            child = int(pid)
+                except FileNotFoundError:
+                    pass
         time.sleep(0.2)
     assert child is not None, "the runner never started its child"
     time.sleep(2.0)  # let the child get past its start-up

@@ -87,7 +87,9 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
 
         eng = create_engine(storage)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not fault_report:
+        # until the fault is made, or the workers are all gone (a campaign that ended before the
+        # fault could land: reported as no fault, not a wait until the deadline)
+        while time.monotonic() < deadline and not fault_report and any(p.poll() is None for p in procs):
             with eng.connect() as conn:
                 row = conn.execute(select(_LEASES.c.holder).where(_LEASES.c.campaign == name)).first()
             if row is not None:
