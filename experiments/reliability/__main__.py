@@ -59,12 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from experiments.common import png_path, run_context, write_result
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: few kills, few inputs")
-    ap.add_argument("--kills", type=int, default=None)
-    ap.add_argument("--fuzz", type=int, default=None, help="generated inputs per target")
-    ap.add_argument("--no-postgres", action="store_true")
-    args = ap.parse_args(argv)
+    args = _parse_args(argv)
     kills = args.kills or (3 if args.quick else 20)
     n_fuzz = args.fuzz or (30 if args.quick else 300)
     os.environ["CUBIC_ALLOW_FAULTS"] = "1"  # this process injects test-only faults
@@ -74,27 +69,76 @@ def main(argv: list[str] | None = None) -> int:
                                        "that stores and processes, not training, are what is exercised"}
     tmp = Path(tempfile.mkdtemp(prefix="cubic-reliability-"))
 
+    # each section fills its keys of payload, in this order (the order of the JSON written)
+    survived = _faults_section(payload, tmp, args.quick)
+    kr = _kill_resume_section(payload, tmp, kills, args.quick)
+    kc = _kill_resume_cli_section(payload, tmp, args.quick)
+    _read_back_section(payload, tmp)
+    pg_url, why = _concurrency_section(payload, tmp, args.quick, args.no_postgres)
+    payload["cluster_faults"] = _cluster_faults(pg_url, why)
+    payload["soak"] = _soak(pg_url, why, args.quick)
+    _first_start_section(payload, tmp, pg_url, args.quick)
+    fz = _fuzz_section(payload, tmp, n_fuzz)
+
+    audit = security_audit()
+    payload["security_audit"] = audit
+    print("security audit:", {k: len(v) for k, v in audit.items()})
+
+    inputs = _input_attacks_section(payload, args.quick)
+    payload["summary"] = _summary(payload, survived, kr, fz)
+    payload["targets"] = _targets(payload, inputs, kr, kills)
+    payload["targets"].update(_issue27_targets(payload, kr, kc))
+    print(json.dumps(payload["summary"], indent=2))
+    _plot(payload, png_path("reliability"))
+    print("wrote", write_result("reliability", payload))
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: few kills, few inputs")
+    ap.add_argument("--kills", type=int, default=None)
+    ap.add_argument("--fuzz", type=int, default=None, help="generated inputs per target")
+    ap.add_argument("--no-postgres", action="store_true")
+    return ap.parse_args(argv)
+
+
+def _faults_section(payload: dict[str, Any], tmp: Path, quick: bool) -> dict[str, Any]:
+    """payload["faults"]: a campaign over the real LocalRunner with injected faults. Returns the
+    kinds injected (every kind but "none"), for the summary."""
     print("faults: a campaign over the real LocalRunner with injected faults ...", flush=True)
-    fr = fault_campaign(FaultyRunner(timeout_s=90.0), tmp / "faults", budget=len(FAULT_PLAN) + (0 if args.quick else 1),
+    fr = fault_campaign(FaultyRunner(timeout_s=90.0), tmp / "faults", budget=len(FAULT_PLAN) + (0 if quick else 1),
                         max_retries=2)
     survived = {k: v for k, v in fr["by_kind"].items() if k != "none"}
     payload["faults"] = {**fr, "injected": len(survived), "campaign_went_on": fr["runs"] == fr["budget"]}
     for k, v in fr["by_kind"].items():
         print(f"  {k:10s} -> {v['recorded_as']:8s} attempts {v['attempts']}  store {v['store_rows']}")
+    return survived
 
+
+def _kill_resume_section(payload: dict[str, Any], tmp: Path, kills: int, quick: bool) -> dict[str, Any]:
+    """payload["kill_resume"]: ``kills`` SIGKILLs of a campaign process, resumed each time."""
     print(f"kill and resume: {kills} SIGKILLs ...", flush=True)
-    kr = kill_resume(tmp / "kill", kills=kills, budget=40 if args.quick else 140, rng_seed=1)
+    kr = kill_resume(tmp / "kill", kills=kills, budget=40 if quick else 140, rng_seed=1)
     payload["kill_resume"] = kr
     print(f"  kills {kr['kills']}, trials {kr['trials']}/{kr['budget']}, lost {kr['lost_trials']}, duplicated "
           f"{kr['duplicated_trials']}, store {kr['store']}, integrity {kr['integrity_check']}, "
           f"equals uninterrupted {kr['equals_uninterrupted']}, {kr['elapsed_s']} s")
+    return kr
 
+
+def _kill_resume_cli_section(payload: dict[str, Any], tmp: Path, quick: bool) -> dict[str, Any]:
+    """payload["kill_resume_cli"]: kills through the real CLI, and what a user reads after them."""
     print("kill and resume through the real CLI (campaign run/resume --objective, cubic proxy) ...", flush=True)
-    kc = kill_resume_cli(tmp / "killcli", kills=3 if args.quick else 8, budget=6 if args.quick else 12, batch=2,
+    kc = kill_resume_cli(tmp / "killcli", kills=3 if quick else 8, budget=6 if quick else 12, batch=2,
                          strategy="cubic", max_wait_s=3.0, rng_seed=1)
     payload["kill_resume_cli"] = kc
     print(f"  kills {kc['kills']}, user sees {kc['user_view']}, {kc['elapsed_s']} s")
+    return kc
 
+
+def _read_back_section(payload: dict[str, Any], tmp: Path) -> None:
+    """payload["read_back"]: malformed pending lines, corrupt stored rows, hostile names."""
     print("read-back attacks: pending lines, stored rows, hostile names ...", flush=True)
     payload["read_back"] = {"pending": pending_attacks(tmp / "pending"), "stored_rows": stored_row_attacks(tmp / "rows"),
                             "hostile_names": hostile_names(tmp / "names")}
@@ -103,9 +147,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{rb['pending']['crashes']}; stored rows crashes {rb['stored_rows']['crashes']}; names escaped "
           f"{rb['hostile_names']['escaped']}")
 
+
+def _concurrency_section(payload: dict[str, Any], tmp: Path, quick: bool,
+                         no_postgres: bool) -> tuple[str | None, str]:
+    """payload["postgresql_skipped"] (when it is), ["concurrent"] and ["store_throughput"]: 4 workers
+    on one campaign and one store, on SQLite and on PostgreSQL. Returns (the PostgreSQL URL or None,
+    why it is None), which the later sections run on."""
     backends: dict[str, tuple[str, str] | None] = {"sqlite": (f"sqlite:///{tmp}/conc-campaigns.db",
                                                               f"sqlite:///{tmp}/conc-trials.db")}
-    pg_url, why = (None, "--no-postgres") if args.no_postgres else start_postgres()
+    pg_url, why = (None, "--no-postgres") if no_postgres else start_postgres()
     if pg_url:
         backends["postgresql"] = (fresh_postgres_database(pg_url), fresh_postgres_database(pg_url))
     else:
@@ -116,27 +166,32 @@ def main(argv: list[str] | None = None) -> int:
 
     for backend, (storage, store) in backends.items():
         print(f"concurrent workers on {backend} ...", flush=True)
-        cw = concurrent_workers(storage, store, workers=4, budget=40 if args.quick else 120, kill_one=True)
+        cw = concurrent_workers(storage, store, workers=4, budget=40 if quick else 120, kill_one=True)
         payload["concurrent"][backend] = cw
-        tp = store_throughput(store, workers=4, per_worker=25 if args.quick else 150)
+        tp = store_throughput(store, workers=4, per_worker=25 if quick else 150)
         tp["url"] = redact_url(store)
         payload["store_throughput"][backend] = tp
         print(f"  4 workers: trials {cw['trials']}/{cw['budget']}, lost {cw['lost_trials']}, duplicated "
               f"{cw['duplicated_trials']}, locked {cw['database_is_locked_failures']}, campaign "
               f"{cw['campaign_trials_per_s']} trials/s; store writes {tp['trials_per_s']} trials/s")
+    return pg_url, why
 
-    payload["cluster_faults"] = _cluster_faults(pg_url, why)
-    payload["soak"] = _soak(pg_url, why, args.quick)
+
+def _first_start_section(payload: dict[str, Any], tmp: Path, pg_url: str | None, quick: bool) -> None:
+    """payload["first_start"]: processes released at one instant on a new storage and store, per backend."""
     payload["first_start"] = {}
     for backend in ("sqlite", "postgresql") if pg_url else ("sqlite",):
         base = pg_url if backend == "postgresql" else None
         print(f"first start on {backend} ...", flush=True)
         fo = first_open(tmp / f"first-{backend}", tries=20, processes=3, pg_base=base)  # the issue's 20, cheap
-        fs = first_start(tmp / f"firstcli-{backend}", tries=1 if args.quick else 3, pg_base=base)
+        fs = first_start(tmp / f"firstcli-{backend}", tries=1 if quick else 3, pg_base=base)
         payload["first_start"][backend] = {"opens": fo, "commands": fs}
         print(f"  {fo['tries']} tries x {fo['processes_per_try']} opens: {fo['failures']} failures; "
               f"{fs['tries']} tries x {fs['processes_per_try']} commands: {fs['failures']} failures")
 
+
+def _fuzz_section(payload: dict[str, Any], tmp: Path, n_fuzz: int) -> dict[str, Any]:
+    """payload["fuzz"]: ``n_fuzz`` generated bad inputs per parser target (fewer per CLI target)."""
     print(f"fuzz: {n_fuzz} inputs per target ...", flush=True)
     t0 = time.monotonic()
     stats = fuzz(tmp / "fuzz", examples=n_fuzz, targets=("workload", "csv", "space", "config", "plan", "placement"))
@@ -147,21 +202,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{fz['partial_writes']}")
     for ex in fz["uncaught_examples"][:5]:
         print(f"    {ex['target']}: {ex['error'][:160]}")
+    return fz
 
-    audit = security_audit()
-    payload["security_audit"] = audit
-    print("security audit:", {k: len(v) for k, v in audit.items()})
 
+def _input_attacks_section(payload: dict[str, Any], quick: bool) -> dict[str, Any]:
+    """payload["input_attacks"]; returns the full per-class result, for the targets."""
     # the input attack classes (bounded inputs, timeouts, secrets, stray code, tracebacks, messages,
     # terminal escapes): experiments/reliability_inputs.py, run here too so that one file has every target
     from experiments import reliability_inputs
 
     t_in = time.monotonic()
-    inputs = reliability_inputs.run(args.quick)
-    reliability_inputs.write(inputs, args.quick, time.monotonic() - t_in)
+    inputs = reliability_inputs.run(quick)
+    reliability_inputs.write(inputs, quick, time.monotonic() - t_in)
     payload["input_attacks"] = {"classes": inputs["classes"], "total": inputs["total"]}
+    return inputs
 
-    payload["summary"] = {
+
+def _summary(payload: dict[str, Any], survived: dict[str, Any], kr: dict[str, Any],
+             fz: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures: faults, kills, trials lost and duplicated, throughput, fuzz."""
+    return {
         "faults_injected_by_kind": {k: v["recorded_as"] for k, v in survived.items()},
         "faults_survived": payload["faults"]["campaign_went_on"],
         "kills_survived": kr["kills"] if kr["lost_trials"] == 0 and kr["duplicated_trials"] == 0 else 0,
@@ -174,9 +234,14 @@ def main(argv: list[str] | None = None) -> int:
         "fuzz_inputs": fz["inputs_tried"], "uncaught_exceptions": fz["uncaught_exceptions"],
         "partial_writes": fz["partial_writes"],
     }
+
+
+def _targets(payload: dict[str, Any], inputs: dict[str, Any], kr: dict[str, Any], kills: int) -> dict[str, Any]:
+    """The targets of the inputs, kills, concurrency, faults and fuzz sections (reads payload["summary"]);
+    a missed one carries a reason."""
     sm, it = payload["summary"], inputs["total"]
     kill_ok = kr["lost_trials"] == 0 and kr["duplicated_trials"] == 0
-    payload["targets"] = {
+    targets = {
         "attack classes tried (inputs, kills, concurrency, faults, fuzz)": {
             "measured": sum(1 for c in inputs["classes"].values() if c["variants"]) + 4, "target": ">= 11",
             "met": sum(1 for c in inputs["classes"].values() if c["variants"]) + 4 >= 11},
@@ -201,15 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         "partial writes (fuzz)": "see fuzz", "uncaught exceptions (fuzz + input attacks)": "see fuzz.uncaught_examples "
         "and inputs", "kills survived without loss": f"see kills: {kr['lost_trials']} lost, {kr['duplicated_trials']} "
         "duplicated"}
-    for k, t in payload["targets"].items():
+    for k, t in targets.items():
         t["met"] = bool(t["met"])
         if not t["met"]:
             t["reason"] = where.get(k, "see summary and the inputs/kills/concurrent sections")
-    payload["targets"].update(_issue27_targets(payload, kr, kc))
-    print(json.dumps(payload["summary"], indent=2))
-    _plot(payload, png_path("reliability"))
-    print("wrote", write_result("reliability", payload))
-    return 0
+    return targets
 
 
 def _cluster_faults(pg_url: str | None, why: str) -> dict[str, Any]:

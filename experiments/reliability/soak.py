@@ -36,17 +36,7 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
     name = f"soak-{uuid.uuid4().hex[:8]}"
     Campaign(sp, lambda p: {}, name=name, strategy=strategy, budget=budget, batch_size=workers, seed=seed,
              storage=storage)
-    cmd = [sys.executable, "-m", "cubic.codesign.worker", "work", "--storage", storage, "--name", name,
-           "--evaluate", "cubic.testing:make_evaluate", "--store", store, "--lease", str(lease_s)]
-    env = worker_env(**{DELAY_ENV: str(delay_s)})
-    started = {"n": 0}
-
-    def start() -> tuple[str, subprocess.Popen]:
-        wid = f"s{started['n']}"
-        started["n"] += 1
-        return wid, subprocess.Popen(cmd + ["--worker-id", wid], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-
+    start, started = _worker_starter(storage, store, name, lease_s, delay_s)
     procs = dict(start() for _ in range(workers))
     rng = random.Random(seed)
     kill_at = sorted(rng.sample(range(budget // 10, budget - budget // 10), kills)) if kills else []
@@ -71,25 +61,13 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
         samples.append((round(time.monotonic() - t0, 2), done))
         if kill_at and done >= kill_at[0]:
             kill_at.pop(0)
-            coord = row[0] if row else None
-            victim = coord if (len(events) % 2 == 0 and coord in procs) else rng.choice(sorted(procs))
-            procs[victim].send_signal(signal.SIGKILL)
-            events.append({"event": "kill", "worker": victim, "coordinator": victim == coord, "done": done,
-                           "t_s": round(time.monotonic() - t0, 1)})
+            _kill_one(procs, row[0] if row else None, rng, events, done, t0)
         if restart_at is not None and done >= restart_at:
             restart_at = None
             eng.dispose()
             events.append({"event": "db_restart", "done": done, "t_s": round(time.monotonic() - t0, 1),
                            **restart_db()})
-        for wid, p in list(procs.items()):
-            if p.poll() is None:
-                continue
-            out, err = p.communicate()
-            exits.append((wid, p.returncode, (err or "").strip()[-400:]))
-            del procs[wid]
-            if status != "finished":  # a cluster manager restarts a worker that died
-                nid, np_ = start()
-                procs[nid] = np_
+        _reap(procs, exits, start, restart=status != "finished")
         if not procs:
             break
         time.sleep(0.5)
@@ -99,7 +77,59 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
     wall = time.monotonic() - t0
     eng.dispose()
     study = optuna.load_study(study_name=name, storage=storage)
-    trials = study.get_trials(deepcopy=False)
+    return _soak_report(study.get_trials(deepcopy=False), store, sp, workers=workers, budget=budget,
+                        strategy=strategy, delay_s=delay_s, wall=wall, timeout_s=timeout_s, events=events,
+                        workers_started=started["n"], exits=exits, samples=samples)
+
+
+def _worker_starter(storage: str, store: str, name: str, lease_s: float,
+                    delay_s: float) -> tuple[Callable[[], tuple[str, subprocess.Popen]], dict[str, int]]:
+    """A function that starts one more worker on campaign ``name`` under a new id (s0, s1, ...), and
+    the count of workers it started (a dict it updates)."""
+    cmd = [sys.executable, "-m", "cubic.codesign.worker", "work", "--storage", storage, "--name", name,
+           "--evaluate", "cubic.testing:make_evaluate", "--store", store, "--lease", str(lease_s)]
+    env = worker_env(**{DELAY_ENV: str(delay_s)})
+    started = {"n": 0}
+
+    def start() -> tuple[str, subprocess.Popen]:
+        wid = f"s{started['n']}"
+        started["n"] += 1
+        return wid, subprocess.Popen(cmd + ["--worker-id", wid], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    return start, started
+
+
+def _kill_one(procs: dict[str, subprocess.Popen], coord: str | None, rng: random.Random,
+              events: list[dict[str, Any]], done: int, t0: float) -> None:
+    """SIGKILL one worker: the coordinator ``coord`` (the lease's holder) when ``events`` holds an even
+    number of entries and it is one of ours, else one at random; the kill goes into ``events``."""
+    victim = coord if (len(events) % 2 == 0 and coord in procs) else rng.choice(sorted(procs))
+    procs[victim].send_signal(signal.SIGKILL)
+    events.append({"event": "kill", "worker": victim, "coordinator": victim == coord, "done": done,
+                   "t_s": round(time.monotonic() - t0, 1)})
+
+
+def _reap(procs: dict[str, subprocess.Popen], exits: list[tuple[str, int | None, str]],
+          start: Callable[[], tuple[str, subprocess.Popen]], restart: bool) -> None:
+    """Move each worker that has exited from ``procs`` to ``exits`` (id, exit code, end of stderr) and,
+    when ``restart``, start one in its place."""
+    for wid, p in list(procs.items()):
+        if p.poll() is None:
+            continue
+        out, err = p.communicate()
+        exits.append((wid, p.returncode, (err or "").strip()[-400:]))
+        del procs[wid]
+        if restart:  # a cluster manager restarts a worker that died (the campaign is not finished)
+            nid, np_ = start()
+            procs[nid] = np_
+
+
+def _soak_report(trials: list, store: str, sp, *, workers: int, budget: int, strategy: str, delay_s: float,
+                 wall: float, timeout_s: float, events: list[dict[str, Any]], workers_started: int,
+                 exits: list[tuple[str, int | None, str]], samples: list[tuple[float, int]]) -> dict[str, Any]:
+    """What a user reads after the soak: the study's ``trials`` (runs, points, failures), the trial
+    store's audit, the kills and restarts, the workers' exits and the throughput over time."""
     runs = [t for t in trials if "finished_at" in t.user_attrs]
     keys = Counter(t.user_attrs["key"] for t in runs)
     per_100 = _rate_per_100(samples)
@@ -114,7 +144,7 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
         "store": store_audit(store, sp, runs), "events": events,
         "kills": sum(e["event"] == "kill" for e in events),
         "db_restarts": sum(e["event"] == "db_restart" for e in events),
-        "workers_started": started["n"],
+        "workers_started": workers_started,
         "worker_exits": Counter(rc for _, rc, _ in exits),
         "worker_errors": [e for _, rc, e in exits if rc not in (0, -signal.SIGKILL)][:5],
         "reattached": sum("re-attached" in e for _, _, e in exits),
