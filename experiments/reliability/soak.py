@@ -48,32 +48,34 @@ def soak(storage: str, store: str, workers: int = 8, budget: int = 1000, kills: 
     eng = create_engine(storage)
     study = optuna.load_study(study_name=name, storage=storage)
     done = 0
-    while time.monotonic() - t0 < timeout_s:
-        try:
-            ts = study.get_trials(deepcopy=False)
-            done = sum(t.state.is_finished() for t in ts)
-            status = study.user_attrs.get("status")
-            with eng.connect() as conn:
-                row = conn.execute(select(_LEASES.c.holder).where(_LEASES.c.campaign == name)).first()
-        except Exception:  # noqa: BLE001 - the database is restarting: look again
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                ts = study.get_trials(deepcopy=False)
+                done = sum(t.state.is_finished() for t in ts)
+                status = study.user_attrs.get("status")
+                with eng.connect() as conn:
+                    row = conn.execute(select(_LEASES.c.holder).where(_LEASES.c.campaign == name)).first()
+            except Exception:  # noqa: BLE001 - the database is restarting: look again
+                time.sleep(0.5)
+                continue
+            samples.append((round(time.monotonic() - t0, 2), done))
+            if kill_at and done >= kill_at[0]:
+                kill_at.pop(0)
+                _kill_one(procs, row[0] if row else None, rng, events, done, t0)
+            if restart_at is not None and done >= restart_at:
+                restart_at = None
+                eng.dispose()
+                events.append({"event": "db_restart", "done": done, "t_s": round(time.monotonic() - t0, 1),
+                               **restart_db()})
+            _reap(procs, exits, start, restart=status != "finished")
+            if not procs:
+                break
             time.sleep(0.5)
-            continue
-        samples.append((round(time.monotonic() - t0, 2), done))
-        if kill_at and done >= kill_at[0]:
-            kill_at.pop(0)
-            _kill_one(procs, row[0] if row else None, rng, events, done, t0)
-        if restart_at is not None and done >= restart_at:
-            restart_at = None
-            eng.dispose()
-            events.append({"event": "db_restart", "done": done, "t_s": round(time.monotonic() - t0, 1),
-                           **restart_db()})
-        _reap(procs, exits, start, restart=status != "finished")
-        if not procs:
-            break
-        time.sleep(0.5)
-    for p in procs.values():  # past the timeout
-        p.kill()
-        p.communicate()
+    finally:  # past the timeout, or the watch itself failed: no worker outlives the soak
+        for p in procs.values():
+            p.kill()
+            p.communicate()
     wall = time.monotonic() - t0
     eng.dispose()
     study = optuna.load_study(study_name=name, storage=storage)
