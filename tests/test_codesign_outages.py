@@ -47,3 +47,29 @@ def test_other_errors_a_database_that_stays_away_and_too_many_outages_are_raised
     with pytest.raises(OperationalError):
         through_outages(lambda: 0, always, [url], wait_s=5, poll_s=0.01)
     assert len(n) == MAX_OUTAGES + 1
+
+
+def test_a_server_caught_restarting_at_first_attach_is_an_outage_not_bad_input(tmp_path, monkeypatch, capsys):
+    # the soak's replacement worker started as the server went down: it exited 2 as if its URL were bad
+    import cubic.codesign.storage as storage
+    from cubic.core.spec import SpecError
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    real, calls = storage._check_campaign_schema, []
+
+    def flaky(u, safe, origin, why="server closed the connection unexpectedly"):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("select 1", {}, Exception(f"{why} ({u})"))
+        return real(u, safe, origin)
+
+    monkeypatch.setattr(storage, "_check_campaign_schema", flaky)
+    st = through_outages(lambda: storage.open_storage(url, heartbeat_s=None), lambda s: s, [url], wait_s=5,
+                         on_outage=OutageLog("cubic"), poll_s=0.01)
+    assert st is not None and len(calls) == 2 and "re-attached" in capsys.readouterr().err
+    # nothing listening (a mistyped port) is still bad input, at once
+    calls.clear()
+    monkeypatch.setattr(storage, "_check_campaign_schema",
+                        lambda u, safe, origin: flaky(u, safe, origin, why="Connection refused"))
+    with pytest.raises(SpecError, match="Connection refused"):
+        storage.open_storage(url, heartbeat_s=None)

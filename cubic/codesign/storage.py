@@ -151,6 +151,8 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         except (SQLAlchemyError, ImportError, ValueError, RuntimeError, optuna.exceptions.StorageInternalError) as e:
             # one line, and never the URL's password; RuntimeError: storage of another Optuna version
             cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
+            if server_in_transition(cause):  # an outage, not bad input: through_outages waits for it
+                raise
             raise SpecError(f"cannot open the campaign storage {safe}: {scrub_error(cause, url)}", field=origin) from None
 
 
@@ -405,6 +407,19 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
                     "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
     return out
 
+
+
+# what a PostgreSQL server that is there says while it stops, starts or recovers (a restart, a
+# fail-over). "Connection refused" is not here: nothing listening is also what a mistyped port
+# gives, and that should fail at once naming the flag, not wait --db-wait seconds.
+_TRANSITION = ("server closed the connection unexpectedly", "the database system is starting up",
+               "the database system is shutting down", "the database system is in recovery mode",
+               "terminating connection due to administrator command")
+
+
+def server_in_transition(err: BaseException) -> bool:
+    """Whether ``err`` is a database server caught restarting (an outage to wait out), not a bad URL."""
+    return any(t in str(err) for t in _TRANSITION)
 
 
 def database_answers(url: str) -> bool:
