@@ -55,9 +55,10 @@ from experiments.reliability.security import security_audit
 
 
 def main(argv: list[str] | None = None) -> int:
+    import shutil
     import tempfile
 
-    from experiments.common import png_path, run_context, write_result
+    from experiments.common import run_context
 
     args = _parse_args(argv)
     kills = args.kills or (3 if args.quick else 20)
@@ -68,6 +69,18 @@ def main(argv: list[str] | None = None) -> int:
                                        "concurrency sections use a deterministic stand-in runner (FastRunner) so "
                                        "that stores and processes, not training, are what is exercised"}
     tmp = Path(tempfile.mkdtemp(prefix="cubic-reliability-"))
+    try:
+        _run_sections(payload, tmp, args, kills, n_fuzz)
+    except BaseException:  # a failed run's stores and logs are what explains it: kept
+        print(f"reliability: its working files are kept in {tmp}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)  # tens of MB of stores and logs per run, read by nothing after it
+    return 0
+
+
+def _run_sections(payload: dict[str, Any], tmp: Path, args: argparse.Namespace, kills: int, n_fuzz: int) -> None:
+    """Every section in order, then the summary, targets, plot and results file."""
+    from experiments.common import png_path, write_result
 
     # each section fills its keys of payload, in this order (the order of the JSON written)
     survived = _faults_section(payload, tmp, args.quick)
@@ -91,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(payload["summary"], indent=2))
     _plot(payload, png_path("reliability"))
     print("wrote", write_result("reliability", payload))
-    return 0
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
