@@ -73,3 +73,26 @@ def test_a_server_caught_restarting_at_first_attach_is_an_outage_not_bad_input(t
                         lambda u, safe, origin: flaky(u, safe, origin, why="Connection refused"))
     with pytest.raises(SpecError, match="Connection refused"):
         storage.open_storage(url, heartbeat_s=None)
+
+
+def test_a_trial_store_caught_restarting_is_an_outage_too(tmp_path, monkeypatch):
+    # the worker's attach opens the trial store as well: the same server, the same restart
+    from cubic.core.spec import SpecError
+    from cubic.core.store import TrialStore
+
+    url, calls = f"sqlite:///{tmp_path}/t.db", []
+    real = TrialStore._check_schema
+
+    def flaky(self, conn, why="server closed the connection unexpectedly"):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("select 1", {}, Exception(why))
+        return real(self, conn)
+
+    monkeypatch.setattr(TrialStore, "_check_schema", flaky)
+    assert through_outages(lambda: TrialStore(url), lambda s: s, [url], wait_s=5, poll_s=0.01) is not None
+    assert len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(TrialStore, "_check_schema", lambda self, conn: flaky(self, conn, why="Connection refused"))
+    with pytest.raises(SpecError, match="Connection refused"):
+        TrialStore(url)

@@ -115,7 +115,7 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
         return url
     from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
-    from cubic.core.store import check_url, engine_options, redact_url, scrub_error
+    from cubic.core.store import check_url, engine_options, redact_url, scrub_error, server_in_transition
 
     parsed = check_url(url, origin)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
@@ -406,20 +406,6 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
                     "stop_reason": s.user_attrs.get("stop_reason", ""),
                     "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
     return out
-
-
-
-# what a PostgreSQL server that is there says while it stops, starts or recovers (a restart, a
-# fail-over). "Connection refused" is not here: nothing listening is also what a mistyped port
-# gives, and that should fail at once naming the flag, not wait --db-wait seconds.
-_TRANSITION = ("server closed the connection unexpectedly", "the database system is starting up",
-               "the database system is shutting down", "the database system is in recovery mode",
-               "terminating connection due to administrator command")
-
-
-def server_in_transition(err: BaseException) -> bool:
-    """Whether ``err`` is a database server caught restarting (an outage to wait out), not a bad URL."""
-    return any(t in str(err) for t in _TRANSITION)
 
 
 def database_answers(url: str) -> bool:

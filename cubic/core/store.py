@@ -62,7 +62,7 @@ from cubic.core.spec import SpecError, Workload
 # the store's rooms (schema, database URL, pending file); their public names are re-exported here
 from cubic.core.store_db import (  # noqa: F401
     CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_MS, STATEMENT_TIMEOUT_S, StoreError, check_url, default_url,
-    engine_options, redact_url, scrub_error, storage_error_line)
+    engine_options, redact_url, scrub_error, server_in_transition, storage_error_line)
 from cubic.core.store_pending import (  # noqa: F401
     PENDING_ENV, PendingRow, _keep_pending, _quarantine, check_pending_line, pending_path)
 from cubic.core.store_schema import (  # noqa: F401
@@ -215,6 +215,8 @@ class TrialStore:
             except SQLAlchemyError as e:
                 last = e
                 break
+        if last is not None and server_in_transition(last):  # an outage, not bad input: through_outages waits
+            raise last
         raise SpecError(f"cannot open the trial store {self._safe}: {self._scrub(last)}", field=self._origin) from None
 
     def _check_schema(self, conn: Any) -> None:

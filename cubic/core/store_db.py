@@ -101,6 +101,19 @@ def storage_error_line(err: BaseException, *urls: str | None) -> str | None:
     return line
 
 
+# what a PostgreSQL server that is there says while it stops, starts or recovers (a restart, a
+# fail-over). "Connection refused" is not here: nothing listening is also what a mistyped port
+# gives, and that should fail at once naming the flag, not wait --db-wait seconds.
+_TRANSITION = ("server closed the connection unexpectedly", "the database system is starting up",
+               "the database system is shutting down", "the database system is in recovery mode",
+               "terminating connection due to administrator command")
+
+
+def server_in_transition(err: BaseException) -> bool:
+    """Whether ``err`` is a database server caught restarting (an outage to wait out), not a bad URL."""
+    return any(t in str(err) for t in _TRANSITION)
+
+
 def check_url(url: str, origin: str) -> Any:
     """The parsed URL, or a SpecError naming ``origin`` (the flag or variable) with the URL redacted.
 
