@@ -253,10 +253,11 @@ def _targets(payload: dict[str, Any], inputs: dict[str, Any], kr: dict[str, Any]
     a missed one carries a reason."""
     sm, it = payload["summary"], inputs["total"]
     kill_ok = kr["lost_trials"] == 0 and kr["duplicated_trials"] == 0
+    # the input attack classes tried, plus kills, concurrency, faults and fuzz
+    classes = sum(1 for c in inputs["classes"].values() if c["variants"]) + 4
     targets = {
         "attack classes tried (inputs, kills, concurrency, faults, fuzz)": {
-            "measured": sum(1 for c in inputs["classes"].values() if c["variants"]) + 4, "target": ">= 11",
-            "met": sum(1 for c in inputs["classes"].values() if c["variants"]) + 4 >= 11},
+            "measured": classes, "target": ">= 11", "met": classes >= 11},
         "input attack variants tried": {"measured": it["variants"], "target": ">= 2 per class",
                                         "met": all(c["variants"] >= 2 for c in inputs["classes"].values())},
         "defects (input attacks)": {"measured": it["defects"], "target": 0, "met": it["defects"] == 0},
