@@ -12,10 +12,14 @@
    training steps with it and with cubic's runtime; each with a target in ``targets``.
 
 Writes results/gpu_checks.json labelled "measured on <device name>"; experiments/h100_model_fit.py
-reads its ``gemms`` and ``blocks`` rows when present. Without CUDA it prints one line
-("no CUDA device") and writes a results file that says so (no rows; its target missed, with why).
+reads its ``gemms`` and ``blocks`` rows when present. Each check is a section: one that fails is
+recorded with its error (``sections``) and the others run; the file is rewritten after each section,
+so a run cut off by a lent machine's lease keeps what it measured. ``--budget-s`` bounds the run:
+the runner and the torchao blocks leave out (and name) what would start after it. Without CUDA it
+prints one line ("no CUDA device") and writes a results file that says so (no rows; its target
+missed, with why). On a machine without git, CUBIC_CODE_VERSION names the commit the tree was copied from.
 
-    .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8]
+    .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import itertools
 import math
 import statistics
 import sys
+import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,10 +81,12 @@ def gemm_rows(grid: tuple[int, ...]) -> list[dict]:
     return rows
 
 
-def block_rows(shapes) -> list[dict]:
-    """torchao's LN -> Linear -> Sigmoid, fwd+bwd, torch.compile, bf16 vs each float8 recipe."""
+def block_rows(shapes, deadline: float = math.inf) -> dict:
+    """torchao's LN -> Linear -> Sigmoid, fwd+bwd, torch.compile, bf16 vs each float8 recipe:
+    ``{"blocks": rows, "blocks_left_out": shapes}``; a shape that would start past ``deadline``
+    (time.monotonic) is left out and named, not measured."""
     if importlib.util.find_spec("torchao") is None:
-        return []
+        return {"blocks": [], "blocks_left_out": [list(s) for s in shapes]}
     import copy
 
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -92,8 +100,11 @@ def block_rows(shapes) -> list[dict]:
         def forward(self, x):
             return torch.sigmoid(self.fc(self.ln(x)))
 
-    rows = []
+    rows, left_out = [], []
     for m, k, n in shapes:
+        if time.monotonic() > deadline:
+            left_out.append([m, k, n])
+            continue
         base = LNLinearSigmoid(k, n).cuda().bfloat16()
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         go = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -107,7 +118,7 @@ def block_rows(shapes) -> list[dict]:
             t = cuda_time_s(step(torch.compile(model)))
             rows.append({"block": "LNLinearSigmoid", "recipe": recipe, "mode": "compile", "m": m, "k": k, "n": n,
                          "bf16_s": t_bf16, "fp8_s": t, "speedup": t_bf16 / t})
-    return rows
+    return {"blocks": rows, "blocks_left_out": left_out}
 
 
 def fp8_tower():
@@ -215,16 +226,21 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
     return {"rows": rows, "targets": targets}
 
 
-def runner_rows(steps: int) -> list[dict]:
+def runner_rows(steps: int, device: str = "cuda", deadline: float = math.inf) -> list[dict]:
+    """The runner on ``device`` over the default workloads, full precision and every site in FP8; a run
+    that would start past ``deadline`` (time.monotonic) is a row that says so, not a measurement."""
     from cubic.core.config import Config, FP8Choice
     from cubic.core.workloads import DEFAULT_WORKLOADS
     from cubic.runners.local import LocalRunner
 
     out = []
-    runner = LocalRunner(device="cuda")
+    runner = LocalRunner(device=device)
     for name, w in DEFAULT_WORKLOADS.items():
         for label, fp8 in (("full_precision", FP8Choice()), ("all_tensorwise", FP8Choice(policy="all")),
                            ("all_rowwise", FP8Choice(policy="all", recipe="rowwise"))):
+            if time.monotonic() > deadline:
+                out.append({"workload": name, "variant": label, "status": "not run", "reason": "past the time budget"})
+                continue
             r = runner.run(w, Config(fp8=fp8), steps=steps, warmup=2)
             out.append({"workload": name, "variant": label, "status": r.status, "failure_kind": r.failure_kind,
                         "reason": r.reason, "metrics": r.metrics})
@@ -291,6 +307,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a smaller shape grid and fewer runner steps")
     ap.add_argument("--only-fp8", action="store_true",
                     help="only the FP8 checks (Probe, Dispatch, torchao parity and export, training steps)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="seconds the whole run may take (a lent GPU's time is short): the torchao block "
+                         "shapes that would start after it are left out, and named")
     args = ap.parse_args()
     from experiments.common import run_context, write_result
 
@@ -305,28 +324,61 @@ def main() -> int:
         print(f"no CUDA device; wrote {out}")
         return 0
 
+    started = time.monotonic()
+    deadline = started + args.budget_s if args.budget_s else math.inf
     name = torch.cuda.get_device_name(0)
-    label = f"measured on {name}"
-    fp8 = fp8_checks("cuda", args.quick)
-    payload = {
-        "context": run_context("measured"),
-        "label": label,
-        "device": name,
-        "capability": list(torch.cuda.get_device_capability(0)),
-        "fp8": fp8["rows"],
-        "targets": fp8["targets"],
-    }
+    result = "gpu_checks" + ("_fp8" if args.only_fp8 else "")
+    payload: dict = {"context": run_context("measured"), "label": f"measured on {name}", "device": name,
+                     "capability": list(torch.cuda.get_device_capability(0)), "torch": torch.__version__,
+                     "torchao": _version("torchao"), "sections": {}, "fp8": {}, "targets": {}}
+
+    def section(what: str, fn) -> None:
+        # each check is a section of its own: one that fails is recorded (data) and the others still run,
+        # and the file is rewritten after each, so a run cut off by the lease keeps what it measured
+        t0 = time.monotonic()
+        try:
+            fn()
+            payload["sections"][what] = {"status": "ok", "seconds": round(time.monotonic() - t0, 1)}
+        except Exception as e:  # noqa: BLE001  (a failed check is data)
+            payload["sections"][what] = {"status": "failed", "seconds": round(time.monotonic() - t0, 1),
+                                         "error": f"{type(e).__name__}: {e}"[:500],
+                                         "traceback": traceback.format_exc()[-2000:]}
+            if what == "fp8":
+                payload["targets"]["the FP8 checks ran on the device"] = {
+                    "measured": False, "target": True, "met": False, "reason": payload["sections"][what]["error"]}
+        print(f"{what}: {payload['sections'][what]['status']} in {payload['sections'][what]['seconds']} s",
+              flush=True)
+        for k in ("finished_at", "loadavg_1m_at_end"):
+            payload.pop(k, None)
+        write_result(result, payload)
+
+    def fp8() -> None:
+        out = fp8_checks("cuda", args.quick)
+        payload["fp8"], payload["targets"] = out["rows"], out["targets"]
+
+    section("fp8", fp8)
     if not args.only_fp8:
-        payload |= {"gemms": gemm_rows(QUICK_GRID if args.quick else GRID),
-                    "blocks": block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES),
-                    "torchao": importlib.util.find_spec("torchao") is not None,
-                    "runner": runner_rows(5 if args.quick else 20),
-                    "sharding_uvm_caching": sharding_rows(5 if args.quick else 20)}
-    for what, t in fp8["targets"].items():
+        section("gemms", lambda: payload.__setitem__("gemms", gemm_rows(QUICK_GRID if args.quick else GRID)))
+        # the runner may use up to half of what is left, the torchao blocks the rest
+        section("runner", lambda: payload.__setitem__("runner", runner_rows(
+            5 if args.quick else 20, deadline=time.monotonic() + (deadline - time.monotonic()) / 2)))
+        section("blocks", lambda: payload.update(block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES,
+                                                            deadline)))
+        section("sharding_uvm_caching",
+                lambda: payload.__setitem__("sharding_uvm_caching", sharding_rows(5 if args.quick else 20)))
+    for what, t in payload["targets"].items():
         print(f"{'met   ' if t['met'] else 'MISSED'} {what}: {t['measured']}")
-    path = write_result("gpu_checks" + ("_fp8" if args.only_fp8 else ""), payload)
-    print(f"wrote {path} ({label})")
+    print(f"wrote results/{result}.json ({payload['label']}) in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

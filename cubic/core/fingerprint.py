@@ -66,7 +66,9 @@ def code_version() -> str:
             return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return __version__
+    # a copy of the tree without git (a lent GPU machine gets the working tree, not .git): the
+    # commit it was copied from, when the command that copied it says so
+    return os.environ.get("CUBIC_CODE_VERSION") or __version__
 
 
 @lru_cache(maxsize=4)
