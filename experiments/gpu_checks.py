@@ -112,10 +112,16 @@ def block_rows(shapes, deadline: float = math.inf) -> dict:
         def step(model):
             return lambda: model(x).backward(go)
 
-        t_bf16 = cuda_time_s(step(torch.compile(copy.deepcopy(base))))
+        def compiled(model):
+            # every shape and recipe compiles the one forward afresh: past dynamo's recompile limit (8)
+            # it would run eager without a word, and the row would time the wrong thing
+            torch._dynamo.reset()
+            return torch.compile(model)
+
+        t_bf16 = cuda_time_s(step(compiled(copy.deepcopy(base))))
         for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
             model = convert_to_float8_training(copy.deepcopy(base), config=Float8LinearConfig.from_recipe_name(recipe))
-            t = cuda_time_s(step(torch.compile(model)))
+            t = cuda_time_s(step(compiled(model)))
             rows.append({"block": "LNLinearSigmoid", "recipe": recipe, "mode": "compile", "m": m, "k": k, "n": n,
                          "bf16_s": t_bf16, "fp8_s": t, "speedup": t_bf16 / t})
     return {"blocks": rows, "blocks_left_out": left_out}
