@@ -17,7 +17,8 @@ recorded with its error (``sections``) and the others run; the file is rewritten
 so a run cut off by a lent machine's lease keeps what it measured. ``--budget-s`` bounds the run:
 the runner and the torchao blocks leave out (and name) what would start after it. Without CUDA it
 prints one line ("no CUDA device") and writes a results file that says so (no rows; its target
-missed, with why). On a machine without git, CUBIC_CODE_VERSION names the commit the tree was copied from.
+missed, with why). CUBIC_CODE_VERSION names the commit the tree was copied from (a lent machine's
+.git can be a stale copy).
 
     .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8] [--budget-s S]
 """

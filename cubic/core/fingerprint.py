@@ -50,9 +50,12 @@ def versions() -> dict[str, str]:
 def code_version() -> str:
     """The git commit of this checkout (with -dirty when code differs from it), or the package
     version outside git. ``results/`` does not count: a benchmark chain rewrites it between runs,
-    and a result file is not code."""
+    and a result file is not code. CUBIC_CODE_VERSION, when set, wins: a tree copied to another
+    machine (a lent GPU) can arrive beside a stale .git, and the command that copied it knows."""
     from cubic import __version__
 
+    if os.environ.get("CUBIC_CODE_VERSION"):
+        return os.environ["CUBIC_CODE_VERSION"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
@@ -66,9 +69,7 @@ def code_version() -> str:
             return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    # a copy of the tree without git (a lent GPU machine gets the working tree, not .git): the
-    # commit it was copied from, when the command that copied it says so
-    return os.environ.get("CUBIC_CODE_VERSION") or __version__
+    return __version__
 
 
 @lru_cache(maxsize=4)
