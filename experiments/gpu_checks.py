@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -39,26 +40,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+# each check and the keys of the results file it writes (a re-measured section replaces all of them)
+SECTION_KEYS = {"fp8": ("fp8", "targets"), "gemms": ("gemms",), "runner": ("runner",),
+                "blocks": ("blocks", "blocks_left_out"), "sharding_uvm_caching": ("sharding_uvm_caching",)}
+SECTIONS = tuple(SECTION_KEYS)
 GRID = (1024, 4096, 16384)
 QUICK_GRID = (1024, 4096)
 BLOCK_SHAPES = ((1024, 2048, 1024), (4096, 8192, 16384), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
                 (8192, 8192, 8192), (16384, 4096, 1024), (1024, 4096, 16384), (16384, 16384, 16384))
 
 
-def cuda_time_s(fn, repeats: int = 20, warmup: int = 5) -> float:
-    """Median seconds per call, timed with CUDA events."""
+def cuda_time_s(fn, repeats: int = 20, warmup: int = 5, back_to_back: bool = True) -> float:
+    """Median seconds per call, timed with CUDA events. ``back_to_back``: each timed window holds
+    enough calls in a row (about 1 ms of them, at most 100) that the GPU is fed as in a training step,
+    where the next kernel is queued while one runs; else each call is synchronised on its own, which
+    adds the host's launch and sync time to every call (what a small shape costs alone)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
+    inner = 1
+    if back_to_back:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) / 1e3)
+        inner = max(1, min(100, math.ceil(1e-3 / max(start.elapsed_time(end) / 1e3, 1e-7))))
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) / 1e3 / inner)
     return statistics.median(out)
+
+
+def _times(fn) -> dict:
+    # time_s (calls back to back: the regime of a training step, which the H100 model predicts) and
+    # time_s_synced (each call alone), so the host's share at small shapes is on the record
+    return {"time_s": cuda_time_s(fn), "time_s_synced": cuda_time_s(fn, back_to_back=False)}
 
 
 def gemm_rows(grid: tuple[int, ...]) -> list[dict]:
@@ -67,17 +90,14 @@ def gemm_rows(grid: tuple[int, ...]) -> list[dict]:
     for m, k, n in itertools.product(grid, repeat=3):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        rows.append({"precision": "bf16", "recipe": None, "m": m, "k": k, "n": n,
-                     "time_s": cuda_time_s(lambda: torch.mm(a, b.t()))})
+        rows.append({"precision": "bf16", "recipe": None, "m": m, "k": k, "n": n, **_times(lambda: torch.mm(a, b.t()))})
         qa, qb = a.to(e4m3), b.to(e4m3)
         one = torch.ones((), device="cuda")
         rows.append({"precision": "fp8", "recipe": "tensorwise", "m": m, "k": k, "n": n,
-                     "time_s": cuda_time_s(lambda: torch._scaled_mm(qa, qb.t(), scale_a=one, scale_b=one,
-                                                                    out_dtype=torch.bfloat16))})
+                     **_times(lambda: torch._scaled_mm(qa, qb.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))})
         sa, sb = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
         rows.append({"precision": "fp8", "recipe": "rowwise", "m": m, "k": k, "n": n,
-                     "time_s": cuda_time_s(lambda: torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb,
-                                                                    out_dtype=torch.bfloat16))})
+                     **_times(lambda: torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))})
         del a, b, qa, qb
     return rows
 
@@ -119,12 +139,14 @@ def block_rows(shapes, deadline: float = math.inf) -> dict:
             torch._dynamo.reset()
             return torch.compile(model)
 
-        t_bf16 = cuda_time_s(step(compiled(copy.deepcopy(base))))
+        t_bf16 = _times(step(compiled(copy.deepcopy(base))))
         for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
             model = convert_to_float8_training(copy.deepcopy(base), config=Float8LinearConfig.from_recipe_name(recipe))
-            t = cuda_time_s(step(compiled(model)))
+            t = _times(step(compiled(model)))
             rows.append({"block": "LNLinearSigmoid", "recipe": recipe, "mode": "compile", "m": m, "k": k, "n": n,
-                         "bf16_s": t_bf16, "fp8_s": t, "speedup": t_bf16 / t})
+                         "bf16_s": t_bf16["time_s"], "fp8_s": t["time_s"], "speedup": t_bf16["time_s"] / t["time_s"],
+                         "bf16_s_synced": t_bf16["time_s_synced"], "fp8_s_synced": t["time_s_synced"],
+                         "speedup_synced": t_bf16["time_s_synced"] / t["time_s_synced"]})
     return {"blocks": rows, "blocks_left_out": left_out}
 
 
@@ -317,8 +339,20 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds the whole run may take (a lent GPU's time is short): the torchao block "
                          "shapes that would start after it are left out, and named")
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated subset of {','.join(SECTIONS)}: measure only these and replace them in "
+                         "the results file of an earlier run on the same device (each section records the commit "
+                         "and time that measured it)")
     args = ap.parse_args()
-    from experiments.common import run_context, write_result
+    from experiments.common import RESULTS, run_context, write_result
+
+    chosen = SECTIONS if args.sections is None else tuple(x.strip() for x in args.sections.split(","))
+    if args.only_fp8:
+        chosen = ("fp8",)
+    bad = [x for x in chosen if x not in SECTIONS]
+    if bad:
+        print(f"gpu_checks.py: --sections: unknown {bad}; choose from {','.join(SECTIONS)}", file=sys.stderr)
+        return 2
 
     if not torch.cuda.is_available():
         # the run itself is the record: no GPU figures, and the targets say so (h100_model_fit reads no rows)
@@ -335,19 +369,28 @@ def main() -> int:
     deadline = started + args.budget_s if args.budget_s else math.inf
     name = torch.cuda.get_device_name(0)
     result = "gpu_checks" + ("_fp8" if args.only_fp8 else "")
-    payload: dict = {"context": run_context("measured"), "label": f"measured on {name}", "device": name,
+    context = run_context("measured")
+    payload: dict = {"context": context, "label": f"measured on {name}", "device": name,
                      "capability": list(torch.cuda.get_device_capability(0)), "torch": torch.__version__,
                      "torchao": _version("torchao"), "sections": {}, "fp8": {}, "targets": {}}
+    earlier = RESULTS / f"{result}.json"
+    if args.sections is not None and earlier.is_file():
+        doc = json.loads(earlier.read_text())
+        if doc.get("device") == name:  # the other sections stay as that run measured them
+            payload = {**doc, **{k: payload[k] for k in ("context", "torch", "torchao")}}
 
     def section(what: str, fn) -> None:
         # each check is a section of its own: one that fails is recorded (data) and the others still run,
         # and the file is rewritten after each, so a run cut off by the lease keeps what it measured
         t0 = time.monotonic()
+        stamp = {"code_version": context["code_version"], "started_at": context["started_at"]}
+        for key in SECTION_KEYS[what]:  # nothing of an earlier run's section outlives its re-measurement
+            payload[key] = {} if key in ("fp8", "targets") else []
         try:
             fn()
-            payload["sections"][what] = {"status": "ok", "seconds": round(time.monotonic() - t0, 1)}
+            payload["sections"][what] = {"status": "ok", "seconds": round(time.monotonic() - t0, 1), **stamp}
         except Exception as e:  # noqa: BLE001  (a failed check is data)
-            payload["sections"][what] = {"status": "failed", "seconds": round(time.monotonic() - t0, 1),
+            payload["sections"][what] = {"status": "failed", "seconds": round(time.monotonic() - t0, 1), **stamp,
                                          "error": f"{type(e).__name__}: {e}"[:500],
                                          "traceback": traceback.format_exc()[-2000:]}
             if what == "fp8":
@@ -363,16 +406,19 @@ def main() -> int:
         out = fp8_checks("cuda", args.quick)
         payload["fp8"], payload["targets"] = out["rows"], out["targets"]
 
-    section("fp8", fp8)
-    if not args.only_fp8:
-        section("gemms", lambda: payload.__setitem__("gemms", gemm_rows(QUICK_GRID if args.quick else GRID)))
+    checks = {
+        "fp8": fp8,
+        "gemms": lambda: payload.__setitem__("gemms", gemm_rows(QUICK_GRID if args.quick else GRID)),
         # the runner may use up to half of what is left, the torchao blocks the rest
-        section("runner", lambda: payload.__setitem__("runner", runner_rows(
-            5 if args.quick else 20, deadline=time.monotonic() + (deadline - time.monotonic()) / 2)))
-        section("blocks", lambda: payload.update(block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES,
-                                                            deadline)))
-        section("sharding_uvm_caching",
-                lambda: payload.__setitem__("sharding_uvm_caching", sharding_rows(5 if args.quick else 20)))
+        "runner": lambda: payload.__setitem__("runner", runner_rows(
+            5 if args.quick else 20, deadline=time.monotonic() + (deadline - time.monotonic()) / 2)),
+        "blocks": lambda: payload.update(block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES, deadline)),
+        "sharding_uvm_caching": lambda: payload.__setitem__("sharding_uvm_caching",
+                                                            sharding_rows(5 if args.quick else 20)),
+    }
+    for what in SECTIONS:
+        if what in chosen:
+            section(what, checks[what])
     for what, t in payload["targets"].items():
         print(f"{'met   ' if t['met'] else 'MISSED'} {what}: {t['measured']}")
     print(f"wrote results/{result}.json ({payload['label']}) in {time.monotonic() - started:.0f} s")
