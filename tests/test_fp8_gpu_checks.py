@@ -36,3 +36,84 @@ def test_the_fp8_gpu_checks_run_here_on_the_cpu():
     assert out["rows"]["export_converted"] == ["2", "4", "6"]
     failed = {k: t for k, t in out["targets"].items() if not t["met"]}
     assert failed == {}, failed
+
+
+def _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls):
+    """gpu_checks.main's CUDA path with every check stubbed: the sections' bookkeeping, not the GPU."""
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Test GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+
+    def fp8_checks(device, quick):
+        calls.append("fp8")
+        return {"rows": {"device": device}, "targets": {"t": {"measured": 1, "target": 1, "met": True}}}
+
+    def gemm_rows(grid):
+        calls.append("gemms")
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(gpu_checks, "fp8_checks", fp8_checks)
+    monkeypatch.setattr(gpu_checks, "gemm_rows", gemm_rows)
+    monkeypatch.setattr(gpu_checks, "runner_rows",
+                        lambda steps, deadline: calls.append("runner") or [{"workload": "w", "status": "ok"}])
+    monkeypatch.setattr(gpu_checks, "block_rows",
+                        lambda shapes, deadline: calls.append("blocks") or {"blocks": [{"m": 1}], "blocks_left_out": []})
+    monkeypatch.setattr(gpu_checks, "sharding_rows", lambda steps: calls.append("sharding") or [])
+
+
+def test_a_failed_section_is_recorded_and_the_others_run(monkeypatch, tmp_path, capsys):
+    from experiments import gpu_checks
+
+    calls: list[str] = []
+    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls)
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--quick"])
+    assert gpu_checks.main() == 0
+    assert calls == ["fp8", "gemms", "runner", "blocks", "sharding"]
+    doc = json.loads((tmp_path / "gpu_checks.json").read_text())
+    assert doc["label"] == "measured on Test GPU"
+    assert doc["sections"]["gemms"]["status"] == "failed" and "planted failure" in doc["sections"]["gemms"]["error"]
+    assert {k: v["status"] for k, v in doc["sections"].items() if k != "gemms"} == dict.fromkeys(
+        ("fp8", "runner", "blocks", "sharding_uvm_caching"), "ok")
+    assert doc["gemms"] == [] and doc["runner"] == [{"workload": "w", "status": "ok"}]
+
+
+def test_sections_replace_only_what_they_remeasure(monkeypatch, tmp_path):
+    from experiments import gpu_checks
+
+    calls: list[str] = []
+    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls)
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--quick"])
+    gpu_checks.main()
+    first = json.loads((tmp_path / "gpu_checks.json").read_text())
+    calls.clear()
+    monkeypatch.setenv("CUBIC_CODE_VERSION", "second-run")
+    monkeypatch.setattr(gpu_checks, "block_rows",
+                        lambda shapes, deadline: calls.append("blocks") or {"blocks": [{"m": 2}], "blocks_left_out": []})
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--quick", "--sections", "blocks"])
+    from cubic.core.fingerprint import code_version
+
+    code_version.cache_clear()  # read once per process; the second run is another process in real use
+    try:
+        assert gpu_checks.main() == 0
+    finally:
+        monkeypatch.delenv("CUBIC_CODE_VERSION")
+        code_version.cache_clear()
+    assert calls == ["blocks"]
+    doc = json.loads((tmp_path / "gpu_checks.json").read_text())
+    assert doc["blocks"] == [{"m": 2}] and doc["runner"] == first["runner"] and doc["fp8"] == first["fp8"]
+    assert doc["sections"]["blocks"]["code_version"] == "second-run"
+    assert doc["sections"]["runner"]["code_version"] == first["sections"]["runner"]["code_version"] != "second-run"
+
+
+def test_an_unknown_section_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    from experiments import gpu_checks
+
+    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, [])
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--sections", "gemms,nope"])
+    assert gpu_checks.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_checks.py: --sections: unknown ['nope']") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -73,6 +73,8 @@ def test_optimize_with_constraints_failures_and_pruning():
 
 
 
+@pytest.mark.slow  # ~25 s, a quality comparison over 5 seeds; the fast suite has the constraint mechanics
+# (test_optimize_with_constraints_failures_and_pruning)
 def test_constrained_search_beats_random_search_over_seeds():
     # the median over seeds of the best feasible value on 20 trials, against random search's
     import statistics
