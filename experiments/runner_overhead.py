@@ -10,7 +10,8 @@ the runner's instrumentation (step clock, preemption count, deferred NaN check) 
 Repeats are interleaved (order alternates) so that load from other processes hits all alike.
 Overhead = median over repeats of (runner step / bare step - 1), each repeat's pair measured back
 to back so that load drift between repeats cancels (the ratio of medians and the inter-quartile
-range of the paired figures are recorded too); target <= 5 %. The runner's fixed cost per
+range of the paired figures are recorded too); target <= 5 %, and a second target asks whether
+that is resolved: the 95% interval of the paired mean (cubic.core.stats.mean_interval) under 5 %. The runner's fixed cost per
 run (child start-up, imports, model build, evaluations) is reported separately: it is paid once per
 run, not per step. All figures are MEASURED on this CPU; the load average is recorded.
 
@@ -38,6 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 from cubic.core.config import Config  # noqa: E402
 from cubic.core.data import SyntheticData  # noqa: E402
 from cubic.core.models import build_model, build_optimizer  # noqa: E402
+from cubic.core.stats import mean_interval, samples_to_resolve  # noqa: E402
 from cubic.core.train import window_stats  # noqa: E402
 from cubic.runners.local import LocalRunner, cpu_and_preemptions, train_and_measure  # noqa: E402
 from cubic.core.workloads import DEFAULT_WORKLOADS  # noqa: E402
@@ -98,6 +100,37 @@ def run_bare_process(name: str, steps: int, warmup: int, threads: int) -> dict:
                           str(warmup), "--threads", str(threads)], capture_output=True, text=True, env=env,
                          check=True, timeout=1800)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def overhead_targets(rows: dict) -> dict:
+    """Per workload: the median paired overhead against the 5% bar, and whether the 95% interval of
+    the paired mean lies under the bar (resolved), with the repeats that would resolve it."""
+    out = {}
+    for n, r in rows.items():
+        what = f"runner overhead vs bare loop, {n} (% per step, measured on this CPU)"
+        if "overhead_pct" not in r:
+            out[what] = {"measured": None, "target": TARGET_PCT, "met": False, "reason": "; ".join(r["failures"])[:300]}
+            continue
+        lo, hi = r["overhead_pct_iqr"]
+        out[what] = {"measured": round(r["overhead_pct"], 2), "target": TARGET_PCT, "met": bool(r["met_target"]),
+                     "interval": [round(lo, 2), round(hi, 2)], "interval_kind": "inter-quartile range"}
+        if not r["met_target"]:
+            out[what]["reason"] = (f"median overhead {r['overhead_pct']:+.1f}% per step over the interleaved repeats "
+                                   f"(IQR {lo:+.1f}..{hi:+.1f}%)")
+        lo95, hi95 = r["overhead_pct_ci95"]
+        paired = 100 * (np.asarray(r["runner_step_ms"]) / np.asarray(r["bare_step_ms"]) - 1)
+        sd = float(np.nanstd(paired, ddof=1)) if np.isfinite(paired).sum() > 1 else float("nan")
+        res = {"measured": round(hi95, 2), "target": TARGET_PCT, "met": bool(hi95 <= TARGET_PCT),
+               "interval": [round(lo95, 2), round(hi95, 2)], "interval_kind": "95% Student-t, paired mean",
+               "mean": round(r["overhead_pct_mean"], 2)}
+        if not res["met"]:
+            need = samples_to_resolve(sd, max(TARGET_PCT - r["overhead_pct_mean"], 0.1)) if np.isfinite(sd) else None
+            res["reason"] = (f"the paired mean {r['overhead_pct_mean']:+.1f}% has a 95% interval up to {hi95:+.1f}%: "
+                             f"this machine's step-to-step noise (bare loop per repeat "
+                             f"{min(r['bare_step_ms']):.1f}-{max(r['bare_step_ms']):.1f} ms) leaves 'within 5%' "
+                             f"unresolved; about {need} repeats would resolve it at this spread")
+        out[f"runner overhead vs bare loop, {n}: under 5% resolved (upper 95% bound of the paired mean)"] = res
+    return out
 
 
 def main() -> None:
@@ -169,6 +202,10 @@ def main() -> None:
             row.update(clean_overhead_pct=float(np.nanmedian(paired_clean)),
                        clean_overhead_pct_iqr=[float(np.nanpercentile(paired_clean, 25)),
                                                float(np.nanpercentile(paired_clean, 75))])
+            # the second look at "within 5%": the paired figures' mean with its 95% interval (the one
+            # interval rule), so a median that lands under the bar by luck of 5 repeats is not called resolved
+            mean, lo95, hi95 = mean_interval([float(v) for v in paired if np.isfinite(v)])
+            row.update(overhead_pct_mean=mean, overhead_pct_ci95=[lo95, hi95])
             row.update(runner_median_ms=rm, bare_median_ms=bm, overhead_pct=overhead,
                        overhead_pct_iqr=[float(np.nanpercentile(paired, 25)), float(np.nanpercentile(paired, 75))],
                        ratio_of_medians_pct=100 * (rm / bm - 1),
@@ -198,15 +235,7 @@ def main() -> None:
         print(f"{'':<14}unpreempted steps only (the runner's statistic, both sides): "
               f"{row['clean_overhead_pct']:+.1f}% [{clo:+.1f}, {chi:+.1f}]")
 
-    targets = {f"runner overhead vs bare loop, {n} (% per step, measured on this CPU)":
-               {"measured": round(r["overhead_pct"], 2), "target": TARGET_PCT, "met": bool(r["met_target"]),
-                "interval": [round(v, 2) for v in r["overhead_pct_iqr"]], "interval_kind": "inter-quartile range",
-                **({} if r["met_target"] else {
-                    "reason": f"median overhead {r['overhead_pct']:+.1f}% per step over the interleaved repeats "
-                              f"(IQR {r['overhead_pct_iqr'][0]:+.1f}..{r['overhead_pct_iqr'][1]:+.1f}%)"})}
-               if "overhead_pct" in r else
-               {"measured": None, "target": TARGET_PCT, "met": False, "reason": "; ".join(r["failures"])[:300]}
-               for n, r in rows.items()}
+    targets = overhead_targets(rows)
     payload = {**ctx, "benchmark": NAME, "targets": targets, "target_overhead_pct": TARGET_PCT,
                "settings": {k: v for k, v in vars(args).items()}, "workloads": rows,
                "note": ("overhead_pct is the median over repeats of the paired ratio of per-step medians; the runner's fixed cost per run (child start-up, "

@@ -35,7 +35,7 @@ def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for key, dist in (("torch", "torch"), ("numpy", "numpy"), ("fbgemm_gpu", "fbgemm-gpu-cpu"),
                       ("torchrec", "torchrec"), ("optuna", "optuna"), ("xgboost", "xgboost-cpu"),
-                      ("ray", "ray")):
+                      ("ray", "ray"), ("torchao", "torchao")):
         for name in (dist, key):  # fbgemm/xgboost ship under CPU- or GPU-named distributions
             try:
                 out[key] = version(name)
