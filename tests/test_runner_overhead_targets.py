@@ -18,11 +18,11 @@ def _row(runner_ms, bare_ms):
 def test_a_noisy_median_under_the_bar_is_met_but_not_resolved():
     from experiments.runner_overhead import overhead_targets
 
-    # this stop's kept dlrm-small run: median +1.8%, the repeats spread from -21% to +36%
-    t = overhead_targets({"w": _row([8.22, 9.66, 8.97, 9.11, 8.22], [6.36, 7.11, 9.09, 8.95, 10.41])})
+    # repeats as noisy as this machine's (paired figures from -16% to +25%), median -1.2%, mean -0.4%
+    t = overhead_targets({"w": _row([8.0, 10.0, 8.0, 9.0, 8.5], [9.0, 8.0, 9.5, 8.9, 8.6])})
     median = t["runner overhead vs bare loop, w (% per step, measured on this CPU)"]
     resolved = t["runner overhead vs bare loop, w: under 5% resolved (upper 95% bound of the paired mean)"]
-    assert median["met"] is True and abs(median["measured"] - 1.79) < 0.05
+    assert median["met"] is True and abs(median["measured"] + 1.16) < 0.05
     assert resolved["met"] is False and resolved["measured"] > 5.0
     assert "unresolved" in resolved["reason"] and "repeats would resolve it" in resolved["reason"]
 
@@ -41,3 +41,11 @@ def test_a_workload_without_a_comparison_is_missed_with_its_failures():
     t = overhead_targets({"w": {"failures": ["runner: crash"]}})
     (only,) = t.values()
     assert only["met"] is False and only["measured"] is None and "crash" in only["reason"]
+
+
+def test_a_mean_above_the_bar_is_not_promised_to_resolve_with_more_repeats():
+    from experiments.runner_overhead import overhead_targets
+
+    t = overhead_targets({"w": _row([10.9, 10.4, 10.8, 10.2, 10.7], [10.0, 10.0, 10.0, 10.0, 10.0])})
+    resolved = t["runner overhead vs bare loop, w: under 5% resolved (upper 95% bound of the paired mean)"]
+    assert resolved["met"] is False and "above the 5% bar" in resolved["reason"] and "repeats would" not in resolved["reason"]
