@@ -337,8 +337,8 @@ def main() -> int:
     ap.add_argument("--only-fp8", action="store_true",
                     help="only the FP8 checks (Probe, Dispatch, torchao parity and export, training steps)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="seconds the whole run may take (a lent GPU's time is short): the torchao block "
-                         "shapes that would start after it are left out, and named")
+                    help="seconds the whole run may take (a lent GPU's time is short): the runner's runs and "
+                         "the torchao block shapes that would start after it are left out, and named")
     ap.add_argument("--sections", default=None,
                     help=f"comma-separated subset of {','.join(SECTIONS)}: measure only these and replace them in "
                          "the results file of an earlier run on the same device (each section records the commit "
@@ -372,7 +372,7 @@ def main() -> int:
     context = run_context("measured")
     payload: dict = {"context": context, "label": f"measured on {name}", "device": name,
                      "capability": list(torch.cuda.get_device_capability(0)), "torch": torch.__version__,
-                     "torchao": _version("torchao"), "sections": {}, "fp8": {}, "targets": {}}
+                     "torchao": context["versions"].get("torchao"), "sections": {}, "fp8": {}, "targets": {}}
     earlier = RESULTS / f"{result}.json"
     if args.sections is not None and earlier.is_file():
         doc = json.loads(earlier.read_text())
@@ -423,15 +423,6 @@ def main() -> int:
         print(f"{'met   ' if t['met'] else 'MISSED'} {what}: {t['measured']}")
     print(f"wrote results/{result}.json ({payload['label']}) in {time.monotonic() - started:.0f} s")
     return 0
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":
