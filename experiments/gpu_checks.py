@@ -30,6 +30,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -343,6 +344,9 @@ def main() -> int:
                     help=f"comma-separated subset of {','.join(SECTIONS)}: measure only these and replace them in "
                          "the results file of an earlier run on the same device (each section records the commit "
                          "and time that measured it)")
+    ap.add_argument("--out", default=None,
+                    help="results file name under results/ (default gpu_checks, or gpu_checks_fp8 with --only-fp8): "
+                         "a repeat run on another name keeps the first run's record as it was")
     args = ap.parse_args()
     from experiments.common import RESULTS, run_context, write_result
 
@@ -352,6 +356,10 @@ def main() -> int:
     bad = [x for x in chosen if x not in SECTIONS]
     if bad:
         print(f"gpu_checks.py: --sections: unknown {bad}; choose from {','.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    if args.out is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", args.out):
+        print(f"gpu_checks.py: --out: {args.out!r} is not a plain file name (letters, digits, _ and - only)",
+              file=sys.stderr)
         return 2
 
     if not torch.cuda.is_available():
@@ -368,7 +376,7 @@ def main() -> int:
     started = time.monotonic()
     deadline = started + args.budget_s if args.budget_s else math.inf
     name = torch.cuda.get_device_name(0)
-    result = "gpu_checks" + ("_fp8" if args.only_fp8 else "")
+    result = args.out or ("gpu_checks" + ("_fp8" if args.only_fp8 else ""))
     context = run_context("measured")
     payload: dict = {"context": context, "label": f"measured on {name}", "device": name,
                      "capability": list(torch.cuda.get_device_capability(0)), "torch": torch.__version__,
