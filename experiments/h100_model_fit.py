@@ -4,7 +4,9 @@ Data: ``cost_models/data/h100_measurements/*.csv`` (public text tables, each row
 Every figure here is *modelled vs published H100 measurements* (nothing is measured on this
 machine), except the second look: ``results/gpu_checks.json``, when ``experiments/gpu_checks.py``
 has run on a lent GPU, is never fitted; the model fitted on the published rows is checked against
-it (``own_gpu_measurement``, targets marked "own GPU measurement, not fitted").
+it (``own_gpu_measurement``, targets marked "own GPU measurement, not fitted"), and with a repeat run
+(``results/gpu_checks_repeat.json``) so are the measurement's repeatability and a candidate host-floor
+term (experiments/_h100_own_check.py).
 
 - GEMM rows (bf16 / FP8 tensorwise / FP8 block128 kernels, no quantization): a deterministic split,
   every third row (sorted by source and shape) held out; the fitted fields are
@@ -39,17 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 from scipy import optimize  # noqa: E402
-from scipy import stats as sps  # noqa: E402
 
-from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants, block_speedup, gemm_time_s  # noqa: E402
-from cost_models.hardware import H100_SXM, H200_SXM, DeviceSpec  # noqa: E402
-from experiments.common import RESULTS, png_path, run_context, write_result  # noqa: E402
+from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants  # noqa: E402
+from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, metrics, pairs, predict_block, predict_gemm  # noqa: E402
+from experiments._h100_own_check import own_measurement_check  # noqa: E402
+from experiments.common import png_path, run_context, write_result  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "cost_models" / "data" / "h100_measurements"
 LABEL = "modelled vs published H100 measurements"
-TARGETS = {"spearman": 0.97, "mape_pct": 15.0, "fast_slow_pct": 90.0}
-# the issue's block targets (issue 25, point 6), on blocks of a source the block fields were not fitted to
-BLOCK_TARGETS = {"mape_pct": 25.0, "fast_slow_pct": 85.0}
 # the shapes of torchao's README LN -> Linear -> Sigmoid rowwise table (published as an image only; its
 # values are not in this repository): our predictions for the owner's held-out check
 ROWWISE_GRID = [(m, k, n) for m in (1024, 2048, 4096, 8192, 16384) for k in (1024, 2048, 4096, 8192, 16384)
@@ -88,76 +87,6 @@ def block_rows() -> list[dict]:
     return rows
 
 
-def own_measurement() -> tuple[str | None, list[dict], list[dict]]:
-    """cubic's own GPU measurement (results/gpu_checks.json, from a lent GPU): its label, GEMM rows and
-    block rows. Not fitted: the second look at a model fitted on published data."""
-    gpu = RESULTS / "gpu_checks.json"
-    doc = json.loads(gpu.read_text()) if gpu.is_file() else {}
-    if not doc.get("device"):
-        return None, [], []
-    src = f"results/gpu_checks.json ({doc['label']})"
-    gemms = [{"source": src, "device": doc["device"], "precision": r["precision"], "recipe": r.get("recipe"),
-              "m": r["m"], "k": r["k"], "n": r["n"], "time_s": r["time_s"], "split": "heldout"}
-             for r in doc.get("gemms", [])]
-    blocks = [{"source": src, "device": doc["device"], **r} for r in doc.get("blocks", [])]
-    return doc["label"], gemms, blocks
-
-
-def own_measurement_check(c: GemmConstants) -> dict:
-    """The fitted model against cubic's own GPU measurement, which it was not fitted to: GEMM time
-    error, FP8-vs-bf16 fast/slow per shape, and block speedup error and fast/slow, with the targets
-    the published held-out check uses."""
-    # (target name, its bar, higher is better): one list for both branches, so a run without a GPU
-    # measurement misses the same four targets a run with one reports
-    checks = (("gemm_time_mape_pct", TARGETS["mape_pct"], False),
-              ("gemm_fp8_vs_bf16_fast_slow_pct", TARGETS["fast_slow_pct"], True),
-              ("block_speedup_mape_pct", BLOCK_TARGETS["mape_pct"], False),
-              ("block_speedup_fast_slow_pct", BLOCK_TARGETS["fast_slow_pct"], True))
-    label, gemms, blocks = own_measurement()
-    if label is None:
-        why = "no GPU measurement in results/gpu_checks.json (experiments/gpu_checks.py runs on a lent GPU)"
-        return {"label": None, "targets": {f"{w} (own GPU measurement, not fitted)": {
-            "measured": None, "target": t, "met": False, "reason": why} for w, t, _ in checks}}
-    pairs = _pairs(gemms, c)
-    gemm = metrics([r["time_s"] for r in gemms], [predict_gemm(r, c) for r in gemms])
-    gfs = fast_slow([(p["measured"], p["modelled"]) for p in pairs])
-    bpred = [predict_block(b, c) for b in blocks]
-    blk = {**metrics([b["speedup"] for b in blocks], bpred), **fast_slow([(b["speedup"], p) for b, p in zip(blocks, bpred)])}
-    note = (f"{label}; the model's constants were fitted on the published rows only. Small shapes (1024-4096) "
-            "measured there are bound by the host's launch time (a 1024^3 bf16 GEMM at ~80 TFLOP/s back to back), "
-            "which the model does not price")
-    lab = f"modelled vs {label} (not fitted)"
-
-    def tgt(value, target, higher, n):
-        met = value is not None and (value >= target if higher else value <= target)
-        out = {"measured": value, "target": target, "met": bool(met), "n": n, "label": lab, "note": note}
-        if not met:
-            out["reason"] = f"{value} against {target} ({'at least' if higher else 'at most'}) over {n} measured points"
-        return out
-
-    return {"label": lab, "gemm_time": gemm, "gemm_fp8_vs_bf16_fast_slow": gfs, "gemm_pairs": pairs,
-            "block_speedup": blk, "block_rows": [{**b, "modelled": p} for b, p in zip(blocks, bpred)],
-            "targets": {f"{w} (own GPU measurement, not fitted)": tgt(v[k], t, higher, v["n"])
-                        for (w, t, higher), (v, k) in zip(checks, ((gemm, "mape_pct"), (gfs, "agreement_pct"),
-                                                                    (blk, "mape_pct"), (blk, "agreement_pct")))}}
-
-
-def _spec(device: str) -> DeviceSpec:
-    # rows measured by experiments/gpu_checks.py name their device; the published rows are H100-class
-    return H200_SXM if "H200" in device.upper() else H100_SXM
-
-
-def predict_gemm(r: dict, c: GemmConstants) -> float:
-    return gemm_time_s(r["m"], r["k"], r["n"], r["precision"], r["recipe"], _spec(r["device"]), constants=c)
-
-
-def predict_block(r: dict, c: GemmConstants) -> float:
-    ln_sigmoid = r.get("block", "LNLinearSigmoid") == "LNLinearSigmoid"  # else a plain Linear
-    return block_speedup(r["m"], r["k"], r["n"], r["recipe"], norm_before=ln_sigmoid,
-                         act_after="sigmoid" if ln_sigmoid else None, norm_affine=False, mode=r["mode"],
-                         device=_spec(r.get("device", "H100")), constants=c)["speedup"]
-
-
 def _with(c: GemmConstants, x: np.ndarray, names: list[str]) -> GemmConstants:
     return replace(c, **{k: float(v) for k, v in zip(names, x)})
 
@@ -177,33 +106,6 @@ def fit(rows: list[dict], names: list[str]) -> GemmConstants:
     sol = optimize.least_squares(lambda z: resid(z * scale), x0 / scale, bounds=(np.array(lo) / scale,
                                                                                  np.array(hi) / scale))
     return _with(PRIOR_CONSTANTS, sol.x * scale, names)
-
-
-def _pairs(rows: list[dict], c: GemmConstants) -> list[dict]:
-    """FP8 vs bf16 at the same shape and source: measured and modelled speedups."""
-    bf16 = {(r["source"], r["m"], r["k"], r["n"]): r for r in rows if r["precision"] == "bf16"}
-    out = []
-    for r in rows:
-        key = (r["source"], r["m"], r["k"], r["n"])
-        if r["precision"] == "fp8" and key in bf16:
-            b = bf16[key]
-            out.append({"m": r["m"], "k": r["k"], "n": r["n"], "recipe": r["recipe"],
-                        "heldout": "heldout" in (r["split"], b["split"]),
-                        "measured": b["time_s"] / r["time_s"],
-                        "modelled": predict_gemm(b, c) / predict_gemm(r, c)})
-    return out
-
-
-def metrics(meas: list[float], pred: list[float]) -> dict:
-    meas_a, pred_a = np.array(meas), np.array(pred)
-    n = len(meas_a)
-    rho = float(sps.spearmanr(meas_a, pred_a).statistic) if n >= 2 else float("nan")
-    return {"n": n, "spearman": rho, "mape_pct": float(np.mean(np.abs(pred_a - meas_a) / meas_a) * 100) if n else None}
-
-
-def fast_slow(items: list[tuple[float, float]]) -> dict:
-    agree = [(m > 1.0) == (p > 1.0) for m, p in items]
-    return {"n": len(agree), "agreement_pct": 100.0 * sum(agree) / len(agree) if agree else None}
 
 
 def fit_block_fields(blocks: list[dict], c: GemmConstants) -> GemmConstants:
@@ -228,10 +130,10 @@ def evaluate(rows: list[dict], blocks: list[dict], c: GemmConstants, loo_blocks:
     for split in ("train", "heldout"):
         sel = [r for r in rows if r["split"] == split]
         out[f"gemm_time_{split}"] = metrics([r["time_s"] for r in sel], [predict_gemm(r, c) for r in sel])
-    pairs = _pairs(rows, c)
-    out["gemm_fp8_vs_bf16_fast_slow_heldout"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs if p["heldout"]])
-    out["gemm_fp8_vs_bf16_fast_slow_all"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs])
-    out["gemm_fp8_vs_bf16_pairs"] = pairs
+    pairs_ = pairs(rows, c)
+    out["gemm_fp8_vs_bf16_fast_slow_heldout"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs_ if p["heldout"]])
+    out["gemm_fp8_vs_bf16_fast_slow_all"] = fast_slow([(p["measured"], p["modelled"]) for p in pairs_])
+    out["gemm_fp8_vs_bf16_pairs"] = pairs_
     if loo_blocks:  # leave one source out: each source's blocks predicted with the fields fitted on the others
         bpred, fracs = [0.0] * len(blocks), [{}] * len(blocks)
         for src in sorted({b["source"] for b in blocks}):
@@ -346,6 +248,11 @@ def _plot(rows: list[dict], blocks: list[dict], fitted: GemmConstants, after_row
                    label="GEMM fp8/bf16 speedup")
         ax.scatter([b["speedup"] for b in own["block_rows"]], [b["modelled"] for b in own["block_rows"]], marker="o",
                    label="LN->Linear->Sigmoid fwd+bwd speedup (compile)")
+        cand = own.get("host_floor_candidate")
+        if cand:
+            ax.scatter([b["measured"] for b in cand["block_rows"]], [b["modelled_with_floor"] for b in cand["block_rows"]],
+                       marker="s", facecolors="none", edgecolors="tab:red",
+                       label="block, candidate host floor (fitted on run 1 without the shape; repeat run)")
         ax.plot([0.4, 2.0], [0.4, 2.0], "k--", lw=0.8)
         ax.axhline(1.0, color="grey", lw=0.5), ax.axvline(1.0, color="grey", lw=0.5)
         ax.set_xlabel("measured speedup"), ax.set_ylabel("modelled speedup (fitted on published rows)")
