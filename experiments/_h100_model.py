@@ -35,8 +35,8 @@ def predict_block(r: dict, c: GemmConstants) -> float:
     return predict_block_times(r, c)["speedup"]
 
 
-def pairs(rows: list[dict], c: GemmConstants) -> list[dict]:
-    """FP8 vs bf16 at the same shape and source: measured and modelled speedups."""
+def pairs(rows: list[dict], c: GemmConstants | None) -> list[dict]:
+    """FP8 vs bf16 at the same shape and source: measured and (unless ``c`` is None) modelled speedups."""
     bf16 = {(r["source"], r["m"], r["k"], r["n"]): r for r in rows if r["precision"] == "bf16"}
     out = []
     for r in rows:
@@ -46,7 +46,7 @@ def pairs(rows: list[dict], c: GemmConstants) -> list[dict]:
             out.append({"m": r["m"], "k": r["k"], "n": r["n"], "recipe": r["recipe"],
                         "heldout": "heldout" in (r["split"], b["split"]),
                         "measured": b["time_s"] / r["time_s"],
-                        "modelled": predict_gemm(b, c) / predict_gemm(r, c)})
+                        "modelled": None if c is None else predict_gemm(b, c) / predict_gemm(r, c)})
     return out
 
 

@@ -73,7 +73,7 @@ def repeatability(runs: list[dict]) -> dict:
         return out
 
     blocks = [{(_shape(b), b["recipe"]): b["speedup"] for b in r["blocks"]} for r in runs]
-    gemm = [_measured_pairs(r["gemms"]) for r in runs]
+    gemm = [{(_shape(p), p["recipe"]): p["measured"] for p in pairs(r["gemms"], None)} for r in runs]
     brows, grows = rows_of(blocks), rows_of(gemm)
     floor = min(b["bf16_s"] for b in runs[0]["blocks"])
     bound = {_shape(b): b["bf16_s"] <= HOST_BOUND_FACTOR * floor for b in runs[0]["blocks"]}
@@ -89,13 +89,6 @@ def repeatability(runs: list[dict]) -> dict:
             "blocks": {"host_bound": summary([r for r in brows if r["host_bound"]]),
                        "compute_bound": summary([r for r in brows if not r["host_bound"]]), "rows": brows},
             "gemm_pairs": {**summary(grows), "rows": grows}}
-
-
-def _measured_pairs(gemms: list[dict]) -> dict:
-    """{(shape, recipe): bf16 time / FP8 time} of one run's GEMM rows."""
-    bf16 = {_shape(r): r["time_s"] for r in gemms if r["precision"] == "bf16"}
-    return {(_shape(r), r["recipe"]): bf16[_shape(r)] / r["time_s"] for r in gemms
-            if r["precision"] == "fp8" and _shape(r) in bf16}
 
 
 def _fit_floor(gpu_s: list[float], meas_s: list[float]) -> float:
