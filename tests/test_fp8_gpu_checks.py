@@ -117,3 +117,31 @@ def test_an_unknown_section_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("gpu_checks.py: --sections: unknown ['nope']") and "\n" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_repeat_without_the_fp8_section_says_so_in_its_targets(monkeypatch, tmp_path, capsys):
+    # on the lent H100, `--sections gemms,blocks --out gpu_checks_repeat` stopped on the benchmark
+    # convention's check (no targets) after its first section
+    from experiments import gpu_checks
+
+    calls: list[str] = []
+    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls)
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--quick", "--sections", "runner,blocks", "--out", "gpu_checks_repeat"])
+    assert gpu_checks.main() == 0
+    assert calls == ["runner", "blocks"]
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu_checks_repeat.json"]
+    doc = json.loads((tmp_path / "gpu_checks_repeat.json").read_text())
+    (target,) = doc["targets"].values()
+    assert target["met"] is False and "not among --sections runner,blocks" in target["reason"]
+    assert doc["blocks"] == [{"m": 1}] and set(doc["sections"]) == {"runner", "blocks"}
+
+
+def test_out_that_is_not_a_plain_name_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    from experiments import gpu_checks
+
+    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, [])
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--out", "../elsewhere"])
+    assert gpu_checks.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_checks.py: --out: '../elsewhere'") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
