@@ -108,14 +108,18 @@ def test_sections_replace_only_what_they_remeasure(monkeypatch, tmp_path):
     assert doc["sections"]["runner"]["code_version"] == first["sections"]["runner"]["code_version"] != "second-run"
 
 
-def test_an_unknown_section_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("flags, line_start", [
+    (["--sections", "gemms,nope"], "gpu_checks.py: --sections: unknown ['nope']"),
+    (["--out", "../elsewhere"], "gpu_checks.py: --out: '../elsewhere'"),
+])
+def test_a_bad_flag_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys, flags, line_start):
     from experiments import gpu_checks
 
     _pretend_cuda(monkeypatch, tmp_path, gpu_checks, [])
-    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--sections", "gemms,nope"])
+    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", *flags])
     assert gpu_checks.main() == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gpu_checks.py: --sections: unknown ['nope']") and "\n" not in err
+    assert err.startswith(line_start) and "\n" not in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -135,13 +139,3 @@ def test_a_repeat_without_the_fp8_section_says_so_in_its_targets(monkeypatch, tm
     assert target["met"] is False and "not among --sections runner,blocks" in target["reason"]
     assert doc["blocks"] == [{"m": 1}] and set(doc["sections"]) == {"runner", "blocks"}
 
-
-def test_out_that_is_not_a_plain_name_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
-    from experiments import gpu_checks
-
-    _pretend_cuda(monkeypatch, tmp_path, gpu_checks, [])
-    monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--out", "../elsewhere"])
-    assert gpu_checks.main() == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("gpu_checks.py: --out: '../elsewhere'") and "\n" not in err
-    assert list(tmp_path.iterdir()) == []
