@@ -5,10 +5,14 @@ One ``nn.Linear`` is run forward and backward twice on the same inputs: converte
 cubic (:class:`fp8.kernels.Fp8Linear` with the recipe's real ``_scaled_mm`` kernel where it runs, or
 its emulation). The outputs compared: ``y``, ``dx`` (input gradient), ``dw`` (weight gradient), ``db``.
 
-Targets (:data:`TARGETS`): on a CPU, bit-identical (tolerance 0: the casts are the same op for op,
-so any change of format, scaling or rounding shows); on CUDA a relative difference (``||a - b|| /
-||a||``) of at most 1e-2, since a GPU may sum in another order and torchao's rowwise backward
-rounds its bf16 output once more (about one bf16 ulp, 2^-8).
+Targets (:data:`TARGETS`): on a CPU, bit-identical wherever cubic calls the same ``torch._scaled_mm``
+path as torchao (the casts are the same op for op, so any change of format, scaling or rounding shows);
+where it does not (tensorwise on a CPU, which cubic runs through ``_scaled_mm``'s rowwise path because
+the tensorwise one is a slow reference loop there; and the emulated kernels), the two paths sum the same
+products in another order, which some CPUs round differently (seen on an AMX Xeon: 1 ulp in ``y``), so
+there the target is :func:`summation_bound`. On CUDA a relative difference (``||a - b|| / ||a||``) of at
+most 1e-2, since a GPU may sum in another order and torchao's rowwise backward rounds its bf16 output
+once more (about one bf16 ulp, 2^-8). The casts themselves are compared bit for bit in the tests.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from cubic.core.recipes import TORCHAO_RECIPES
 
 OUTPUTS: tuple[str, ...] = ("y", "dx", "dw", "db")
 TARGETS: dict[str, dict[str, Any]] = {
-    "cpu": {"kind": "bit-identical", "max_rel_diff": 0.0},
+    "cpu": {"kind": "bit-identical", "max_rel_diff": 0.0,
+            "where_paths_differ": "within the summation-order bound: |a - b| <= eps(dtype) |a| + K eps(fp32) "
+                                  "max|a| per element (K: the GEMM's longest dimension), far below one FP8 "
+                                  "rounding step (eps 2^-4 for e4m3)"},
     "cuda": {"kind": "relative difference", "max_rel_diff": 1e-2,
              "why": "a GPU may sum in another order and round the bf16 output once more (torchao's rowwise "
                     "backward scales after a unit-scale GEMM): about one bf16 ulp (2^-8)"},
@@ -69,15 +76,42 @@ def linear_pair(recipe: str, dtype: str = "fp32", *, real: bool = True, device: 
     return linear_grads(theirs, x, dy), linear_grads(ours, x, dy), kernel
 
 
-def compare(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Per output: max |difference| and relative difference (``||a - b|| / ||a||``); bit-identical or not."""
+def same_path(recipe: str, real: bool, device: str | torch.device) -> bool:
+    """Whether cubic's kernel calls the same ``torch._scaled_mm`` path as torchao (then the sums agree)."""
+    return real and not (recipe == "tensorwise" and torch.device(device).type == "cpu")
+
+
+def summation_bound(a: torch.Tensor, k: int) -> torch.Tensor:
+    """Per element, how far two GEMMs over the same FP8 casts may differ when they sum the same ``k``
+    products in another order: one rounding of the output (eps of its dtype, relative) plus ``k`` fp32
+    roundings of the largest output. A change of cast is an FP8 step (2^-4 relative for e4m3): far above."""
+    eps_out, eps32 = torch.finfo(a.dtype).eps, torch.finfo(torch.float32).eps
+    a = a.float()
+    return eps_out * a.abs() + k * eps32 * a.abs().max()
+
+
+def compare(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], k: int | None = None) -> dict[str, Any]:
+    """Per output: max |difference| and relative difference (``||a - b|| / ||a||``); bit-identical or not;
+    with ``k`` (the GEMM's longest dimension), whether every element lies within :func:`summation_bound`."""
     abs_, rel = {}, {}
     for t in OUTPUTS:
         a, b = theirs[t].float(), ours[t].float()
         abs_[t] = float((a - b).abs().max())
         rel[t] = float((a - b).norm() / a.norm().clamp_min(1e-30))
     same = all(theirs[t].dtype == ours[t].dtype and torch.equal(theirs[t], ours[t]) for t in OUTPUTS)
-    return {"max_abs_diff": abs_, "rel_diff": rel, "bit_identical": same}
+    out = {"max_abs_diff": abs_, "rel_diff": rel, "bit_identical": same}
+    if k is not None:
+        out["within_summation_bound"] = all(
+            theirs[t].dtype == ours[t].dtype
+            and bool(((theirs[t].float() - ours[t].float()).abs() <= summation_bound(theirs[t], k)).all())
+            for t in OUTPUTS)
+    return out
+
+
+def _case_met(case: dict[str, Any], target: dict[str, Any]) -> bool:
+    if target["kind"] != "bit-identical":
+        return max(case["rel_diff"].values()) <= target["max_rel_diff"]
+    return case["bit_identical"] or (not case["same_path"] and case["within_summation_bound"])
 
 
 def torchao_parity(recipes: tuple[str, ...] = TORCHAO_RECIPES, *, device: str = "cpu",
@@ -95,11 +129,13 @@ def torchao_parity(recipes: tuple[str, ...] = TORCHAO_RECIPES, *, device: str = 
         for dtype in dtypes:
             for r in real:
                 theirs, ours, kernel = linear_pair(recipe, dtype, real=r, device=device, shape=shape, seed=seed)
-                cases.append({"dtype": dtype, "kernel": kernel, **compare(theirs, ours)})
+                c = {"dtype": dtype, "kernel": kernel, "same_path": same_path(recipe, r, device),
+                     **compare(theirs, ours, max(shape))}
+                cases.append(c | {"met": _case_met(c, target)})
         worst_abs = {t: max(c["max_abs_diff"][t] for c in cases) for t in OUTPUTS}
         worst_rel = {t: max(c["rel_diff"][t] for c in cases) for t in OUTPUTS}
         same = all(c["bit_identical"] for c in cases)
-        met = same if target["kind"] == "bit-identical" else max(worst_rel.values()) <= target["max_rel_diff"]
+        met = all(c["met"] for c in cases)
         per[recipe] = {"max_abs_diff": worst_abs, "rel_diff": worst_rel, "bit_identical": same, "met": met,
                        "cases": cases}
     return {"label": f"measured on {device}: cubic's Fp8Linear vs torchao's Float8Linear, one Linear forward "

@@ -32,7 +32,7 @@ def test_the_fp8_gpu_checks_run_here_on_the_cpu():
 
     out = fp8_checks("cpu", quick=True)
     assert out["rows"]["probe"]["probe_device"] == "cpu"
-    assert all(p["bit_identical"] for p in out["rows"]["torchao_parity"].values())  # a CPU: bit-identical
+    assert all(p["met"] for p in out["rows"]["torchao_parity"].values())  # a CPU: bit-identical or summation order
     assert out["rows"]["export_converted"] == ["2", "4", "6"]
     failed = {k: t for k, t in out["targets"].items() if not t["met"]}
     assert failed == {}, failed
