@@ -213,7 +213,8 @@ def _optuna_storage(wd: Path, name: str, mutate: Callable[[sqlite3.Connection], 
 
 # -- the attacks ----------------------------------------------------------------------------------
 
-def attacks(wd: Path, port: int) -> list[Attack]:
+def _hang_attacks(port: int) -> list[Attack]:
+    """Hangs: database URLs at a loopback server that accepts and never answers."""
     pg = f"postgresql+psycopg2://u:pw@127.0.0.1:{port}/db"
     out: list[Attack] = []
     A = out.append
@@ -229,6 +230,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              ["run", "--storage", pg, "--name", "x", "--evaluate", "evalmod:make"], program=WORKER,
              setup=lambda d: _write(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
              must_say=("timeout",), timeout_s=30))
+    return out
+
+
+def _secret_attacks() -> list[Attack]:
+    """Secrets: store/storage URLs whose passwords must not be printed (CLI and worker)."""
+    out: list[Attack] = []
+    A = out.append
 
     # secrets: a password SQLAlchemy would split into a host or database
     for i, (pw, secret) in enumerate([("a@TopSecretPart/x9", "TopSecretPart"), ("S3cr3tWord@x", "S3cr3tWord"),
@@ -243,6 +251,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              "evalmod:make"], program=WORKER,
              setup=lambda d: _write(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
              forbid=("TopSecretPart",)))
+    return out
+
+
+def _stray_code_attacks() -> list[Attack]:
+    """Stray code: a json.py/random.py in the working directory of a run."""
+    out: list[Attack] = []
+    A = out.append
 
     # stray code: modules in the working directory must not be imported by a run's child
     for mod in ("json", "random"):
@@ -253,6 +268,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
                                                               "raise SystemExit('stray module imported')\n"),
                  expect_rc=(0,), one_line=False, forbid=("stray module imported",), timeout_s=240,
                  quick=mod == "json"))
+    return out
+
+
+def _unbounded_file_attacks() -> list[Attack]:
+    """Unbounded inputs in files: YAML alias bombs, recursion, deep nesting, an oversized file."""
+    out: list[Attack] = []
+    A = out.append
 
     # unbounded inputs
     A(Attack("unbounded", "alias bomb in --config", ["run", "--workload", "dlrm-small", "--config", "bomb.yaml",
@@ -270,6 +292,14 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              setup=lambda d: _write(d / "deep.json", "[" * 10000 + "]" * 10000), must_say=("deep.json",)))
     A(Attack("unbounded", "33 MiB workload", ["workloads", "show", "big.yaml"],
              setup=lambda d: _write(d / "big.yaml", "# " + "x" * (33 * 2**20) + "\n"), must_say=("big.yaml",)))
+    return out
+
+
+def _unbounded_size_attacks() -> list[Attack]:
+    """Unbounded inputs in sizes: huge ranges in spaces, plans and flags beyond the machine."""
+    out: list[Attack] = []
+    A = out.append
+
     space_head = "version: 1\nname: s\nparameters:\n"
     for v, param in [("int high 1e21", "{name: batch_size, type: int, low: 1, high: 1e21}"),
                      ("int high 1e300 log", "{name: batch_size, type: int, low: 1, high: 1e300, log: true}"),
@@ -311,6 +341,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              one_line=False, must_say=("--world-size",)))
     A(Attack("unbounded", "fp8 kernels 1e6^3", ["fp8", "kernels", "--m", "1000000", "--k", "1000000", "--n",
              "1000000"], must_say=("--m/--k/--n", "memory"), quick=True))
+    return out
+
+
+def _traceback_attacks() -> list[Attack]:
+    """Tracebacks: foreign or mismatched storage, a full disk, an over-long campaign name."""
+    out: list[Attack] = []
+    A = out.append
 
     # tracebacks: storage that is something else, a full disk, a long name
     A(Attack("tracebacks", "campaign storage of another Optuna version", ["campaign", "list", "--storage",
@@ -336,6 +373,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              ["campaign", "run", "--workload", "dlrm-small", "--name", "n" * 250, "--simulate", "h100x8",
               "--budget", "1", "--storage", "sqlite:///c.db", "--store", "sqlite:///store.db"], one_line=False,
              must_say=("--name", "193")))
+    return out
+
+
+def _message_attacks() -> list[Attack]:
+    """Messages: over-long integers, corrupt stored rows, a huge plan batch, each named."""
+    out: list[Attack] = []
+    A = out.append
 
     # messages that name what is wrong
     A(Attack("messages", "5000-digit integer in a JSON workload", ["workloads", "show", "w.json"],
@@ -357,6 +401,13 @@ def attacks(wd: Path, port: int) -> list[Attack]:
     A(Attack("messages", "plan with batch 1e30", ["shard", "evaluate", "plan.json"],
              setup=lambda d: _write(d / "plan.json", json.dumps(_plan_doc(1, 10**30))),
              must_say=("plan.json", "batch_size")))
+    return out
+
+
+def _escape_attacks() -> list[Attack]:
+    """Escapes: terminal control sequences in workload and table names."""
+    out: list[Attack] = []
+    A = out.append
 
     # terminal escapes in untrusted names
     evil = f"evil{ESC}]0;pwned{ESC}\\{ESC}[2J"
@@ -376,6 +427,12 @@ def attacks(wd: Path, port: int) -> list[Attack]:
              setup=lambda d: _write(d / "w.json", json.dumps(toy_workload(evil, tables=[
                  {"name": "a", "rows": 10, "dim": 4}, {"name": "a", "rows": 10, "dim": 4}]))), forbid=(ESC,)))
     return out
+
+
+def attacks(wd: Path, port: int) -> list[Attack]:
+    """Every attack, class by class in the order of CLASSES."""
+    return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
+            *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks()]
 
 
 CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes")

@@ -135,7 +135,8 @@ def overhead_targets(rows: dict) -> dict:
     return out
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command-line flags (``--bare-child`` is the hidden entry of the bare loop's own process)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bare-child", metavar="WORKLOAD", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, few steps")
@@ -144,82 +145,86 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for both (1: least noise on a shared box)")
     ap.add_argument("--workloads", default="dlrm-small,wukong-small")
-    args = ap.parse_args()
-    if args.bare_child:
-        return bare_child(args.bare_child, args.steps, args.warmup, args.threads)
-    if args.quick:
-        args.repeats, args.steps, args.warmup = 1, 4, 1
-    torch.set_num_threads(args.threads)
-    ctx = run_context("measured")
-    config = Config()
-    runner = LocalRunner(timeout_s=1800, threads=args.threads, eval_every=10**9)
-    rows = {}
-    for name in args.workloads.split(","):
-        w = config.apply(DEFAULT_WORKLOADS[name])
-        batches = make_batches(w, args.warmup + args.steps)
-        runner_ms, bare_ms, loop_ms, inproc_bare_ms, fixed_s, loads, failures = [], [], [], [], [], [], []
-        runner_clean, bare_clean = [], []
-        kinds = ["runner", "bare", "loop", "inproc_bare"]
-        for rep in range(args.repeats):
-            for who in kinds if rep % 2 == 0 else kinds[::-1]:
-                loads.append(os.getloadavg()[0])
-                if who == "runner":
-                    r = runner.run(w, config, steps=args.steps, warmup=args.warmup)
-                    if not r.ok:  # a failed run is recorded and leaves a gap (NaN) in its pair
-                        failures.append(f"{r.failure_kind}: {r.reason}")
-                        runner_ms.append(float("nan"))
-                        runner_clean.append(float("nan"))
-                        fixed_s.append(float("nan"))
-                        continue
-                    # per-step median, like the bare loop's (the Result's headline is a median of window means)
-                    runner_ms.append(float(np.median(r.extra["step_times_ms"])))
-                    runner_clean.append(clean_ms(r.extra["step_times_ms"], r.extra["step_preempted"], w.batch_size))
-                    fixed_s.append(r.wall_time_s - sum(r.extra["step_times_ms"]) / 1e3)
-                elif who == "bare":
-                    bare = run_bare_process(name, args.steps, args.warmup, args.threads)
-                    bare_ms.append(bare["median_ms"])
-                    bare_clean.append(bare["clean_ms"])
-                elif who == "loop":
-                    r = train_and_measure(w, config, steps=args.steps, warmup=args.warmup, eval_every=10**9,
-                                          versions_info={})
-                    loop_ms.append(float(np.median(r.extra["step_times_ms"])))
-                else:
-                    inproc_bare_ms.append(float(np.median(bare_loop(w, config, batches, args.warmup))))
-            if runner_ms and bare_ms:
-                print(f"  {name} repeat {rep}: runner {runner_ms[-1]:.2f} ms  bare process {bare_ms[-1]:.2f} ms  "
-                      f"| in-process: runner loop {loop_ms[-1]:.2f} ms  bare {inproc_bare_ms[-1]:.2f} ms  "
-                      f"load {loads[-1]:.1f}", flush=True)
-        row = {"runner_step_ms": runner_ms, "bare_step_ms": bare_ms, "inprocess_runner_loop_step_ms": loop_ms,
-               "inprocess_bare_step_ms": inproc_bare_ms, "runner_fixed_cost_s": fixed_s,
-               "runner_clean_step_ms": runner_clean, "bare_clean_step_ms": bare_clean,
-               "loadavg_1m": loads, "failures": failures}
-        if np.isfinite(runner_ms).any() and bare_ms:
-            rm, bm = float(np.nanmedian(runner_ms)), float(np.median(bare_ms))
-            lm, ibm = float(np.median(loop_ms)), float(np.median(inproc_bare_ms))
-            # paired: each repeat's runner and bare runs are back to back, so load drift cancels
-            paired = 100 * (np.asarray(runner_ms) / np.asarray(bare_ms) - 1)
-            paired_in = 100 * (np.asarray(loop_ms) / np.asarray(inproc_bare_ms) - 1)
-            overhead = float(np.nanmedian(paired))
-            paired_clean = 100 * (np.asarray(runner_clean) / np.asarray(bare_clean) - 1)
-            row.update(clean_overhead_pct=float(np.nanmedian(paired_clean)),
-                       clean_overhead_pct_iqr=[float(np.nanpercentile(paired_clean, 25)),
-                                               float(np.nanpercentile(paired_clean, 75))])
-            # the second look at "within 5%": the paired figures' mean with its 95% interval (the one
-            # interval rule), so a median that lands under the bar by luck of 5 repeats is not called resolved
-            finite = [float(v) for v in paired if np.isfinite(v)]
-            mean, lo95, hi95 = mean_interval(finite)
-            row.update(overhead_pct_mean=mean, overhead_pct_ci95=[lo95, hi95],
-                       overhead_pct_sd=float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan"))
-            row.update(runner_median_ms=rm, bare_median_ms=bm, overhead_pct=overhead,
-                       overhead_pct_iqr=[float(np.nanpercentile(paired, 25)), float(np.nanpercentile(paired, 75))],
-                       ratio_of_medians_pct=100 * (rm / bm - 1),
-                       met_target=bool(overhead <= TARGET_PCT),
-                       inprocess_loop_median_ms=lm, inprocess_bare_median_ms=ibm,
-                       inprocess_overhead_pct=float(np.median(paired_in)),
-                       inprocess_overhead_pct_iqr=[float(np.percentile(paired_in, 25)),
-                                                   float(np.percentile(paired_in, 75))])
-        rows[name] = row
+    return ap.parse_args()
 
+
+def _measure_workload(name: str, w, config: Config, runner: LocalRunner, args: argparse.Namespace) -> dict:
+    """One workload's interleaved repeats of the four kinds of run; the row of per-repeat figures."""
+    batches = make_batches(w, args.warmup + args.steps)
+    runner_ms, bare_ms, loop_ms, inproc_bare_ms, fixed_s, loads, failures = [], [], [], [], [], [], []
+    runner_clean, bare_clean = [], []
+    kinds = ["runner", "bare", "loop", "inproc_bare"]
+    for rep in range(args.repeats):
+        for who in kinds if rep % 2 == 0 else kinds[::-1]:
+            loads.append(os.getloadavg()[0])
+            if who == "runner":
+                r = runner.run(w, config, steps=args.steps, warmup=args.warmup)
+                if not r.ok:  # a failed run is recorded and leaves a gap (NaN) in its pair
+                    failures.append(f"{r.failure_kind}: {r.reason}")
+                    runner_ms.append(float("nan"))
+                    runner_clean.append(float("nan"))
+                    fixed_s.append(float("nan"))
+                    continue
+                # per-step median, like the bare loop's (the Result's headline is a median of window means)
+                runner_ms.append(float(np.median(r.extra["step_times_ms"])))
+                runner_clean.append(clean_ms(r.extra["step_times_ms"], r.extra["step_preempted"], w.batch_size))
+                fixed_s.append(r.wall_time_s - sum(r.extra["step_times_ms"]) / 1e3)
+            elif who == "bare":
+                bare = run_bare_process(name, args.steps, args.warmup, args.threads)
+                bare_ms.append(bare["median_ms"])
+                bare_clean.append(bare["clean_ms"])
+            elif who == "loop":
+                r = train_and_measure(w, config, steps=args.steps, warmup=args.warmup, eval_every=10**9,
+                                      versions_info={})
+                loop_ms.append(float(np.median(r.extra["step_times_ms"])))
+            else:
+                inproc_bare_ms.append(float(np.median(bare_loop(w, config, batches, args.warmup))))
+        if runner_ms and bare_ms:
+            print(f"  {name} repeat {rep}: runner {runner_ms[-1]:.2f} ms  bare process {bare_ms[-1]:.2f} ms  "
+                  f"| in-process: runner loop {loop_ms[-1]:.2f} ms  bare {inproc_bare_ms[-1]:.2f} ms  "
+                  f"load {loads[-1]:.1f}", flush=True)
+    row = {"runner_step_ms": runner_ms, "bare_step_ms": bare_ms, "inprocess_runner_loop_step_ms": loop_ms,
+           "inprocess_bare_step_ms": inproc_bare_ms, "runner_fixed_cost_s": fixed_s,
+           "runner_clean_step_ms": runner_clean, "bare_clean_step_ms": bare_clean,
+           "loadavg_1m": loads, "failures": failures}
+    if np.isfinite(runner_ms).any() and bare_ms:
+        _add_overheads(row)
+    return row
+
+
+def _add_overheads(row: dict) -> None:
+    """Add the paired overhead figures (medians, IQRs, the paired mean's 95% interval) to a measured row."""
+    runner_ms, bare_ms = row["runner_step_ms"], row["bare_step_ms"]
+    loop_ms, inproc_bare_ms = row["inprocess_runner_loop_step_ms"], row["inprocess_bare_step_ms"]
+    runner_clean, bare_clean = row["runner_clean_step_ms"], row["bare_clean_step_ms"]
+    rm, bm = float(np.nanmedian(runner_ms)), float(np.median(bare_ms))
+    lm, ibm = float(np.median(loop_ms)), float(np.median(inproc_bare_ms))
+    # paired: each repeat's runner and bare runs are back to back, so load drift cancels
+    paired = 100 * (np.asarray(runner_ms) / np.asarray(bare_ms) - 1)
+    paired_in = 100 * (np.asarray(loop_ms) / np.asarray(inproc_bare_ms) - 1)
+    overhead = float(np.nanmedian(paired))
+    paired_clean = 100 * (np.asarray(runner_clean) / np.asarray(bare_clean) - 1)
+    row.update(clean_overhead_pct=float(np.nanmedian(paired_clean)),
+               clean_overhead_pct_iqr=[float(np.nanpercentile(paired_clean, 25)),
+                                       float(np.nanpercentile(paired_clean, 75))])
+    # the second look at "within 5%": the paired figures' mean with its 95% interval (the one
+    # interval rule), so a median that lands under the bar by luck of 5 repeats is not called resolved
+    finite = [float(v) for v in paired if np.isfinite(v)]
+    mean, lo95, hi95 = mean_interval(finite)
+    row.update(overhead_pct_mean=mean, overhead_pct_ci95=[lo95, hi95],
+               overhead_pct_sd=float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan"))
+    row.update(runner_median_ms=rm, bare_median_ms=bm, overhead_pct=overhead,
+               overhead_pct_iqr=[float(np.nanpercentile(paired, 25)), float(np.nanpercentile(paired, 75))],
+               ratio_of_medians_pct=100 * (rm / bm - 1),
+               met_target=bool(overhead <= TARGET_PCT),
+               inprocess_loop_median_ms=lm, inprocess_bare_median_ms=ibm,
+               inprocess_overhead_pct=float(np.median(paired_in)),
+               inprocess_overhead_pct_iqr=[float(np.percentile(paired_in, 25)),
+                                           float(np.percentile(paired_in, 75))])
+
+
+def _print_table(rows: dict, args: argparse.Namespace) -> None:
+    """The summary table: per workload, runner and bare medians, the paired overhead and the fixed cost."""
     print(f"\nrunner overhead (MEASURED, CPU, {args.threads} thread(s), {args.repeats} interleaved repeats x "
           f"{args.steps} timed steps, batch from the workload)")
     print("overhead = median of paired per-repeat ratios [IQR]")
@@ -239,19 +244,23 @@ def main() -> None:
         print(f"{'':<14}unpreempted steps only (the runner's statistic, both sides): "
               f"{row['clean_overhead_pct']:+.1f}% [{clo:+.1f}, {chi:+.1f}]")
 
-    targets = overhead_targets(rows)
-    payload = {**ctx, "benchmark": NAME, "targets": targets, "target_overhead_pct": TARGET_PCT,
-               "settings": {k: v for k, v in vars(args).items()}, "workloads": rows,
-               "note": ("overhead_pct is the median over repeats of the paired ratio of per-step medians; the runner's fixed cost per run (child start-up, "
-                        "imports, model build, evaluations) is listed separately. The runner times the step through "
-                        "model(batch) and reads the loss back every few steps, outside the timed window; one timed "
-                        "step in five times the phases (cubic.runners.local.PHASE_EVERY) and is not in step_times_ms. "
-                        "clean_overhead_pct: the same pairs with the runner's statistic on both sides "
-                        "(cubic.core.train.window_stats: unpreempted steps after the warm-up transient), which a "
-                        "busy machine disturbs less")}
-    name_out = f"{NAME}_quick" if args.quick else NAME  # a smoke run never replaces the full result
-    path = write_result(name_out, payload)
 
+def _payload(ctx: dict, rows: dict, args: argparse.Namespace) -> dict:
+    """The result file's content: run context, targets, settings, per-workload rows and the note."""
+    targets = overhead_targets(rows)
+    return {**ctx, "benchmark": NAME, "targets": targets, "target_overhead_pct": TARGET_PCT,
+            "settings": {k: v for k, v in vars(args).items()}, "workloads": rows,
+            "note": ("overhead_pct is the median over repeats of the paired ratio of per-step medians; the runner's fixed cost per run (child start-up, "
+                     "imports, model build, evaluations) is listed separately. The runner times the step through "
+                     "model(batch) and reads the loss back every few steps, outside the timed window; one timed "
+                     "step in five times the phases (cubic.runners.local.PHASE_EVERY) and is not in step_times_ms. "
+                     "clean_overhead_pct: the same pairs with the runner's statistic on both sides "
+                     "(cubic.core.train.window_stats: unpreempted steps after the warm-up transient), which a "
+                     "busy machine disturbs less")}
+
+
+def _plot(rows: dict, args: argparse.Namespace, name_out: str) -> None:
+    """The bar chart of median step times (whiskers min-max) with each workload's overheads, to the PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -283,6 +292,28 @@ def main() -> None:
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(png_path(name_out), dpi=120)
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.bare_child:
+        return bare_child(args.bare_child, args.steps, args.warmup, args.threads)
+    if args.quick:
+        args.repeats, args.steps, args.warmup = 1, 4, 1
+    torch.set_num_threads(args.threads)
+    ctx = run_context("measured")
+    config = Config()
+    runner = LocalRunner(timeout_s=1800, threads=args.threads, eval_every=10**9)
+    rows = {}
+    for name in args.workloads.split(","):
+        w = config.apply(DEFAULT_WORKLOADS[name])
+        rows[name] = _measure_workload(name, w, config, runner, args)
+
+    _print_table(rows, args)
+    payload = _payload(ctx, rows, args)
+    name_out = f"{NAME}_quick" if args.quick else NAME  # a smoke run never replaces the full result
+    path = write_result(name_out, payload)
+    _plot(rows, args, name_out)
     print(f"wrote {path} and {png_path(name_out)}")
 
 

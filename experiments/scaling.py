@@ -134,32 +134,27 @@ def plot(rows: list[dict], sensitivity: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line: --quick and --no-cpu."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer scales and group sizes, short CPU runs")
     ap.add_argument("--no-cpu", action="store_true", help="skip the measured CPU calibration section")
-    args = ap.parse_args()
-    ctx = run_context("mixed")
-    t0 = time.time()
-    workload = DEFAULT_WORKLOADS["wukong-large"]
-    cluster = CLUSTERS["h100"]
-    gpus = [8, 64, 512, 4096] if args.quick else [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-    groups = [16, 32] if args.quick else [8, 16, 32, 64]
-    config = Config(kernels={"dense_dtype": "bf16"})
-    params = StepModelParams()  # 2D replicas: TorchRec DMPCollection-style weight averaging every 100 steps
-    rows = scaling_sweep(workload, cluster, gpus, groups, config, params)
-    # sensitivity: exact per-step synchronisation of the touched rows' gradients across replicas
-    grads = StepModelParams(emb_sync="gradients")
-    sens_g = 32
+    return ap.parse_args()
+
+
+def _sensitivity_sweep(workload, cluster, gpus, sens_g, config, grads, rows: list[dict]) -> list[dict]:
+    """The 2D sweep with per-step gradient sync, its efficiency against the main sweep's reference."""
     sensitivity = [r for r in scaling_sweep(workload, cluster, gpus, [sens_g], config, grads, include_full=False)]
     ok_ref = next((r for r in rows if r.get("scaling_efficiency") == 1.0), None)
     if ok_ref:  # express the sensitivity line against the same reference
         for r in sensitivity:
             if r["status"] == "ok":
                 r["scaling_efficiency"] = r["examples_per_s_per_gpu"] / ok_ref["examples_per_s_per_gpu"]
+    return sensitivity
 
-    w_hi = max(gpus)
-    w_lo = w_hi // SPAN
+
+def _claim(rows: list[dict], sensitivity: list[dict], w_lo: int, w_hi: int, sens_g: int):
+    """The near-linear scaling claim and its verdict, with the per-strategy throughput kept."""
     twod = sorted({r["strategy"] for r in rows if r["strategy"] != "full"})
     kept = {s: retained(rows, s, w_lo, w_hi) for s in ["full", *twod]}
     kept_64 = {s: retained(rows, s, 64, w_hi) for s in ["full", *twod]}
@@ -175,15 +170,97 @@ def main() -> None:
         "kept_with_per_step_gradient_sync": retained(sensitivity, f"2d-g{sens_g}", w_lo, w_hi),
         "efficiency_at_max": {r["strategy"]: r.get("scaling_efficiency") for r in rows if r["gpus"] == w_hi},
     }
+    return claim, kept, kept_64, best_2d
+
+
+def _assumed_quality(workload, sens_g: int, w_hi: int, params, grads) -> dict:
+    """The NE cost each sync scheme is assumed to carry, from the packaged measured table."""
     # what quality the throughput comparison assumes: the NE cost of each 2D sync vs full sharding, from
     # the packaged MEASURED table (cost_models/data/two_d_quality.json) -- the step model itself trains nothing
     opt = workload.optimizers.embedding
-    quality = {
+    return {
         f"2D, weight averaging every {params.emb_sync_interval} steps (the sweep)":
             assumed_quality(opt, sens_g, w_hi, params),
         "2D, per-step gradient sync (sensitivity)": assumed_quality(opt, sens_g, w_hi, grads),
         "full sharding": assumed_quality(opt, w_hi, w_hi, params),
     }
+
+
+def _targets(kept: dict, best_2d, w_lo: int, w_hi: int) -> dict:
+    """The claim's two halves as targets."""
+    # the claim's two halves as targets (SIMULATED: the step model's verdict, not a measurement)
+    return {
+        f"best 2D keeps >= {NEAR_LINEAR:.0%} per-GPU throughput {w_lo}->{w_hi} GPUs (SIMULATED)": {
+            "measured": kept.get(best_2d) if best_2d else None, "target": NEAR_LINEAR,
+            "met": bool(best_2d and kept[best_2d] >= NEAR_LINEAR), "strategy": best_2d,
+            **({} if best_2d and kept[best_2d] >= NEAR_LINEAR else {
+                "reason": f"no 2D strategy the model was given keeps {NEAR_LINEAR:.0%}: {kept}"})},
+        f"full sharding keeps < {NEAR_LINEAR:.0%} {w_lo}->{w_hi} GPUs (SIMULATED)": {
+            "measured": kept["full"], "target": NEAR_LINEAR, "met": bool((kept["full"] or 0) < NEAR_LINEAR),
+            **({} if (kept["full"] or 0) < NEAR_LINEAR else {
+                "reason": "the step model scales full sharding near-linearly here: 2D is not needed on this "
+                          "cluster model"})},
+    }
+
+
+def _print_rows(workload, cluster, rows: list[dict], sensitivity: list[dict]) -> None:
+    """The sweep's table and the sensitivity rows."""
+    print(f"SIMULATED weak scaling of {workload.name} on {cluster.name} (batch {workload.batch_size}/GPU)")
+    print(f"{'GPUs':>5} {'strategy':<9} {'step ms':>8} {'Mexamples/s':>12} {'per GPU':>8} {'eff':>5}  dominant phase")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['gpus']:>5} {r['strategy']:<9} {r['status'].upper():>8}  {r.get('reason', '')[:90]}")
+            continue
+        print(f"{r['gpus']:>5} {r['strategy']:<9} {r['step_ms']:8.1f} {r['examples_per_s'] / 1e6:12.2f} "
+              f"{r['examples_per_s_per_gpu']:8.0f} {r['scaling_efficiency']:5.2f}  {r['dominant_phase']}")
+    print("sensitivity (SIMULATED), 2D with exact per-step gradient sync of touched rows:")
+    for r in sensitivity:
+        if r["status"] == "ok":
+            print(f"{r['gpus']:>5} {r['strategy']:<9} {r['step_ms']:8.1f} eff {r['scaling_efficiency']:.2f}  "
+                  f"{r['dominant_phase']}")
+
+
+def _print_verdicts(claim: dict, kept: dict, kept_64: dict, sens_g: int, quality: dict, cpu: dict,
+                    t0: float) -> None:
+    """The claim's verdict, the assumed NE costs, the CPU calibration and the run time."""
+    print(f"claim: {claim['statement']} -> {'HOLDS' if claim['holds'] else 'DOES NOT HOLD'} "
+          f"({claim['criterion']}; kept: " + ", ".join(f"{k} {v:.2f}" for k, v in kept.items() if v is not None)
+          + f"; with per-step gradient sync 2d-g{sens_g} keeps {claim['kept_with_per_step_gradient_sync']:.2f})")
+    for what, q in quality.items():
+        cost = "unknown" if q["ne_cost_rel"] is None else f"{100 * q['ne_cost_rel']:+.3f}%"
+        print(f"assumed NE cost, {what}: {cost} ({q['kind']}: {q['source']})")
+    print("kept from 64 GPUs: " + ", ".join(f"{k} {v:.2f}" for k, v in kept_64.items() if v is not None)
+          + "; efficiency at max scale: " + ", ".join(f"{k} {v:.2f}" for k, v in claim["efficiency_at_max"].items()
+                                                     if v is not None))
+    if cpu.get("status") == "ok":
+        print(f"CPU calibration (MEASURED vs MODELLED): MAPE train {cpu['mape_train_before_pct']:.1f}% -> "
+              f"{cpu['mape_train_after_pct']:.1f}%, held-out {cpu['mape_heldout_after_pct']:.1f}%; "
+              f"factors {cpu['factors']}")
+    else:
+        print(f"CPU calibration: {cpu['status']} ({cpu.get('reason', '')})")
+    print(f"wrote results/{NAME}.json and results/{NAME}.png in {time.time() - t0:.0f} s")
+
+
+def main() -> None:
+    args = _parse_args()
+    ctx = run_context("mixed")
+    t0 = time.time()
+    workload = DEFAULT_WORKLOADS["wukong-large"]
+    cluster = CLUSTERS["h100"]
+    gpus = [8, 64, 512, 4096] if args.quick else [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    groups = [16, 32] if args.quick else [8, 16, 32, 64]
+    config = Config(kernels={"dense_dtype": "bf16"})
+    params = StepModelParams()  # 2D replicas: TorchRec DMPCollection-style weight averaging every 100 steps
+    rows = scaling_sweep(workload, cluster, gpus, groups, config, params)
+    # sensitivity: exact per-step synchronisation of the touched rows' gradients across replicas
+    grads = StepModelParams(emb_sync="gradients")
+    sens_g = 32
+    sensitivity = _sensitivity_sweep(workload, cluster, gpus, sens_g, config, grads, rows)
+
+    w_hi = max(gpus)
+    w_lo = w_hi // SPAN
+    claim, kept, kept_64, best_2d = _claim(rows, sensitivity, w_lo, w_hi, sens_g)
+    quality = _assumed_quality(workload, sens_g, w_hi, params, grads)
     claim["assumed_ne_cost_of_best_2d"] = quality[next(iter(quality))]
     dominant = {f"{r['strategy']}@{r['gpus']}": r.get("dominant_phase") or r["status"] for r in rows}
     cpu = {"status": "skipped", "reason": "--no-cpu"} if args.no_cpu else cpu_calibration(args.quick)
@@ -202,54 +279,15 @@ def main() -> None:
         "dominant_phase": dominant,
         "assumed_quality": quality,
         "claim": claim,
-        # the claim's two halves as targets (SIMULATED: the step model's verdict, not a measurement)
-        "targets": {
-            f"best 2D keeps >= {NEAR_LINEAR:.0%} per-GPU throughput {w_lo}->{w_hi} GPUs (SIMULATED)": {
-                "measured": kept.get(best_2d) if best_2d else None, "target": NEAR_LINEAR,
-                "met": bool(best_2d and kept[best_2d] >= NEAR_LINEAR), "strategy": best_2d,
-                **({} if best_2d and kept[best_2d] >= NEAR_LINEAR else {
-                    "reason": f"no 2D strategy the model was given keeps {NEAR_LINEAR:.0%}: {kept}"})},
-            f"full sharding keeps < {NEAR_LINEAR:.0%} {w_lo}->{w_hi} GPUs (SIMULATED)": {
-                "measured": kept["full"], "target": NEAR_LINEAR, "met": bool((kept["full"] or 0) < NEAR_LINEAR),
-                **({} if (kept["full"] or 0) < NEAR_LINEAR else {
-                    "reason": "the step model scales full sharding near-linearly here: 2D is not needed on this "
-                              "cluster model"})},
-        },
+        "targets": _targets(kept, best_2d, w_lo, w_hi),
         "cpu_calibration": cpu,
         "runtime_s": time.time() - t0,
     }
     write_result(NAME, payload)
     plot(rows, sensitivity, png_path(NAME))
 
-    print(f"SIMULATED weak scaling of {workload.name} on {cluster.name} (batch {workload.batch_size}/GPU)")
-    print(f"{'GPUs':>5} {'strategy':<9} {'step ms':>8} {'Mexamples/s':>12} {'per GPU':>8} {'eff':>5}  dominant phase")
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['gpus']:>5} {r['strategy']:<9} {r['status'].upper():>8}  {r.get('reason', '')[:90]}")
-            continue
-        print(f"{r['gpus']:>5} {r['strategy']:<9} {r['step_ms']:8.1f} {r['examples_per_s'] / 1e6:12.2f} "
-              f"{r['examples_per_s_per_gpu']:8.0f} {r['scaling_efficiency']:5.2f}  {r['dominant_phase']}")
-    print("sensitivity (SIMULATED), 2D with exact per-step gradient sync of touched rows:")
-    for r in sensitivity:
-        if r["status"] == "ok":
-            print(f"{r['gpus']:>5} {r['strategy']:<9} {r['step_ms']:8.1f} eff {r['scaling_efficiency']:.2f}  "
-                  f"{r['dominant_phase']}")
-    print(f"claim: {claim['statement']} -> {'HOLDS' if claim['holds'] else 'DOES NOT HOLD'} "
-          f"({claim['criterion']}; kept: " + ", ".join(f"{k} {v:.2f}" for k, v in kept.items() if v is not None)
-          + f"; with per-step gradient sync 2d-g{sens_g} keeps {claim['kept_with_per_step_gradient_sync']:.2f})")
-    for what, q in quality.items():
-        cost = "unknown" if q["ne_cost_rel"] is None else f"{100 * q['ne_cost_rel']:+.3f}%"
-        print(f"assumed NE cost, {what}: {cost} ({q['kind']}: {q['source']})")
-    print("kept from 64 GPUs: " + ", ".join(f"{k} {v:.2f}" for k, v in kept_64.items() if v is not None)
-          + "; efficiency at max scale: " + ", ".join(f"{k} {v:.2f}" for k, v in claim["efficiency_at_max"].items()
-                                                     if v is not None))
-    if cpu.get("status") == "ok":
-        print(f"CPU calibration (MEASURED vs MODELLED): MAPE train {cpu['mape_train_before_pct']:.1f}% -> "
-              f"{cpu['mape_train_after_pct']:.1f}%, held-out {cpu['mape_heldout_after_pct']:.1f}%; "
-              f"factors {cpu['factors']}")
-    else:
-        print(f"CPU calibration: {cpu['status']} ({cpu.get('reason', '')})")
-    print(f"wrote results/{NAME}.json and results/{NAME}.png in {time.time() - t0:.0f} s")
+    _print_rows(workload, cluster, rows, sensitivity)
+    _print_verdicts(claim, kept, kept_64, sens_g, quality, cpu, t0)
 
 
 if __name__ == "__main__":
