@@ -536,8 +536,7 @@ def hard_targets(name: str, r: dict) -> dict:
     return out
 
 
-def _parse_args() -> argparse.Namespace:
-    """The command line: which sections to run, the measured table's settings, the public and hard modes."""
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, small budgets")
     ap.add_argument("--measure-only", action="store_true", help="only fill the measured table")
@@ -572,32 +571,37 @@ def _parse_args() -> argparse.Namespace:
                     help="restrict the hard space's batch sizes (a smaller grid, e.g. to test the script)")
     ap.add_argument("--hard-timeout", type=float, default=60.0,
                     help="per-run timeout (s): a configuration slower than this is a timeout failure in the table")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.public:
+        from experiments._search_public import run_public
 
+        return run_public(args, log)
+    if args.hard:
+        return run_hard(args)
+    if args.replot or args.retarget:
+        import json
 
-def _replot_or_retarget(args) -> None:
-    """--replot / --retarget: redraw the PNG from the stored JSON, after recomputing its targets if asked."""
-    import json
+        name = "search_benchmark_quick" if args.quick else "search_benchmark"
+        from experiments.common import RESULTS
 
-    name = "search_benchmark_quick" if args.quick else "search_benchmark"
-    from experiments.common import RESULTS
+        stored = json.loads((RESULTS / f"{name}.json").read_text())
+        if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
+            stored["targets"] = targets(stored)
+            pub = (stored.get("public") or {}).get("problems") or {}
+            if pub and all(len(p["methods"]) == 4 for p in pub.values()):
+                from experiments._search_public import public_targets
 
-    stored = json.loads((RESULTS / f"{name}.json").read_text())
-    if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
-        stored["targets"] = targets(stored)
-        pub = (stored.get("public") or {}).get("problems") or {}
-        if pub and all(len(p["methods"]) == 4 for p in pub.values()):
-            from experiments._search_public import public_targets
-
-            stored["targets"].update(public_targets(pub, stored["public"]["budget"],
-                                                    stored["public"].get("overhead_200"),
-                                                    stored["public"].get("early_25")))
-        write_result(name, stored)
-    plot(stored, png_path(name))
-
-
-def _open_store_and_runner(args):
-    """The trial store of the real table and the LocalRunner that fills it."""
+                stored["targets"].update(public_targets(pub, stored["public"]["budget"],
+                                                        stored["public"].get("overhead_200"),
+                                                        stored["public"].get("early_25")))
+            write_result(name, stored)
+        plot(stored, png_path(name))
+        return
+    seeds = list(range(min(2, args.seeds) if args.quick else args.seeds))
+    if args.real_workloads is None:
+        args.real_workloads = [] if args.quick else ["dlrm-small"]
+    n_inner = 64 if args.quick else 128
+    ctx_run = run_context("mixed")
     from cubic.runners.local import LocalRunner
     from cubic.core.store import TrialStore
 
@@ -605,25 +609,18 @@ def _open_store_and_runner(args):
     store = TrialStore(f"sqlite:///{args.store or STORE_PATH}")
     # evaluated once, at the end, as measurement_noise runs: so its pass stores can serve this table
     runner = LocalRunner(timeout_s=600.0, device="cpu", threads=1, eval_every=args.steps + args.warmup)
-    return store, runner
+    results = {"context": ctx_run, "target_fraction": TARGET, "seeds": seeds, "spaces": {},
+               "method_note": ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
+                               "CV Kendall tau) learns the residual of the analytical step model's prediction "
+                               "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
+                               "the first round is half the prior's best predictions and half random, then "
+                               "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
+                               "cubic-noprior = the same loop without the prior (ablation); "
+                               "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
+                               "random = uniform without repeats. A seed that never reaches the target "
+                               "counts as budget+1 in the means (a lower bound).")}
 
-
-def _new_results(ctx_run: dict, seeds: list[int]) -> dict:
-    """The results document before any space is run: context, target, seeds and the methods' note."""
-    return {"context": ctx_run, "target_fraction": TARGET, "seeds": seeds, "spaces": {},
-            "method_note": ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
-                            "CV Kendall tau) learns the residual of the analytical step model's prediction "
-                            "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
-                            "the first round is half the prior's best predictions and half random, then "
-                            "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
-                            "cubic-noprior = the same loop without the prior (ablation); "
-                            "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
-                            "random = uniform without repeats. A seed that never reaches the target "
-                            "counts as budget+1 in the means (a lower bound).")}
-
-
-def _run_real_spaces(args, store, runner, seeds, n_inner, results: dict) -> None:
-    """Section 1, the real CPU spaces: each measured once per config, replayed per method x seed."""
+    # 1. real CPU space: measured once per config, replayed per method x seed
     base = load_space()
     for wname in args.real_workloads:
         wl = DEFAULT_WORKLOADS[wname]
@@ -635,49 +632,39 @@ def _run_real_spaces(args, store, runner, seeds, n_inner, results: dict) -> None
             table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=args.passes)
         if args.measure_only:
             continue
-        results["spaces"][f"real:{wname}"] = _compare_real(args, wname, space, table, seeds, n_inner)
+        context = {"workload": wname, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
+        feat = cubic_featurizer(space)
+        n = len(table)
+        r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
+                    n_inner=n_inner, label=wname)
+        r["kind"] = "measured (replayed from a table of real runs)"
+        spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
+        top2 = [e.metrics.get("top2_spread", 1.0) for e in table.values() if e.ok]
+        r["measurement"] = {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
+                            "steps": args.steps, "warmup": args.warmup, "passes": args.passes,
+                            "pooled_repeats": args.repeats or None, "store": str(args.store or STORE_PATH),
+                            "pass_spread_median": float(np.median(spreads)) if spreads else None,
+                            "pass_spread_max": float(max(spreads)) if spreads else None,
+                            "top2_spread_median": float(np.median(top2)) if top2 else None,
+                            "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
+                            "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
+                                            "while the machine was busy is up to 2-3x slower); top2_spread = "
+                                            "fastest/second fastest: how repeatable the kept value is"),
+                            "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
+                                                     "failure_kind": table[space.key(p)].failure_kind,
+                                                     "metrics": table[space.key(p)].metrics}
+                                      for p in space.enumerate()},
+                            "replay_note": ("each configuration was measured once (with --repeats: its pooled repeats); "
+                                            "every method x seed replays those measurements, so a 'real run' is a "
+                                            "look-up of a measured result")}
+        r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
+        r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
+                                 "(failed ones included in the 40) and scored on all the others")
+        results["spaces"][f"real:{wname}"] = r
+    if args.measure_only:
+        return
 
-
-def _compare_real(args, wname: str, space: Space, table: dict[str, Result], seeds, n_inner) -> dict:
-    """One real space's section: the methods replayed on its measured table, the measurement, the held-out tau."""
-    context = {"workload": wname, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
-    feat = cubic_featurizer(space)
-    n = len(table)
-    r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
-                n_inner=n_inner, label=wname)
-    r["kind"] = "measured (replayed from a table of real runs)"
-    r["measurement"] = _real_measurement(args, space, table)
-    r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
-    r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
-                             "(failed ones included in the 40) and scored on all the others")
-    return r
-
-
-def _real_measurement(args, space: Space, table: dict[str, Result]) -> dict:
-    """How a real table was measured: runner, steps, passes, pass spreads, test-retest tau and the table."""
-    spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
-    top2 = [e.metrics.get("top2_spread", 1.0) for e in table.values() if e.ok]
-    return {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
-            "steps": args.steps, "warmup": args.warmup, "passes": args.passes,
-            "pooled_repeats": args.repeats or None, "store": str(args.store or STORE_PATH),
-            "pass_spread_median": float(np.median(spreads)) if spreads else None,
-            "pass_spread_max": float(max(spreads)) if spreads else None,
-            "top2_spread_median": float(np.median(top2)) if top2 else None,
-            "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
-            "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
-                            "while the machine was busy is up to 2-3x slower); top2_spread = "
-                            "fastest/second fastest: how repeatable the kept value is"),
-            "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
-                                     "failure_kind": table[space.key(p)].failure_kind,
-                                     "metrics": table[space.key(p)].metrics}
-                      for p in space.enumerate()},
-            "replay_note": ("each configuration was measured once (with --repeats: its pooled repeats); "
-                            "every method x seed replays those measurements, so a 'real run' is a "
-                            "look-up of a measured result")}
-
-
-def _run_simulated_space(args, store, seeds, n_inner):
-    """Section 2, the simulated cluster space, exhaustively simulated: its table and the methods' section."""
+    # 2. simulated cluster space, exhaustively simulated
     from cubic.runners.sim import SimulatedRunner
 
     wl = DEFAULT_WORKLOADS["wukong-large"]
@@ -702,17 +689,11 @@ def _run_simulated_space(args, store, seeds, n_inner):
     r["table_summary"] = {"configs": len(table), "feasible": feasible,
                           "failed": {k: sum(1 for e in table.values() if e.failure_kind == k)
                                      for k in {e.failure_kind for e in table.values() if not e.ok}}}
-    return r, wl, space, table, feat, context, budget
+    results["spaces"]["sim:wukong-large@h100x64"] = r
 
-
-def _warm_start(r: dict, wl, space: Space, table: dict[str, Result], store, *, seeds, budget, feat, context,
-                n_inner) -> dict:
-    """Section 3, the simulated search warm-started from donor runs on another simulated cluster."""
-    # warm start: the same search on h100x64, learning first from 40 random runs made on another
+    # 3. warm start: the same search on h100x64, learning first from 40 random runs made on another
     # cluster (h100x128, SIMULATED); how many of this campaign's runs does that save?
     import optuna
-
-    from cubic.runners.sim import SimulatedRunner
 
     sim128 = SimulatedRunner.from_spec("h100x128", params=HIDDEN_CLUSTER)
     table128 = with_unmodelled(space, measure_table(space, wl, sim128, store, 50, 5), salt="h100x128")
@@ -730,13 +711,14 @@ def _warm_start(r: dict, wl, space: Space, table: dict[str, Result], store, *, s
         log(f"  sim cubic warm-started seed {seed}: runs to {TARGET:.0%} = {n}")
     ns_warm = [w["runs_to_target"] if w["reached"] else budget + 1 for w in warm_rows]
     cold = r["methods"]["cubic"]["mean_runs_to_target"]
-    return {"donor": "40 random runs of the same space on a simulated h100x128 cluster (SIMULATED)",
-            "per_seed": warm_rows, "mean_runs_to_target": float(np.mean(ns_warm)),
-            "cold_mean_runs_to_target": cold, "runs_saved": cold - float(np.mean(ns_warm))}
+    r["warm_start"] = {"donor": "40 random runs of the same space on a simulated h100x128 cluster (SIMULATED)",
+                       "per_seed": warm_rows, "mean_runs_to_target": float(np.mean(ns_warm)),
+                       "cold_mean_runs_to_target": cold, "runs_saved": cold - float(np.mean(ns_warm))}
 
+    # 4. the same simulated table under a binding memory limit
+    results["spaces"]["sim-memory-bound:wukong-large@h100x64"] = memory_bound(
+        space, table, seeds=seeds, budget=budget, featurize=feat, context=context, n_inner=n_inner)
 
-def _write_results(args, results: dict) -> None:
-    """The targets, the stored public section kept, the PNG and the JSON written."""
     results["targets"] = targets(results)
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
     from experiments._search_public import keep_public
@@ -745,10 +727,6 @@ def _write_results(args, results: dict) -> None:
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")
-
-
-def _print_summary(results: dict) -> None:
-    """One line per space (runs to target per method, held-out tau) and one per target."""
     for sname, s in results["spaces"].items():
         taus = [t["held_out_tau"] for t in s.get("holdout_tau", [])]
         print(f"{sname} [{s['kind']}]: best known {s['best_known']:,.0f} examples/s; runs to {TARGET:.0%}: "
@@ -758,45 +736,6 @@ def _print_summary(results: dict) -> None:
               + (f"; held-out tau {np.mean(taus):.3f}" if taus else ""))
     for what, t in results["targets"].items():
         print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
-
-
-def main() -> None:
-    args = _parse_args()
-    if args.public:
-        from experiments._search_public import run_public
-
-        return run_public(args, log)
-    if args.hard:
-        return run_hard(args)
-    if args.replot or args.retarget:
-        return _replot_or_retarget(args)
-    seeds = list(range(min(2, args.seeds) if args.quick else args.seeds))
-    if args.real_workloads is None:
-        args.real_workloads = [] if args.quick else ["dlrm-small"]
-    n_inner = 64 if args.quick else 128
-    ctx_run = run_context("mixed")
-    store, runner = _open_store_and_runner(args)
-    results = _new_results(ctx_run, seeds)
-
-    # 1. real CPU space: measured once per config, replayed per method x seed
-    _run_real_spaces(args, store, runner, seeds, n_inner, results)
-    if args.measure_only:
-        return
-
-    # 2. simulated cluster space, exhaustively simulated
-    r, wl, space, table, feat, context, budget = _run_simulated_space(args, store, seeds, n_inner)
-    results["spaces"]["sim:wukong-large@h100x64"] = r
-
-    # 3. warm start from another simulated cluster's runs
-    r["warm_start"] = _warm_start(r, wl, space, table, store, seeds=seeds, budget=budget, feat=feat,
-                                  context=context, n_inner=n_inner)
-
-    # 4. the same simulated table under a binding memory limit
-    results["spaces"]["sim-memory-bound:wukong-large@h100x64"] = memory_bound(
-        space, table, seeds=seeds, budget=budget, featurize=feat, context=context, n_inner=n_inner)
-
-    _write_results(args, results)
-    _print_summary(results)
 
 
 if __name__ == "__main__":
