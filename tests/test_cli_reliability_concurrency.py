@@ -39,6 +39,7 @@ def _check(out, budget, killed=False):
         assert out["retried_after_loss"] in (0, 1)
 
 
+@pytest.mark.slow  # ~33 s (a worker killed, a 5 s lease to expire); the fast suite has the PostgreSQL form
 def test_four_workers_share_one_sqlite_campaign(tmp_path):
     # the coordinating worker is SIGKILLed a third of the way in, a run in flight: another takes
     # the lease once it expires (5 s) and the lost run is retried after the heartbeat's grace period

@@ -282,6 +282,7 @@ def test_trial_store_and_campaign_storage_share_one_database_and_the_report_join
         winner_job_config(sp, load_meta(url, "one"), runs, store_url="nosuchdialect://x")
 
 
+@pytest.mark.slow  # ~16 s (three processes); the fast suite has test_cli_reliability_firststart's first opens
 def test_two_processes_opening_a_fresh_sqlite_storage_at_once_both_succeed(tmp_path):
     url = f"sqlite:///{tmp_path}/fresh.db"
     code = ("import sys; sys.path.insert(0, {root!r}); from cubic.codesign.campaign import Campaign;"
