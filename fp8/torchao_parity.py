@@ -93,18 +93,18 @@ def summation_bound(a: torch.Tensor, k: int) -> torch.Tensor:
 def compare(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], k: int | None = None) -> dict[str, Any]:
     """Per output: max |difference| and relative difference (``||a - b|| / ||a||``); bit-identical or not;
     with ``k`` (the GEMM's longest dimension), whether every element lies within :func:`summation_bound`."""
-    abs_, rel = {}, {}
+    abs_, rel, within = {}, {}, True
     for t in OUTPUTS:
         a, b = theirs[t].float(), ours[t].float()
-        abs_[t] = float((a - b).abs().max())
+        diff = (a - b).abs()
+        abs_[t] = float(diff.max())
         rel[t] = float((a - b).norm() / a.norm().clamp_min(1e-30))
+        if k is not None:
+            within &= theirs[t].dtype == ours[t].dtype and bool((diff <= summation_bound(theirs[t], k)).all())
     same = all(theirs[t].dtype == ours[t].dtype and torch.equal(theirs[t], ours[t]) for t in OUTPUTS)
     out = {"max_abs_diff": abs_, "rel_diff": rel, "bit_identical": same}
     if k is not None:
-        out["within_summation_bound"] = all(
-            theirs[t].dtype == ours[t].dtype
-            and bool(((theirs[t].float() - ours[t].float()).abs() <= summation_bound(theirs[t], k)).all())
-            for t in OUTPUTS)
+        out["within_summation_bound"] = within
     return out
 
 
