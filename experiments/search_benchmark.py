@@ -536,7 +536,7 @@ def hard_targets(name: str, r: dict) -> dict:
     return out
 
 
-def main() -> None:
+def _parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, small budgets")
     ap.add_argument("--measure-only", action="store_true", help="only fill the measured table")
@@ -571,100 +571,88 @@ def main() -> None:
                     help="restrict the hard space's batch sizes (a smaller grid, e.g. to test the script)")
     ap.add_argument("--hard-timeout", type=float, default=60.0,
                     help="per-run timeout (s): a configuration slower than this is a timeout failure in the table")
-    args = ap.parse_args()
-    if args.public:
-        from experiments._search_public import run_public
+    return ap.parse_args()
 
-        return run_public(args, log)
-    if args.hard:
-        return run_hard(args)
-    if args.replot or args.retarget:
-        import json
 
-        name = "search_benchmark_quick" if args.quick else "search_benchmark"
-        from experiments.common import RESULTS
+def _replot_or_retarget(args) -> None:
+    """``--replot`` / ``--retarget``: run nothing; redraw the PNG from the stored JSON, and with
+    ``--retarget`` recompute its targets (the public ones too) from its figures first."""
+    import json
 
-        stored = json.loads((RESULTS / f"{name}.json").read_text())
-        if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
-            stored["targets"] = targets(stored)
-            pub = (stored.get("public") or {}).get("problems") or {}
-            if pub and all(len(p["methods"]) == 4 for p in pub.values()):
-                from experiments._search_public import public_targets
+    name = "search_benchmark_quick" if args.quick else "search_benchmark"
+    from experiments.common import RESULTS
 
-                stored["targets"].update(public_targets(pub, stored["public"]["budget"],
-                                                        stored["public"].get("overhead_200"),
-                                                        stored["public"].get("early_25")))
-            write_result(name, stored)
-        plot(stored, png_path(name))
-        return
-    seeds = list(range(min(2, args.seeds) if args.quick else args.seeds))
-    if args.real_workloads is None:
-        args.real_workloads = [] if args.quick else ["dlrm-small"]
-    n_inner = 64 if args.quick else 128
-    ctx_run = run_context("mixed")
-    from cubic.runners.local import LocalRunner
-    from cubic.core.store import TrialStore
+    stored = json.loads((RESULTS / f"{name}.json").read_text())
+    if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
+        stored["targets"] = targets(stored)
+        pub = (stored.get("public") or {}).get("problems") or {}
+        if pub and all(len(p["methods"]) == 4 for p in pub.values()):
+            from experiments._search_public import public_targets
 
-    STORE_PATH.parent.mkdir(exist_ok=True)
-    store = TrialStore(f"sqlite:///{args.store or STORE_PATH}")
-    # evaluated once, at the end, as measurement_noise runs: so its pass stores can serve this table
-    runner = LocalRunner(timeout_s=600.0, device="cpu", threads=1, eval_every=args.steps + args.warmup)
-    results = {"context": ctx_run, "target_fraction": TARGET, "seeds": seeds, "spaces": {},
-               "method_note": ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
-                               "CV Kendall tau) learns the residual of the analytical step model's prediction "
-                               "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
-                               "the first round is half the prior's best predictions and half random, then "
-                               "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
-                               "cubic-noprior = the same loop without the prior (ablation); "
-                               "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
-                               "random = uniform without repeats. A seed that never reaches the target "
-                               "counts as budget+1 in the means (a lower bound).")}
+            stored["targets"].update(public_targets(pub, stored["public"]["budget"],
+                                                    stored["public"].get("overhead_200"),
+                                                    stored["public"].get("early_25")))
+        write_result(name, stored)
+    plot(stored, png_path(name))
 
-    # 1. real CPU space: measured once per config, replayed per method x seed
-    base = load_space()
-    for wname in args.real_workloads:
-        wl = DEFAULT_WORKLOADS[wname]
-        space = base.for_workload(wl, shape=True)  # the recorded experiment's space: shape knobs included
-        log(f"measuring {wname}: {len(space.enumerate())} configs x {args.steps} steps (1 thread)")
-        if args.repeats:
-            table = measure_pooled(space, wl, runner, store, args.steps, args.warmup, args.repeats)
-        else:
-            table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=args.passes)
-        if args.measure_only:
-            continue
-        context = {"workload": wname, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
-        feat = cubic_featurizer(space)
-        n = len(table)
-        r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
-                    n_inner=n_inner, label=wname)
-        r["kind"] = "measured (replayed from a table of real runs)"
-        spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
-        top2 = [e.metrics.get("top2_spread", 1.0) for e in table.values() if e.ok]
-        r["measurement"] = {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
-                            "steps": args.steps, "warmup": args.warmup, "passes": args.passes,
-                            "pooled_repeats": args.repeats or None, "store": str(args.store or STORE_PATH),
-                            "pass_spread_median": float(np.median(spreads)) if spreads else None,
-                            "pass_spread_max": float(max(spreads)) if spreads else None,
-                            "top2_spread_median": float(np.median(top2)) if top2 else None,
-                            "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
-                            "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
-                                            "while the machine was busy is up to 2-3x slower); top2_spread = "
-                                            "fastest/second fastest: how repeatable the kept value is"),
-                            "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
-                                                     "failure_kind": table[space.key(p)].failure_kind,
-                                                     "metrics": table[space.key(p)].metrics}
-                                      for p in space.enumerate()},
-                            "replay_note": ("each configuration was measured once (with --repeats: its pooled repeats); "
-                                            "every method x seed replays those measurements, so a 'real run' is a "
-                                            "look-up of a measured result")}
-        r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
-        r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
-                                 "(failed ones included in the 40) and scored on all the others")
-        results["spaces"][f"real:{wname}"] = r
+
+METHOD_NOTE = ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
+               "CV Kendall tau) learns the residual of the analytical step model's prediction "
+               "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
+               "the first round is half the prior's best predictions and half random, then "
+               "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
+               "cubic-noprior = the same loop without the prior (ablation); "
+               "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "
+               "random = uniform without repeats. A seed that never reaches the target "
+               "counts as budget+1 in the means (a lower bound).")
+
+
+def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: int) -> dict | None:
+    """Section 1 for one real CPU workload: measure its table (or fill it only, with
+    ``--measure-only``: None), then replay the methods and score the proxy on held-out points."""
+    wl = DEFAULT_WORKLOADS[wname]
+    space = base.for_workload(wl, shape=True)  # the recorded experiment's space: shape knobs included
+    log(f"measuring {wname}: {len(space.enumerate())} configs x {args.steps} steps (1 thread)")
+    if args.repeats:
+        table = measure_pooled(space, wl, runner, store, args.steps, args.warmup, args.repeats)
+    else:
+        table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=args.passes)
     if args.measure_only:
-        return
+        return None
+    context = {"workload": wname, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
+    feat = cubic_featurizer(space)
+    n = len(table)
+    r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
+                n_inner=n_inner, label=wname)
+    r["kind"] = "measured (replayed from a table of real runs)"
+    spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
+    top2 = [e.metrics.get("top2_spread", 1.0) for e in table.values() if e.ok]
+    r["measurement"] = {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
+                        "steps": args.steps, "warmup": args.warmup, "passes": args.passes,
+                        "pooled_repeats": args.repeats or None, "store": str(args.store or STORE_PATH),
+                        "pass_spread_median": float(np.median(spreads)) if spreads else None,
+                        "pass_spread_max": float(max(spreads)) if spreads else None,
+                        "top2_spread_median": float(np.median(top2)) if top2 else None,
+                        "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
+                        "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
+                                        "while the machine was busy is up to 2-3x slower); top2_spread = "
+                                        "fastest/second fastest: how repeatable the kept value is"),
+                        "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
+                                                 "failure_kind": table[space.key(p)].failure_kind,
+                                                 "metrics": table[space.key(p)].metrics}
+                                  for p in space.enumerate()},
+                        "replay_note": ("each configuration was measured once (with --repeats: its pooled repeats); "
+                                        "every method x seed replays those measurements, so a 'real run' is a "
+                                        "look-up of a measured result")}
+    r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
+    r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
+                             "(failed ones included in the 40) and scored on all the others")
+    return r
 
-    # 2. simulated cluster space, exhaustively simulated
+
+def _simulated_space(store, seeds, budget: int, n_inner: int):
+    """Section 2: wukong-large on the simulated h100x64 cluster, every configuration simulated
+    (that defines the best known); returns the section and what sections 3 and 4 reuse."""
     from cubic.runners.sim import SimulatedRunner
 
     wl = DEFAULT_WORKLOADS["wukong-large"]
@@ -674,7 +662,6 @@ def main() -> None:
     table = with_unmodelled(space, measure_table(space, wl, sim, store, 50, 5))
     context = {"workload": "wukong-large", "runner": {"kind": "simulated", "simulate": "h100x64"}}
     feat = cubic_featurizer(space)
-    budget = 40 if args.quick else 80
     r = compare(space, table, seeds=seeds, budget=budget, k=4, featurize=feat, context=context, n_inner=n_inner,
                 label="sim")
     r["kind"] = ("SIMULATED (cubic.runners.sim step model with hidden efficiencies and unmodelled per-config effects; "
@@ -689,12 +676,17 @@ def main() -> None:
     r["table_summary"] = {"configs": len(table), "feasible": feasible,
                           "failed": {k: sum(1 for e in table.values() if e.failure_kind == k)
                                      for k in {e.failure_kind for e in table.values() if not e.ok}}}
-    results["spaces"]["sim:wukong-large@h100x64"] = r
+    return r, space, table, feat, context
 
-    # 3. warm start: the same search on h100x64, learning first from 40 random runs made on another
-    # cluster (h100x128, SIMULATED); how many of this campaign's runs does that save?
+
+def _warm_start(r: dict, space: Space, table, store, seeds, budget: int, feat, context, n_inner: int) -> dict:
+    """Section 3: the same search on h100x64, learning first from 40 random runs made on another
+    cluster (h100x128, SIMULATED); how many of this campaign's runs does that save?"""
     import optuna
 
+    from cubic.runners.sim import SimulatedRunner
+
+    wl = DEFAULT_WORKLOADS["wukong-large"]
     sim128 = SimulatedRunner.from_spec("h100x128", params=HIDDEN_CLUSTER)
     table128 = with_unmodelled(space, measure_table(space, wl, sim128, store, 50, 5), salt="h100x128")
     warm_rows = []
@@ -711,9 +703,62 @@ def main() -> None:
         log(f"  sim cubic warm-started seed {seed}: runs to {TARGET:.0%} = {n}")
     ns_warm = [w["runs_to_target"] if w["reached"] else budget + 1 for w in warm_rows]
     cold = r["methods"]["cubic"]["mean_runs_to_target"]
-    r["warm_start"] = {"donor": "40 random runs of the same space on a simulated h100x128 cluster (SIMULATED)",
-                       "per_seed": warm_rows, "mean_runs_to_target": float(np.mean(ns_warm)),
-                       "cold_mean_runs_to_target": cold, "runs_saved": cold - float(np.mean(ns_warm))}
+    return {"donor": "40 random runs of the same space on a simulated h100x128 cluster (SIMULATED)",
+            "per_seed": warm_rows, "mean_runs_to_target": float(np.mean(ns_warm)),
+            "cold_mean_runs_to_target": cold, "runs_saved": cold - float(np.mean(ns_warm))}
+
+
+def _print_summary(results: dict) -> None:
+    for sname, s in results["spaces"].items():
+        taus = [t["held_out_tau"] for t in s.get("holdout_tau", [])]
+        print(f"{sname} [{s['kind']}]: best known {s['best_known']:,.0f} examples/s; runs to {TARGET:.0%}: "
+              + ", ".join(f"{m} {v['mean_runs_to_target']:.1f} (reached {v['reached']}/{v['seeds']})"
+                          for m, v in s["methods"].items())
+              + f"; cubic/tpe = {s['cubic_over_tpe_runs']:.2f}"
+              + (f"; held-out tau {np.mean(taus):.3f}" if taus else ""))
+    for what, t in results["targets"].items():
+        print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.public:
+        from experiments._search_public import run_public
+
+        return run_public(args, log)
+    if args.hard:
+        return run_hard(args)
+    if args.replot or args.retarget:
+        return _replot_or_retarget(args)
+    seeds = list(range(min(2, args.seeds) if args.quick else args.seeds))
+    if args.real_workloads is None:
+        args.real_workloads = [] if args.quick else ["dlrm-small"]
+    n_inner = 64 if args.quick else 128
+    ctx_run = run_context("mixed")
+    from cubic.runners.local import LocalRunner
+    from cubic.core.store import TrialStore
+
+    STORE_PATH.parent.mkdir(exist_ok=True)
+    store = TrialStore(f"sqlite:///{args.store or STORE_PATH}")
+    # evaluated once, at the end, as measurement_noise runs: so its pass stores can serve this table
+    runner = LocalRunner(timeout_s=600.0, device="cpu", threads=1, eval_every=args.steps + args.warmup)
+    results = {"context": ctx_run, "target_fraction": TARGET, "seeds": seeds, "spaces": {},
+               "method_note": METHOD_NOTE}
+
+    # 1. real CPU space: measured once per config, replayed per method x seed
+    base = load_space()
+    for wname in args.real_workloads:
+        r = _real_space(args, wname, base, runner, store, seeds, n_inner)
+        if r is not None:
+            results["spaces"][f"real:{wname}"] = r
+    if args.measure_only:
+        return
+
+    # 2. simulated cluster space, exhaustively simulated; 3. warm-started from another cluster
+    budget = 40 if args.quick else 80
+    r, space, table, feat, context = _simulated_space(store, seeds, budget, n_inner)
+    results["spaces"]["sim:wukong-large@h100x64"] = r
+    r["warm_start"] = _warm_start(r, space, table, store, seeds, budget, feat, context, n_inner)
 
     # 4. the same simulated table under a binding memory limit
     results["spaces"]["sim-memory-bound:wukong-large@h100x64"] = memory_bound(
@@ -727,15 +772,7 @@ def main() -> None:
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")
-    for sname, s in results["spaces"].items():
-        taus = [t["held_out_tau"] for t in s.get("holdout_tau", [])]
-        print(f"{sname} [{s['kind']}]: best known {s['best_known']:,.0f} examples/s; runs to {TARGET:.0%}: "
-              + ", ".join(f"{m} {v['mean_runs_to_target']:.1f} (reached {v['reached']}/{v['seeds']})"
-                          for m, v in s["methods"].items())
-              + f"; cubic/tpe = {s['cubic_over_tpe_runs']:.2f}"
-              + (f"; held-out tau {np.mean(taus):.3f}" if taus else ""))
-    for what, t in results["targets"].items():
-        print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+    _print_summary(results)
 
 
 if __name__ == "__main__":
