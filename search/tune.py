@@ -116,26 +116,22 @@ class CubicSearcher(Searcher):
         else:
             self._study.tell(t, float(result[self._metric]))
 
-    def save(self, checkpoint_path: str) -> None:
+    def _doc(self) -> dict[str, Any]:
         from optuna.distributions import distribution_to_json
 
         finished = [t for t in self._study.get_trials(deepcopy=True)
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)] if self._study else []
-        doc = {"version": 2, "metric": self._metric, "mode": self._mode, "seed": self._seed,
-               "batch_size": self._batch_size, "max_t": self._max_t,
-               "dists": {k: distribution_to_json(d) for k, d in (self._dists or {}).items()},
-               "trials": [{"state": t.state.name, "value": t.value, "params": t.params,
-                           "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
-                           "intermediate_values": {str(k): v for k, v in t.intermediate_values.items()},
-                           "user_attrs": t.user_attrs, "system_attrs": t.system_attrs} for t in finished]}
-        with open(checkpoint_path, "w") as f:
-            json.dump(doc, f)
+        return {"version": 2, "metric": self._metric, "mode": self._mode, "seed": self._seed,
+                "batch_size": self._batch_size, "max_t": self._max_t,
+                "dists": {k: distribution_to_json(d) for k, d in (self._dists or {}).items()},
+                "trials": [{"state": t.state.name, "value": t.value, "params": t.params,
+                            "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
+                            "intermediate_values": {str(k): v for k, v in t.intermediate_values.items()},
+                            "user_attrs": t.user_attrs, "system_attrs": t.system_attrs} for t in finished]}
 
-    def restore(self, checkpoint_path: str) -> None:
+    def _load(self, s: dict[str, Any]) -> None:
         from optuna.distributions import json_to_distribution
 
-        with open(checkpoint_path) as f:
-            s = json.load(f)
         self._dists = {k: json_to_distribution(d) for k, d in s["dists"].items()} or None
         self._metric, self._mode = s["metric"], s["mode"]
         self._seed, self._batch_size, self._max_t = s["seed"], s["batch_size"], s["max_t"]
@@ -145,3 +141,25 @@ class CubicSearcher(Searcher):
             distributions={k: json_to_distribution(d) for k, d in t["distributions"].items()},
             intermediate_values={int(k): v for k, v in t["intermediate_values"].items()},
             user_attrs=t["user_attrs"], system_attrs=t["system_attrs"]) for t in s["trials"]])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as f:
+            json.dump(self._doc(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path) as f:
+            self._load(json.load(f))
+
+    # Tune pickles its TuneConfig (this searcher in it) when a Tuner is built, and an Optuna study
+    # holds locks: the pickled form carries the checkpoint's document (finished trials) instead
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_study", "_live")}
+        state["_checkpoint"] = self._doc() if self._study is not None else None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        doc = state.pop("_checkpoint")
+        self.__dict__.update(state)
+        self._live, self._study = {}, None  # not set up yet: set_search_properties will
+        if doc is not None:
+            self._load(doc)

@@ -43,6 +43,24 @@ def test_suggest_complete_save_restore(tmp_path):
     assert r.suggest("n") == s.suggest("n")
 
 
+def test_a_searcher_given_its_space_pickles_as_tune_does():
+    """Tuner(...) pickles its TuneConfig with the searcher in it: a searcher built with its space and
+    mode (its Optuna study already made, which holds locks) must pickle, before and after trials."""
+    import pickle
+
+    from ray import cloudpickle
+
+    s = CubicSearcher(SPACE, metric="loss", mode="min", seed=0, batch_size=2, max_t=MAX_T)
+    cloudpickle.dumps(s)  # what TunerInternal does; it raised "cannot pickle '_thread.lock' object"
+    for i in range(3):
+        cfg = s.suggest(f"t{i}")
+        s.on_trial_complete(f"t{i}", {"loss": curve(cfg, MAX_T), "training_iteration": MAX_T})
+    r = pickle.loads(pickle.dumps(s))
+    assert len(r.study.trials) == 3 and r.suggest("n") == s.suggest("n")  # the same state, the same next point
+    bare = pickle.loads(pickle.dumps(CubicSearcher(metric="loss", mode="min")))  # no space yet: Tune gives it
+    assert bare.study is None and bare.set_search_properties("loss", "min", SPACE) and bare.suggest("a")
+
+
 @pytest.mark.slow  # Ray Tune's Tuner end to end, ~25 s; the Searcher's suggest/save/restore has a fast test
 def test_tuner_fit_with_asha(tmp_path):
     import ray
