@@ -202,21 +202,23 @@ def overhead_curve(problem: str = "hartmann6", trials: int = 200, seed: int = 0)
             "per_quarter_s_per_trial": [float(np.mean(q)) for q in np.array_split(np.asarray(per), 4)]}
 
 
-def keep_public(results: dict, name: str) -> None:
-    """A full run keeps the stored --public section and its targets: they come from their own
-    invocation, whose context (code version, load) the section carries."""
+def keep_public(results: dict, name: str, sections: dict[str, str]) -> None:
+    """A full run keeps the stored sections merged by their own invocations (``--public``,
+    ``--tune``, ``--early-stop``: ``sections`` maps each to its targets' prefix) and their targets:
+    each section carries its own context (code version, load)."""
     import json
 
     from experiments.common import RESULTS
 
     path = RESULTS / f"{name}.json"
     stored = json.loads(path.read_text()) if path.exists() else {}
-    if not stored.get("public"):
-        return
-    results["public"] = {**stored["public"], "stale_sections_note": (
-        "'public' is from its own --public invocation (its context above); the rest of this file from the full run "
-        "that finished at 'finished_at'")}
-    results["targets"].update({k: v for k, v in (stored.get("targets") or {}).items() if k.startswith("public:")})
+    for key, prefix in sections.items():
+        if not stored.get(key):
+            continue
+        results[key] = {**stored[key], "stale_sections_note": (
+            f"'{key}' is from its own invocation (its context above); the rest of this file from the full run "
+            "that finished at 'finished_at'")}
+        results["targets"].update({k: v for k, v in (stored.get("targets") or {}).items() if k.startswith(prefix)})
 
 
 def run_public(args, log=print) -> None:
@@ -283,9 +285,11 @@ def plot_public(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     pub = results["public"]["problems"]
+    tuned = (results.get("tune") or {}).get("problems") or {}
     fig, axes = plt.subplots(1, len(pub), figsize=(4.5 * len(pub), 3.8), squeeze=False)
     for ax, (name, r) in zip(axes[0], pub.items()):
-        for m, v in r["methods"].items():
+        lines = {**r["methods"], **({"cubic via Tuner.fit": tuned[name]} if name in tuned else {})}
+        for m, v in lines.items():
             xs = [int(n) for n in v["median_regret"]]
             ax.plot(xs, list(v["median_regret"].values()), marker="o", label=m)
         ax.set_yscale("log")

@@ -22,6 +22,15 @@ vs random search, several seeds, side by side, on two spaces:
    cubic, TPE, random, cubic-noprior and CubicSampler through ``study.optimize`` replay the table
    (median runs to 98% over seeds). Logic: experiments/_search_tabular.py. A configuration slower
    than ``--hard-timeout`` is a timeout failure in the table (data, as in a campaign).
+5. **public problems** (MEASURED; ``--public``): regret at 25/50/100 evaluations through Optuna's
+   ``study.optimize`` (CubicSampler, TPE, GPSampler, random): experiments/_search_public.py.
+6. **Ray Tune** (MEASURED; ``--tune``): the same problems through ``Tuner.fit`` with CubicSearcher,
+   two trials at a time, against (5)'s CubicSampler and TPE: experiments/_search_tune.py.
+7. **early stopping** (MEASURED; ``--early-stop``): real ``cubic campaign run --objective`` campaigns
+   over a user script with intermediate lines, ``--prune none|median|halving``: the jobs' wall time
+   saved and the final quality it costs: experiments/_search_early_stop.py.
+   (5)-(7) are merged into the JSON by their own invocations, each with its own context; a full run
+   keeps them.
 
 ``targets`` in the JSON: each target, what it was measured as, and whether it is met. Today's
 figures (best-of-5 passes, 5 seeds) are the bar: no figure may be worse.
@@ -35,6 +44,9 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
     .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
                                                         # the hard space only (~60 runs x 2 passes)
+    .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
+    .venv/bin/python experiments/search_benchmark.py --tune     # after --public (its reference figures)
+    .venv/bin/python experiments/search_benchmark.py --early-stop
 """
 
 from __future__ import annotations
@@ -323,6 +335,21 @@ REGRESSION_WHY = {
 }
 
 
+def _pick_why(sp: dict) -> str:
+    """Where the step-model prior's first pick landed in a measured table, and whether the table's
+    own noise can tell it from the best (the kept pass against the best's slower pass)."""
+    pk = sp.get("prior_first_pick")
+    if not pk:
+        return ""
+    slow = pk.get("fraction_of_best_slower_pass", 0.0)
+    m = sp.get("measurement") or {}
+    return (f"the prior's first pick {pk['point']} measures {pk['fraction_of_best']:.3f} of the best by the kept "
+            f"(fastest of {m.get('passes')}) passes and {slow:.2f} against the best's slower pass"
+            + (f", so the two are within this table's pass-to-pass noise (median fastest/slowest pass "
+               f"{m.get('pass_spread_median', float('nan')):.2f}) and {TARGET:.0%} asks for an order the "
+               "measurements do not give; " if slow >= TARGET else ": measurably slower than the best; "))
+
+
 def targets(results: dict) -> dict:
     """Each target: what it asks, what was measured, met or not."""
     out = {}
@@ -333,7 +360,7 @@ def targets(results: dict) -> dict:
         cm, tm = sp["methods"]["cubic"]["mean_runs_to_target"], sp["methods"]["tpe"]["mean_runs_to_target"]
         real = name.startswith("real")
         own_met = cm <= base["cubic"] + 1e-9
-        why = (REGRESSION_WHY.get(name) or "") + (
+        why = (REGRESSION_WHY.get(name) or "") + _pick_why(sp) + (
             f"cubic's mean runs to {TARGET:.0%} over the seeds were {cm:g} against TPE's {tm:g} ({base['tpe']} when "
             "the bar was set); the seeds' spread is in spaces[name].methods")
         out[f"{name}: cubic runs to {TARGET:.0%} <= {base['cubic']} (before)"] = {
@@ -562,6 +589,14 @@ def _parse_args():
     ap.add_argument("--public-early-seeds", type=int, default=0,
                     help="with --public: only the second look at 25 evaluations over this many seeds (CubicSampler "
                          "and TPE multivariate), merged into the stored 'public' section and its @25 target")
+    ap.add_argument("--tune", action="store_true",
+                    help="only the Ray Tune part: CubicSearcher through Tuner.fit on --public-problems (--seeds, "
+                         "--public-budget), merged into the JSON beside the stored --public section it is set against")
+    ap.add_argument("--early-stop", action="store_true",
+                    help="only the early-stopping part: real --objective campaigns over a user script with "
+                         "intermediate lines, --prune none/median/halving; merged into the JSON")
+    ap.add_argument("--early-stop-budget", type=int, default=24, help="runs per early-stopping campaign")
+    ap.add_argument("--epoch-s", type=float, default=0.2, help="seconds per epoch of the early-stopping user script")
     ap.add_argument("--hard", action="store_true",
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
@@ -572,6 +607,83 @@ def _parse_args():
     ap.add_argument("--hard-timeout", type=float, default=60.0,
                     help="per-run timeout (s): a configuration slower than this is a timeout failure in the table")
     return ap.parse_args()
+
+
+def _merged_part(args) -> None:
+    """``--tune`` / ``--early-stop``: run the part, merge it (its own context and targets) into the
+    stored JSON, redraw its figure."""
+    import json
+
+    from experiments._search_public import plot_public
+    from experiments.common import RESULTS
+
+    name = "search_benchmark"
+    path = RESULTS / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}, "targets": {}}
+    started = time.time()
+    if args.tune:
+        from experiments._search_tune import run_tune
+
+        if not (stored.get("public") or {}).get("problems"):
+            print(f"search_benchmark: --tune is set against a stored --public run in {path}: run --public first",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
+    else:
+        from experiments._search_early_stop import run_early_stop
+
+        key, doc = "early_stopping", run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s,
+                                                    log=log)
+    stored[key] = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
+    stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
+    stored["targets"].update(_merged_targets(stored, key))
+    write_result(name, stored)
+    if key == "tune":
+        plot_public(stored, png_path(name + "_public"))
+    else:
+        plot_early_stop(stored, png_path(name + "_early_stop"))
+    log(f"wrote {path}")
+    for what, t in stored["targets"].items():
+        if what.startswith(MERGED[key]):
+            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:"}  # section -> its targets' prefix
+
+
+def _merged_targets(stored: dict, key: str) -> dict:
+    if key == "tune":
+        from experiments._search_tune import tune_targets
+
+        return tune_targets(stored["tune"], stored["public"]["problems"])
+    from experiments._search_early_stop import early_stop_targets
+
+    return early_stop_targets(stored["early_stopping"])
+
+
+def plot_early_stop(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments._search_early_stop import ARMS
+
+    es = results["early_stopping"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, arm in enumerate(ARMS):
+        rows = [r for r in es["campaigns"] if r["arm"] == arm]
+        a.scatter([i] * len(rows), [r["jobs_wall_s"] for r in rows], label=arm)
+        done = [r["final_regret"] for r in rows if r["final_regret"] is not None]  # None: no run completed
+        b.scatter([i] * len(done), done, label=arm)
+    for ax, what in ((a, "jobs' wall time per campaign, s (MEASURED)"), (b, "final relative regret (MEASURED)")):
+        ax.set_xticks(range(len(ARMS)), [f"--prune {arm}" for arm in ARMS])
+        ax.set_ylabel(what, fontsize=8)
+    fig.suptitle(f"early stopping: {es['budget']} runs per campaign, {len(es['seeds'])} seeds (user script, "
+                 f"{es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _replot_or_retarget(args) -> None:
@@ -592,6 +704,9 @@ def _replot_or_retarget(args) -> None:
             stored["targets"].update(public_targets(pub, stored["public"]["budget"],
                                                     stored["public"].get("overhead_200"),
                                                     stored["public"].get("early_25")))
+        for key in ("tune", "early_stopping"):
+            if stored.get(key) and (key != "tune" or pub):
+                stored["targets"].update(_merged_targets(stored, key))
         write_result(name, stored)
     plot(stored, png_path(name))
 
@@ -647,6 +762,10 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
     r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
                              "(failed ones included in the 40) and scored on all the others")
+    from experiments import _search_tabular as tab
+
+    col = feat.prior_columns[space.primary.metric]  # what cubic's first round starts from, as in the hard space
+    r["prior_first_pick"] = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]))
     return r
 
 
@@ -726,6 +845,8 @@ def main() -> None:
         from experiments._search_public import run_public
 
         return run_public(args, log)
+    if args.tune or args.early_stop:
+        return _merged_part(args)
     if args.hard:
         return run_hard(args)
     if args.replot or args.retarget:
@@ -768,7 +889,7 @@ def main() -> None:
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
     from experiments._search_public import keep_public
 
-    keep_public(results, name)
+    keep_public(results, name, MERGED)
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")
