@@ -6,10 +6,16 @@ width, optimizer; 972 configurations) run as a real ``--objective`` job (experim
 one sleep of ``epoch_s`` per epoch, an intermediate ``{"step": e, "val_loss": v}`` line after each).
 Each seed runs the same campaign three times through the real CLI (``cubic campaign run --objective
 ... --prune none|median|halving``, cubic's default strategy, a fresh storage and trial store each,
-no baseline and no confirm phase: the search only). Per campaign: the wall time of the CLI process
-and the sum of its jobs' wall times (``wall_time_s`` of every run, pruned ones included), the runs
-pruned and the epochs they skipped, and the final quality: the relative regret of the best
-*completed* run's val_loss (0 = the grid's optimum, 1 = a random configuration's median).
+no baseline and no confirm phase: the search only); the pruned campaigns get ``extend`` times the
+runs. Read back from each campaign's Optuna study, run by run: the job's wall time (``wall_time_s``,
+pruned runs included) and the quality so far, the relative regret of the best *completed* run's
+val_loss (0 = the grid's optimum, 1 = a random configuration's median). Two comparisons per seed:
+
+- **at equal final quality** (what the issue asks): the jobs' wall time a pruned campaign took to
+  first reach the unpruned campaign's final quality, against the unpruned campaign's whole job time
+  (saved = 1 - ratio; a pruned campaign that never gets there within its runs saves nothing: -inf);
+- **at an equal number of runs**: the pruned campaign's first ``budget`` runs against the unpruned
+  ``budget``: wall time saved, and the final-quality cost with its paired interval over seeds.
 Called by ``experiments/search_benchmark.py --early-stop`` (merged into the JSON).
 """
 
@@ -58,7 +64,7 @@ def _runs(storage: str, name: str) -> list:
 
 
 def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> dict:
-    """One campaign through the real CLI; its figures read back from its Optuna study."""
+    """One campaign through the real CLI; its runs read back, in order, from its Optuna study."""
     name = f"es-{arm}-{seed}"
     storage = f"sqlite:///{work / (name + '.db')}"
     objective = OBJECTIVE.replace("{script}", str(SCRIPT)).replace("{epoch_s}", str(epoch_s))
@@ -73,77 +79,131 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> di
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
     runs = _runs(storage, name)
-    done = [r for r in runs if r.ok]
-    pruned = [r for r in runs if r.failure_kind == "pruned"]
     pb = problems()["mlp-tabular"]
-    best = min((r.metrics["val_loss"] for r in done), default=None)  # None: every run was stopped early
-    return {"arm": arm, "seed": seed, "runs": len(runs), "completed": len(done), "pruned": len(pruned),
-            "other_failures": len(runs) - len(done) - len(pruned),
-            "epochs_run": len(done) * EPOCHS + sum(int(r.metrics["pruned_step"]) for r in pruned),
-            "campaign_wall_s": wall, "jobs_wall_s": float(sum(r.metrics["wall_time_s"] for r in runs)),
-            "best_val_loss": best,
-            "final_regret": None if best is None else float((best - pb.optimum) / (random_median(pb) - pb.optimum))}
+    med = random_median(pb)
+    best, regret, jobs = math.inf, [], []  # per run, in order: quality so far (None before a completed run)
+    for r in runs:
+        if r.ok:
+            best = min(best, r.metrics["val_loss"])
+        regret.append(None if best == math.inf else float((best - pb.optimum) / (med - pb.optimum)))
+        jobs.append(float(r.metrics["wall_time_s"]))
+    return {"arm": arm, "seed": seed, "runs": len(runs), "campaign_wall_s": wall, "regret_so_far": regret,
+            "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for r in runs],
+            "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for r in runs]}
 
 
-def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, log=print) -> dict:
+def first_runs(c: dict, n: int) -> dict:
+    """A campaign's figures over its first ``n`` runs."""
+    kinds = c["kinds"][:n]
+    return {"runs": len(kinds), "completed": kinds.count("ok"), "pruned": kinds.count("pruned"),
+            "other_failures": len(kinds) - kinds.count("ok") - kinds.count("pruned"),
+            "epochs_run": sum(c["epochs_per_run"][:n]), "jobs_wall_s": float(sum(c["jobs_wall_s_per_run"][:n])),
+            "final_regret": c["regret_so_far"][:n][-1] if kinds else None}
+
+
+def time_to_quality(c: dict, target: float | None) -> float | None:
+    """The jobs' wall time until the campaign's quality first reaches ``target`` (None: never)."""
+    if target is None:
+        return None
+    spent = 0.0
+    for reg, w in zip(c["regret_so_far"], c["jobs_wall_s_per_run"]):
+        spent += w
+        if reg is not None and reg <= target:
+            return spent
+    return None
+
+
+def _median_or_none(xs: list[float | None]) -> float | None:
+    """Median over seeds, a seed that never got there counted as -inf; None when that is the median."""
+    m = float(np.median([-math.inf if x is None else x for x in xs]))
+    return m if math.isfinite(m) else None
+
+
+def compare_arm(by: dict, arm: str, seeds, budget: int) -> dict:
     from cubic.core.stats import mean_interval
 
+    base = {s: first_runs(by["none"][s], budget) for s in seeds}
+    own = {s: first_runs(by[arm][s], budget) for s in seeds}
+    saved = [1 - own[s]["jobs_wall_s"] / base[s]["jobs_wall_s"] for s in seeds]
+    # a campaign with no completed run has no final quality: its seed leaves the paired cost (counted)
+    both = [s for s in seeds if own[s]["final_regret"] is not None and base[s]["final_regret"] is not None]
+    cost = [own[s]["final_regret"] - base[s]["final_regret"] for s in both]
+    m, lo, hi = (x if math.isfinite(x) else None for x in mean_interval(cost))  # None: fewer than 2 seeds
+    reach = {s: time_to_quality(by[arm][s], base[s]["final_regret"]) for s in seeds}
+    at_quality = [None if reach[s] is None else 1 - reach[s] / base[s]["jobs_wall_s"] for s in seeds]
+    return {"equal_quality": {"jobs_wall_saved_median": _median_or_none(at_quality),
+                              "jobs_wall_saved_per_seed": at_quality,
+                              "reached": sum(x is not None for x in at_quality),
+                              "runs_to_reach_per_seed": [None if reach[s] is None else next(
+                                  i + 1 for i, r in enumerate(by[arm][s]["regret_so_far"])
+                                  if r is not None and r <= base[s]["final_regret"]) for s in seeds]},
+            "equal_runs": {"jobs_wall_saved_median": float(np.median(saved)), "jobs_wall_saved_per_seed": saved,
+                           "regret_cost_mean": m, "regret_cost_interval_95": [lo, hi], "regret_cost_per_seed": cost,
+                           "seeds_without_a_completed_run": len(seeds) - len(both),
+                           "pruned_share": float(np.mean([own[s]["pruned"] / own[s]["runs"] for s in seeds]))}}
+
+
+def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 2, log=print) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="cubic-early-stop-") as tmp:
         work = Path(tmp)
         (work / "space.yaml").write_text(json.dumps(space_doc()))
         for seed in seeds:
             for arm in ARMS:
-                rows.append(campaign(arm, seed, budget, epoch_s, work))
-                r = rows[-1]
-                log(f"  early stop {arm} seed {seed}: {r['pruned']}/{r['runs']} pruned, epochs {r['epochs_run']}, "
-                    f"jobs {r['jobs_wall_s']:.1f} s, campaign {r['campaign_wall_s']:.1f} s, "
-                    f"final regret {r['final_regret']}")
+                rows.append(campaign(arm, seed, budget if arm == "none" else extend * budget, epoch_s, work))
+                r, f = rows[-1], first_runs(rows[-1], budget)
+                log(f"  early stop {arm} seed {seed}: {r['runs']} runs, first {budget}: {f['pruned']} pruned, "
+                    f"epochs {f['epochs_run']}, jobs {f['jobs_wall_s']:.1f} s, final regret {f['final_regret']}; "
+                    f"all: final regret {r['regret_so_far'][-1]}, campaign {r['campaign_wall_s']:.1f} s")
     by = {arm: {r["seed"]: r for r in rows if r["arm"] == arm} for arm in ARMS}
-    arms = {}
-    for arm in ARMS[1:]:
-        saved = [1 - by[arm][s]["jobs_wall_s"] / by["none"][s]["jobs_wall_s"] for s in seeds]
-        saved_campaign = [1 - by[arm][s]["campaign_wall_s"] / by["none"][s]["campaign_wall_s"] for s in seeds]
-        # a campaign with no completed run has no final quality: its seed leaves the paired cost (counted)
-        both = [s for s in seeds if by[arm][s]["final_regret"] is not None and by["none"][s]["final_regret"] is not None]
-        cost = [by[arm][s]["final_regret"] - by["none"][s]["final_regret"] for s in both]
-        m, lo, hi = (x if math.isfinite(x) else None for x in mean_interval(cost))  # None: fewer than 2 seeds
-        arms[arm] = {"jobs_wall_saved_median": float(np.median(saved)), "jobs_wall_saved_per_seed": saved,
-                     "campaign_wall_saved_median": float(np.median(saved_campaign)),
-                     "regret_cost_mean": m, "regret_cost_interval_95": [lo, hi], "regret_cost_per_seed": cost,
-                     "seeds_without_a_completed_run": len(seeds) - len(both),
-                     "pruned_share": float(np.mean([by[arm][s]["pruned"] / by[arm][s]["runs"] for s in seeds]))}
     return {"kind": "MEASURED on this machine (real CLI campaigns over a user script; its epochs are sleeps, its "
                     "losses mlp-tabular's formula)",
             "space": "mlp-tabular as a user script (972 configurations)", "objective": OBJECTIVE, "budget": budget,
-            "epoch_s": epoch_s, "epochs": EPOCHS, "seeds": list(seeds), "strategy": "cubic (the CLI's default)",
+            "pruned_budget": extend * budget, "epoch_s": epoch_s, "epochs": EPOCHS, "seeds": list(seeds),
+            "strategy": "cubic (the CLI's default)",
             "pruners": {"median": "optuna MedianPruner(n_startup_trials=2, n_warmup_steps=1)",
                         "halving": "optuna SuccessiveHalvingPruner() (ASHA's rule)"},
-            "campaigns": rows, "arms": arms,
-            "note": ("same number of runs per campaign; 'saved' = 1 - pruned arm / no pruning, per seed; the regret "
-                     "cost is the pruned campaign's final relative regret minus the unpruned one's, same seed "
-                     "(paired), with its 95% t interval over seeds")}
+            "campaigns": rows, "arms": {arm: compare_arm(by, arm, seeds, budget) for arm in ARMS[1:]},
+            "note": (f"the unpruned campaigns run {budget} runs, the pruned ones {extend * budget}; 'equal_quality': "
+                     "jobs' wall time until the pruned campaign first reaches the unpruned one's final relative "
+                     "regret, against the unpruned campaign's (same seed); 'equal_runs': the pruned campaign's "
+                     f"first {budget} runs (a campaign's first runs do not depend on its budget) against the "
+                     "unpruned campaign, the regret cost paired by seed with its 95% t interval; each campaign's "
+                     "whole wall time (CLI process) is in 'campaigns'")}
 
 
 def early_stop_targets(es: dict) -> dict:
     out = {}
     for arm, a in es["arms"].items():
-        saved = a["jobs_wall_saved_median"]
-        out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time (median over seeds)"] = {
-            "measured": saved, "target": MIN_SAVED, "met": bool(saved >= MIN_SAVED),
-            "campaign_wall_saved_median": a["campaign_wall_saved_median"], "pruned_share": a["pruned_share"],
-            **({} if saved >= MIN_SAVED else {"reason": (
-                f"the pruner stopped {a['pruned_share']:.0%} of the runs; the epochs they skipped are "
-                f"{saved:.0%} of the unpruned campaigns' job time")})}
-        hi = a["regret_cost_interval_95"][1]
+        q, e = a["equal_quality"], a["equal_runs"]
+        saved = q["jobs_wall_saved_median"]
+        ok = saved is not None and saved >= MIN_SAVED
+        out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at equal final quality "
+            "(median over seeds)"] = {
+            "measured": saved, "target": MIN_SAVED, "met": bool(ok), "reached": q["reached"],
+            "seeds": len(es["seeds"]), "per_seed": q["jobs_wall_saved_per_seed"],
+            **({} if ok else {"reason": (
+                f"the pruned campaigns reached the unpruned ones' final quality in {q['reached']} of "
+                f"{len(es['seeds'])} seeds within {es['pruned_budget']} runs"
+                + ("" if saved is None else f", saving a median {saved:.0%} of the job time where they did") +
+                "; a seed that never got there counts as no saving")})}
+        s_runs = e["jobs_wall_saved_median"]
+        out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at an equal number of runs "
+            "(median over seeds)"] = {
+            "measured": s_runs, "target": MIN_SAVED, "met": bool(s_runs >= MIN_SAVED),
+            "pruned_share": e["pruned_share"],
+            **({} if s_runs >= MIN_SAVED else {"reason": (
+                f"the pruner stopped {e['pruned_share']:.0%} of the runs; the epochs they skipped are "
+                f"{s_runs:.0%} of the unpruned campaigns' job time")})}
+        hi = e["regret_cost_interval_95"][1]
         equal = hi is not None and hi <= MAX_REGRET_COST
-        out[f"early stop: --prune {arm} final quality equal (upper 95% bound of the paired regret cost "
-            f"<= {MAX_REGRET_COST})"] = {
+        out[f"early stop: --prune {arm} final quality equal at an equal number of runs (upper 95% bound of the "
+            f"paired regret cost <= {MAX_REGRET_COST})"] = {
             "measured": hi, "target": MAX_REGRET_COST, "met": bool(equal),
-            "mean": a["regret_cost_mean"], "interval_95": a["regret_cost_interval_95"],
+            "mean": e["regret_cost_mean"], "interval_95": e["regret_cost_interval_95"],
             **({} if equal else {"reason": "fewer than two seeds with a completed run in both arms" if hi is None else (
-                f"paired cost {a['regret_cost_mean']:+.3f} [{a['regret_cost_interval_95'][0]:+.3f}, {hi:+.3f}] "
-                f"in relative regret over {len(a['regret_cost_per_seed'])} seeds: "
-                + ("the pruned campaigns end worse" if a["regret_cost_interval_95"][0] > 0 else
+                f"paired cost {e['regret_cost_mean']:+.3f} [{e['regret_cost_interval_95'][0]:+.3f}, {hi:+.3f}] "
+                f"in relative regret over {len(e['regret_cost_per_seed'])} seeds: "
+                + ("the pruned campaigns end worse" if e["regret_cost_interval_95"][0] > 0 else
                    "not resolved at this many seeds"))})}
     return out

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments._public_problems import problems, random_median
-from experiments._search_public import CHECKPOINTS, relative_regret
+from experiments._search_public import CHECKPOINTS, EARLY, relative_regret
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 2
@@ -115,7 +115,29 @@ def run_tune(names, seeds, budget: int, log=print) -> dict:
                      "regret at n = over the first n trials proposed")}
 
 
-def tune_targets(tune_doc: dict, pub: dict) -> dict:
+def _mismatch(tune_doc: dict, pub: dict, names: list[str], n: str, mean: float, sampler: float) -> str:
+    per = ", ".join(f"{p} {tune_doc['problems'][p]['median_regret'][n]:.3f} vs "
+                    f"{pub[p]['methods']['cubic']['median_regret'][n]:.3f}" for p in names)
+    return (f"CubicSearcher {mean:.3f} vs CubicSampler {sampler:.3f} ({'ahead' if mean < sampler else 'behind'}; "
+            f"per problem, searcher vs sampler: {per}): with two trials at once under Tune the searcher's "
+            f"proposals are not the sequential sampler's, and a median over {len(tune_doc['seeds'])} seeds moves "
+            "with one seed (see the 20-seed look beside this target, where it was run)")
+
+
+def _early_look(tune_doc: dict, pub_early: dict | None) -> dict:
+    """The second look at 25 evaluations over more seeds, beside the 5-seed target (which keeps its met)."""
+    look = tune_doc.get("early_25")
+    if not look or not pub_early:
+        return {}
+    names = [p for p in look["problems"] if p in pub_early["problems"]]
+    searcher = float(np.mean([look["problems"][p]["median_regret"][str(EARLY)] for p in names]))
+    sampler = float(np.mean([pub_early["problems"][p]["cubic"]["median_regret"] for p in names]))
+    return {f"over_{len(look['seeds'])}_seeds": {"searcher": searcher, "sampler": sampler, "gap": abs(searcher - sampler),
+                                                "within_match": bool(abs(searcher - sampler) <= MATCH_REGRET),
+                                                "problems": names}}
+
+
+def tune_targets(tune_doc: dict, pub: dict, pub_early: dict | None = None) -> dict:
     """Against the --public part's figures: the searcher matches CubicSampler (same algorithm) and
     beats TPE multivariate at each checkpoint, on the mean over problems of the median regret."""
     names = [p for p in tune_doc["problems"] if p in pub]
@@ -125,13 +147,12 @@ def tune_targets(tune_doc: dict, pub: dict) -> dict:
         ref = {m: float(np.mean([pub[p]["methods"][m]["median_regret"][n] for p in names]))
                for m in ("cubic", "tpe-multivariate")}
         gap = abs(mean - ref["cubic"])
+        second = _early_look(tune_doc, pub_early) if n == str(EARLY) else {}
         out[f"tune: CubicSearcher via Tuner.fit matches CubicSampler (|mean median regret @{n} difference| <= "
             f"{MATCH_REGRET})"] = {
             "measured": gap, "target": MATCH_REGRET, "met": bool(gap <= MATCH_REGRET), "searcher": mean,
-            "sampler": ref["cubic"], "problems": names,
-            **({} if gap <= MATCH_REGRET else {"reason": (
-                f"CubicSearcher {mean:.3f} vs CubicSampler {ref['cubic']:.3f}: the same proposals, but two trials "
-                "run at once under Tune, so a round is proposed before the previous trial's value is known")})}
+            "sampler": ref["cubic"], "problems": names, **second,
+            **({} if gap <= MATCH_REGRET else {"reason": _mismatch(tune_doc, pub, names, n, mean, ref["cubic"])})}
         ok = mean < ref["tpe-multivariate"]
         per = {p: (tune_doc["problems"][p]["median_regret"][n], pub[p]["methods"]["tpe-multivariate"]["median_regret"][n])
                for p in names}

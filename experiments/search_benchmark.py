@@ -45,7 +45,7 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
                                                         # the hard space only (~60 runs x 2 passes)
     .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
-    .venv/bin/python experiments/search_benchmark.py --tune     # after --public (its reference figures)
+    .venv/bin/python experiments/search_benchmark.py --tune     # after --public; then --tune --tune-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --early-stop
 """
 
@@ -592,6 +592,9 @@ def _parse_args():
     ap.add_argument("--tune", action="store_true",
                     help="only the Ray Tune part: CubicSearcher through Tuner.fit on --public-problems (--seeds, "
                          "--public-budget), merged into the JSON beside the stored --public section it is set against")
+    ap.add_argument("--tune-early-seeds", type=int, default=0,
+                    help="with --tune: only the second look at 25 evaluations over this many seeds (as "
+                         "--public-early-seeds for the sampler), merged into the stored 'tune' section")
     ap.add_argument("--early-stop", action="store_true",
                     help="only the early-stopping part: real --objective campaigns over a user script with "
                          "intermediate lines, --prune none/median/halving; merged into the JSON")
@@ -614,7 +617,7 @@ def _merged_part(args) -> None:
     stored JSON, redraw its figure."""
     import json
 
-    from experiments._search_public import plot_public
+    from experiments._search_public import EARLY, plot_public
     from experiments.common import RESULTS
 
     name = "search_benchmark"
@@ -628,13 +631,25 @@ def _merged_part(args) -> None:
             print(f"search_benchmark: --tune is set against a stored --public run in {path}: run --public first",
                   file=sys.stderr)
             raise SystemExit(2)
-        key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
+        if args.tune_early_seeds:  # the second look at 25 evaluations, into the stored tune section
+            if not stored.get("tune"):
+                print(f"search_benchmark: --tune-early-seeds needs a stored --tune run in {path}: run --tune first",
+                      file=sys.stderr)
+                raise SystemExit(2)
+            look = run_tune(args.public_problems, list(range(args.tune_early_seeds)), EARLY, log=log)
+            doc = {**stored["tune"], "early_25": {**look, "context": run_context("mixed")}}
+            doc.pop("stale_sections_note", None)
+            key = "tune"
+        else:
+            key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
     else:
         from experiments._search_early_stop import run_early_stop
 
         key, doc = "early_stopping", run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s,
                                                     log=log)
-    stored[key] = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
+    if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
+        doc = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
+    stored[key] = doc
     stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
     stored["targets"].update(_merged_targets(stored, key))
     write_result(name, stored)
@@ -655,7 +670,7 @@ def _merged_targets(stored: dict, key: str) -> dict:
     if key == "tune":
         from experiments._search_tune import tune_targets
 
-        return tune_targets(stored["tune"], stored["public"]["problems"])
+        return tune_targets(stored["tune"], stored["public"]["problems"], stored["public"].get("early_25"))
     from experiments._search_early_stop import early_stop_targets
 
     return early_stop_targets(stored["early_stopping"])
@@ -670,17 +685,25 @@ def plot_early_stop(results: dict, path: Path) -> None:
     from experiments._search_early_stop import ARMS
 
     es = results["early_stopping"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, arm in enumerate(ARMS):
-        rows = [r for r in es["campaigns"] if r["arm"] == arm]
-        a.scatter([i] * len(rows), [r["jobs_wall_s"] for r in rows], label=arm)
-        done = [r["final_regret"] for r in rows if r["final_regret"] is not None]  # None: no run completed
-        b.scatter([i] * len(done), done, label=arm)
-    for ax, what in ((a, "jobs' wall time per campaign, s (MEASURED)"), (b, "final relative regret (MEASURED)")):
-        ax.set_xticks(range(len(ARMS)), [f"--prune {arm}" for arm in ARMS])
-        ax.set_ylabel(what, fontsize=8)
-    fig.suptitle(f"early stopping: {es['budget']} runs per campaign, {len(es['seeds'])} seeds (user script, "
-                 f"{es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = dict(zip(ARMS, ("tab:gray", "tab:blue", "tab:orange")))
+    for c in es["campaigns"]:  # quality so far against the jobs' wall time spent: where each arm gets
+        spent = np.cumsum(c["jobs_wall_s_per_run"])
+        reg = [np.nan if r is None else max(r, 1e-4) for r in c["regret_so_far"]]
+        a.step(spent, reg, where="post", color=colours[c["arm"]], alpha=0.7,
+               label=f"--prune {c['arm']}" if c["seed"] == es["seeds"][0] else None)
+    a.set_yscale("log")
+    a.set_xlabel("jobs' wall time spent, s (MEASURED)")
+    a.set_ylabel("best relative regret so far (floor 1e-4)")
+    a.legend(fontsize=7)
+    for i, arm in enumerate(ARMS[1:]):
+        per = es["arms"][arm]["equal_quality"]["jobs_wall_saved_per_seed"]
+        b.scatter([i] * len(per), [-1.0 if x is None else x for x in per], color=colours[arm])
+    b.axhline(0.0, color="k", lw=0.5)
+    b.set_xticks(range(len(ARMS) - 1), [f"--prune {arm}" for arm in ARMS[1:]])
+    b.set_ylabel("jobs' wall time saved at equal final quality\n(per seed; -1: never reached)", fontsize=8)
+    fig.suptitle(f"early stopping: {es['budget']} runs unpruned, {es['pruned_budget']} pruned, {len(es['seeds'])} seeds "
+                 f"(user script, {es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -21,27 +21,56 @@ def test_user_script_space_is_the_problem_grid():
 
 def test_early_stop_campaign_through_the_cli(tmp_path):
     (tmp_path / "space.yaml").write_text(json.dumps(es.space_doc()))
-    r = es.campaign("median", 0, budget=5, epoch_s=0.01, work=tmp_path)
-    assert r["runs"] == 5 and r["completed"] + r["pruned"] + r["other_failures"] == 5 and r["other_failures"] == 0
-    # every completed run ran its 9 epochs, a pruned one fewer: the epochs count is what the study holds
-    assert r["completed"] >= 1 and r["completed"] * 9 <= r["epochs_run"] <= 5 * 9
-    assert 0.0 <= r["final_regret"] < 2.0 and r["jobs_wall_s"] >= r["completed"] * 9 * 0.01
+    c = es.campaign("median", 0, budget=5, epoch_s=0.01, work=tmp_path)
+    f = es.first_runs(c, 5)
+    assert c["runs"] == 5 and f["completed"] + f["pruned"] == 5 and f["other_failures"] == 0
+    # every completed run ran its 9 epochs, a pruned one fewer
+    assert f["completed"] >= 1 and f["completed"] * 9 <= f["epochs_run"] <= 5 * 9
+    assert f["jobs_wall_s"] >= f["completed"] * 9 * 0.01 and 0.0 <= f["final_regret"] < 2.0
+    # quality so far never gets worse, and is the final quality at the end
+    got = [r for r in c["regret_so_far"] if r is not None]
+    assert got == sorted(got, reverse=True) and got[-1] == f["final_regret"]
 
 
-def _arms(saved, cost):
-    return {"seeds": [0, 1, 2], "arms": {"median": {
-        "jobs_wall_saved_median": saved, "campaign_wall_saved_median": saved / 2, "pruned_share": 0.4,
-        "regret_cost_mean": sum(cost) / 2, "regret_cost_interval_95": list(cost), "regret_cost_per_seed": [0.0] * 3}}}
+def _campaign(arm, seed, regrets, walls):
+    return {"arm": arm, "seed": seed, "runs": len(regrets), "campaign_wall_s": sum(walls) + 1.0,
+            "regret_so_far": regrets, "jobs_wall_s_per_run": walls, "kinds": ["ok"] * len(regrets),
+            "epochs_per_run": [9] * len(regrets)}
+
+
+def test_time_to_quality_and_the_comparison_per_seed():
+    # unpruned: 4 runs of 2 s, final regret 0.1; pruned: 1 s runs, reaches 0.1 at its 3rd run (3 s of 8: 62% saved)
+    by = {"none": {0: _campaign("none", 0, [0.5, 0.3, 0.2, 0.1], [2.0] * 4), 1: _campaign("none", 1, [0.4] * 4, [2.0] * 4)},
+          "median": {0: _campaign("median", 0, [0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05], [1.0] * 8),
+                     1: _campaign("median", 1, [None, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5], [1.0] * 8)}}
+    assert es.time_to_quality(by["median"][0], 0.1) == 3.0 and es.time_to_quality(by["median"][1], 0.4) is None
+    a = es.compare_arm(by, "median", [0, 1], budget=4)
+    assert a["equal_quality"]["jobs_wall_saved_per_seed"] == [1 - 3.0 / 8.0, None]
+    assert a["equal_quality"]["reached"] == 1 and a["equal_quality"]["runs_to_reach_per_seed"] == [3, None]
+    assert a["equal_runs"]["jobs_wall_saved_per_seed"] == [0.5, 0.5]
+    assert a["equal_runs"]["regret_cost_per_seed"] == pytest.approx([0.0, 0.1])
+    assert es._median_or_none([None, None, 0.3]) is None and es._median_or_none([None, 0.2, 0.3]) == 0.2
+
+
+def _arms(saved, cost, at_quality=(0.5, 0.6, None)):
+    return {"seeds": [0, 1, 2], "pruned_budget": 48, "arms": {"median": {
+        "equal_quality": {"jobs_wall_saved_median": es._median_or_none(list(at_quality)),
+                          "jobs_wall_saved_per_seed": list(at_quality),
+                          "reached": sum(x is not None for x in at_quality)},
+        "equal_runs": {"jobs_wall_saved_median": saved, "pruned_share": 0.4,
+                       "regret_cost_mean": sum(cost) / 2, "regret_cost_interval_95": list(cost),
+                       "regret_cost_per_seed": [0.0] * 3}}}}
 
 
 def test_early_stop_targets_follow_the_figures():
     ok = es.early_stop_targets(_arms(0.4, (-0.01, 0.02)))
     check_targets(ok)
     assert all(t["met"] for t in ok.values())
-    worse = es.early_stop_targets(_arms(0.1, (0.06, 0.1)))
+    worse = es.early_stop_targets(_arms(0.1, (0.06, 0.1), at_quality=(None, None, 0.9)))
     check_targets(worse)
     assert not any(t["met"] for t in worse.values())
     assert any("end worse" in t["reason"] for t in worse.values())
+    assert any("in 1 of 3 seeds" in t["reason"] for t in worse.values())
     unresolved = es.early_stop_targets(_arms(0.4, (-0.2, 0.3)))
     assert any("not resolved" in t.get("reason", "") for t in unresolved.values())
 
@@ -52,8 +81,8 @@ def _pub(cubic, tpe):
 
 
 def _tuned(v, s=0.1):
-    return {"problems": {"branin": {"median_regret": {"25": v}, "searcher_s_per_trial_mean": s,
-                                    "tune_wall_s_per_trial_mean": 0.5}}}
+    return {"seeds": [0, 1], "problems": {"branin": {"median_regret": {"25": v}, "searcher_s_per_trial_mean": s,
+                                                     "tune_wall_s_per_trial_mean": 0.5}}}
 
 
 def test_tune_targets_match_the_sampler_and_compare_with_tpe():
@@ -63,6 +92,19 @@ def test_tune_targets_match_the_sampler_and_compare_with_tpe():
     t = st.tune_targets(_tuned(0.30, s=0.9), _pub(0.11, 0.2))
     check_targets(t)
     assert not any(x["met"] for x in t.values())
+
+
+def test_tune_match_reason_says_which_way_and_the_second_look_sits_beside_it():
+    doc = {**_tuned(0.05), "early_25": {"seeds": list(range(20)), "problems": {"branin": {"median_regret": {"25": 0.12}}}}}
+    early = {"problems": {"branin": {"cubic": {"median_regret": 0.10}}}}
+    t = st.tune_targets(doc, _pub(0.30, 0.2), early)
+    check_targets(t)
+    match = next(v for k, v in t.items() if "matches" in k)
+    assert not match["met"] and "ahead" in match["reason"] and "branin 0.050 vs 0.300" in match["reason"]
+    assert match["over_20_seeds"] == {"searcher": 0.12, "sampler": 0.10, "gap": pytest.approx(0.02),
+                                      "within_match": True, "problems": ["branin"]}
+    behind = next(v for k, v in st.tune_targets(_tuned(0.5), _pub(0.30, 0.2)).items() if "matches" in k)
+    assert "behind" in behind["reason"] and "over_20_seeds" not in behind
 
 
 def test_distributions_are_the_problems_own():
