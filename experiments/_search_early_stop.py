@@ -184,9 +184,9 @@ def early_stop_targets(es: dict) -> dict:
             "seeds": len(es["seeds"]), "per_seed": q["jobs_wall_saved_per_seed"],
             **({} if ok else {"reason": (
                 f"the pruned campaigns reached the unpruned ones' final quality in {q['reached']} of "
-                f"{len(es['seeds'])} seeds within {es['pruned_budget']} runs"
-                + ("" if saved is None else f", saving a median {saved:.0%} of the job time where they did") +
-                "; a seed that never got there counts as no saving")})}
+                f"{len(es['seeds'])} seeds within {es['pruned_budget']} runs (saved per seed: "
+                + ", ".join("never" if x is None else f"{x:+.0%}" for x in q["jobs_wall_saved_per_seed"])
+                + "); the median over seeds counts a seed that never got there as no saving")})}
         s_runs = e["jobs_wall_saved_median"]
         out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at an equal number of runs "
             "(median over seeds)"] = {

@@ -659,8 +659,9 @@ def _merged_part(args) -> None:
         plot_early_stop(stored, png_path(name + "_early_stop"))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
-        if what.startswith(MERGED[key]):
-            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+        if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
+            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured "
+                  + ("none" if t["measured"] is None else f"{t['measured']:.3g}"))
 
 
 MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:"}  # section -> its targets' prefix

@@ -70,7 +70,7 @@ def test_early_stop_targets_follow_the_figures():
     check_targets(worse)
     assert not any(t["met"] for t in worse.values())
     assert any("end worse" in t["reason"] for t in worse.values())
-    assert any("in 1 of 3 seeds" in t["reason"] for t in worse.values())
+    assert any("in 1 of 3 seeds" in t["reason"] and "never, never, +90%" in t["reason"] for t in worse.values())
     unresolved = es.early_stop_targets(_arms(0.4, (-0.2, 0.3)))
     assert any("not resolved" in t.get("reason", "") for t in unresolved.values())
 
