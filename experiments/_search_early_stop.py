@@ -101,15 +101,15 @@ def first_runs(c: dict, n: int) -> dict:
             "final_regret": c["regret_so_far"][:n][-1] if kinds else None}
 
 
-def time_to_quality(c: dict, target: float | None) -> float | None:
-    """The jobs' wall time until the campaign's quality first reaches ``target`` (None: never)."""
+def time_to_quality(c: dict, target: float | None) -> tuple[int, float] | None:
+    """(runs, jobs' wall time) until the campaign's quality first reaches ``target`` (None: never)."""
     if target is None:
         return None
     spent = 0.0
-    for reg, w in zip(c["regret_so_far"], c["jobs_wall_s_per_run"]):
+    for i, (reg, w) in enumerate(zip(c["regret_so_far"], c["jobs_wall_s_per_run"])):
         spent += w
         if reg is not None and reg <= target:
-            return spent
+            return i + 1, spent
     return None
 
 
@@ -130,13 +130,11 @@ def compare_arm(by: dict, arm: str, seeds, budget: int) -> dict:
     cost = [own[s]["final_regret"] - base[s]["final_regret"] for s in both]
     m, lo, hi = (x if math.isfinite(x) else None for x in mean_interval(cost))  # None: fewer than 2 seeds
     reach = {s: time_to_quality(by[arm][s], base[s]["final_regret"]) for s in seeds}
-    at_quality = [None if reach[s] is None else 1 - reach[s] / base[s]["jobs_wall_s"] for s in seeds]
+    at_quality = [None if reach[s] is None else 1 - reach[s][1] / base[s]["jobs_wall_s"] for s in seeds]
     return {"equal_quality": {"jobs_wall_saved_median": _median_or_none(at_quality),
                               "jobs_wall_saved_per_seed": at_quality,
                               "reached": sum(x is not None for x in at_quality),
-                              "runs_to_reach_per_seed": [None if reach[s] is None else next(
-                                  i + 1 for i, r in enumerate(by[arm][s]["regret_so_far"])
-                                  if r is not None and r <= base[s]["final_regret"]) for s in seeds]},
+                              "runs_to_reach_per_seed": [None if reach[s] is None else reach[s][0] for s in seeds]},
             "equal_runs": {"jobs_wall_saved_median": float(np.median(saved)), "jobs_wall_saved_per_seed": saved,
                            "regret_cost_mean": m, "regret_cost_interval_95": [lo, hi], "regret_cost_per_seed": cost,
                            "seeds_without_a_completed_run": len(seeds) - len(both),

@@ -202,7 +202,7 @@ def overhead_curve(problem: str = "hartmann6", trials: int = 200, seed: int = 0)
             "per_quarter_s_per_trial": [float(np.mean(q)) for q in np.array_split(np.asarray(per), 4)]}
 
 
-def keep_public(results: dict, name: str, sections: dict[str, str]) -> None:
+def keep_merged(results: dict, name: str, sections: dict[str, str]) -> None:
     """A full run keeps the stored sections merged by their own invocations (``--public``,
     ``--tune``, ``--early-stop``: ``sections`` maps each to its targets' prefix) and their targets:
     each section carries its own context (code version, load)."""

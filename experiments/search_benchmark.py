@@ -911,9 +911,9 @@ def main() -> None:
 
     results["targets"] = targets(results)
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
-    from experiments._search_public import keep_public
+    from experiments._search_public import keep_merged
 
-    keep_public(results, name, MERGED)
+    keep_merged(results, name, MERGED)
     plot(results, png_path(name))
     path = write_result(name, results)
     log(f"wrote {path} and {png_path(name)}")

@@ -43,7 +43,7 @@ def test_time_to_quality_and_the_comparison_per_seed():
     by = {"none": {0: _campaign("none", 0, [0.5, 0.3, 0.2, 0.1], [2.0] * 4), 1: _campaign("none", 1, [0.4] * 4, [2.0] * 4)},
           "median": {0: _campaign("median", 0, [0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05], [1.0] * 8),
                      1: _campaign("median", 1, [None, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5], [1.0] * 8)}}
-    assert es.time_to_quality(by["median"][0], 0.1) == 3.0 and es.time_to_quality(by["median"][1], 0.4) is None
+    assert es.time_to_quality(by["median"][0], 0.1) == (3, 3.0) and es.time_to_quality(by["median"][1], 0.4) is None
     a = es.compare_arm(by, "median", [0, 1], budget=4)
     assert a["equal_quality"]["jobs_wall_saved_per_seed"] == [1 - 3.0 / 8.0, None]
     assert a["equal_quality"]["reached"] == 1 and a["equal_quality"]["runs_to_reach_per_seed"] == [3, None]
@@ -115,7 +115,7 @@ def test_distributions_are_the_problems_own():
 
 def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
     import experiments.common as common
-    from experiments._search_public import keep_public
+    from experiments._search_public import keep_merged
     from experiments.search_benchmark import MERGED
 
     stored = {"public": {"problems": {}}, "tune": {"problems": {}}, "early_stopping": {"arms": {}},
@@ -123,7 +123,7 @@ def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
     (tmp_path / "search_benchmark.json").write_text(json.dumps(stored))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     results = {"targets": {"real: d": 5}}
-    keep_public(results, "search_benchmark", MERGED)
+    keep_merged(results, "search_benchmark", MERGED)
     assert {"public", "tune", "early_stopping"} <= set(results)
     assert results["targets"] == {"real: d": 5, "public: a": 1, "tune: b": 2, "early stop: c": 3}
 
