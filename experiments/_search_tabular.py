@@ -132,3 +132,57 @@ def optuna_cubic_curve(space: Space, table: dict[str, Result], seed: int, budget
 
 def matches(campaign_median: float, sampler_median: float) -> bool:
     return abs(campaign_median - sampler_median) <= max(MATCH_RUNS, MATCH_SHARE * campaign_median)
+
+
+def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
+    """The hard space's targets: it is hard, cubic's median runs to target beat TPE's and random's,
+    the Optuna sampler matches cubic's campaign, held-out tau >= 0.8 (or the test-retest bound)."""
+    med = {m: v["median_runs_to_target"] for m, v in r["methods"].items()}
+    pk = r["prior_first_pick"]
+    frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
+    out = {f"{name}: prior's first pick < {target_fraction:.0%} of the best, also against the best's slower pass (the space is hard)": {
+        "measured": frac, "target": target_fraction, "met": frac < target_fraction,
+        "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
+        **({"reason": (
+            f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best by the kept (fastest) passes and "
+            f"{pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's slower pass: the leaders "
+            "(fp32, FP8 off, batch >= 1024, either kernel) are within this machine's pass-to-pass noise, so the "
+            "space is not measurably hard here and 'runs to 98%' still largely measures the prior")}
+           if frac >= target_fraction else {})}}
+    for other in ("tpe", "random"):
+        out[f"{name}: cubic median runs to {target_fraction:.0%} <= {other}'s"] = {
+            "measured": med["cubic"], "target": med[other], "met": med["cubic"] <= med[other],
+            **({} if med["cubic"] <= med[other] else {
+                "reason": f"{other} reached {target_fraction:.0%} of the best in a median {med[other]:g} runs, cubic in "
+                          f"{med['cubic']:g}"})}
+    # the issue's bar: a search worth its proxy reaches the target in a third of TPE's runs, not merely fewer
+    third = med["tpe"] / 3.0
+    out[f"{name}: cubic median runs to {target_fraction:.0%} <= a third of tpe's"] = {
+        "measured": med["cubic"], "target": third, "met": med["cubic"] <= third,
+        **({"reason": (
+            f"cubic needs {med['cubic']:g} runs, TPE {med['tpe']:g}: fewer, but not a third; on this grid the "
+            "prior's first pick is already near the best (see the 'space is hard' target), so the lead is the "
+            "prior's, and the proxy adds little before TPE catches up")} if med["cubic"] > third else {})}
+    out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
+        f"max({MATCH_RUNS:g}, {MATCH_SHARE:.0%}))"] = {
+        "measured": med["cubic-optuna"], "target": med["cubic"], "met": matches(med["cubic"], med["cubic-optuna"])}
+    if not matches(med["cubic"], med["cubic-optuna"]):
+        out[next(reversed(out))]["reason"] = (
+            "not diagnosed yet: the sampler's median is close to cubic-noprior's "
+            f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
+            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided(n_inner=128, "
+            "reselect_every=4), and failed trials entering as 'error' rather than their failure kind)")
+    taus = [row["held_out_tau"] for row in r["holdout_tau"]]
+    tau = float(np.mean(taus))
+    retest = r["measurement"]["retest_tau_between_passes"] or {}
+    po = [row["prior_only_tau"] for row in r["holdout_tau"] if row.get("prior_only_tau") is not None]
+    # the step model alone on the same held-out configurations: what the runs added over the prior
+    t = {"measured": tau, "target": 0.8, "met": tau >= 0.8, "retest_tau": retest,
+         "prior_only_tau": float(np.mean(po)) if po else None}
+    if tau < 0.8:
+        rt = min(retest.values()) if retest else None
+        t["reason"] = (f"the held-out values are single measurements (fastest of the passes) that rank this "
+                                 f"space with test-retest tau {rt:.2f} between passes" if rt is not None else
+                                 "no test-retest figure (one pass)") + "; a model cannot rank them much better"
+    out[f"{name}: proxy Kendall tau on held-out configurations >= 0.8"] = t
+    return out

@@ -71,6 +71,8 @@ from cubic.core.config import Config  # noqa: E402
 from cubic.runners.step_model import DEFAULT_PARAMS  # noqa: E402
 from cubic.core.workloads import DEFAULT_WORKLOADS  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments._search_merged import MERGED, merged_targets, run_merged  # noqa: E402
+from experiments._search_tabular import hard_targets  # noqa: E402
 from search.space import Space, load_space  # noqa: E402
 from search.strategies import Observation, ProxyGuided, objective_value, prior_columns  # noqa: E402
 
@@ -384,7 +386,7 @@ def targets(results: dict) -> dict:
                           "rejects; per-seed shares in infeasible_share_of_runs"})}
     for name, sp in results["spaces"].items():
         if name.startswith("hard:"):
-            out.update(hard_targets(name, sp))  # its own targets (the prior's pick, medians, the sampler)
+            out.update(hard_targets(name, sp, TARGET))  # its own targets (the prior's pick, medians, the sampler)
             continue
         t = [row["held_out_tau"] for row in sp.get("holdout_tau", [])]
         if t:
@@ -498,69 +500,13 @@ def run_hard(args) -> None:
     stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}}
     stored.setdefault("spaces", {})[f"hard:{wl.name}"] = r
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith("hard:")}
-    stored["targets"] = {**old, **hard_targets(f"hard:{wl.name}", r)}
+    stored["targets"] = {**old, **hard_targets(f"hard:{wl.name}", r, TARGET)}
     path.write_text(json.dumps(stored, indent=2) + "\n")
     plot(stored, png_path(name))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
         if what.startswith("hard:"):
             print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
-
-
-def hard_targets(name: str, r: dict) -> dict:
-    """The hard space's targets: it is hard, cubic's median runs to target beat TPE's and random's,
-    the Optuna sampler matches cubic's campaign, held-out tau >= 0.8 (or the test-retest bound)."""
-    from experiments import _search_tabular as tab
-
-    med = {m: v["median_runs_to_target"] for m, v in r["methods"].items()}
-    pk = r["prior_first_pick"]
-    frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
-    out = {f"{name}: prior's first pick < {TARGET:.0%} of the best, also against the best's slower pass (the space is hard)": {
-        "measured": frac, "target": TARGET, "met": frac < TARGET,
-        "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
-        **({"reason": (
-            f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best by the kept (fastest) passes and "
-            f"{pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's slower pass: the leaders "
-            "(fp32, FP8 off, batch >= 1024, either kernel) are within this machine's pass-to-pass noise, so the "
-            "space is not measurably hard here and 'runs to 98%' still largely measures the prior")}
-           if frac >= TARGET else {})}}
-    for other in ("tpe", "random"):
-        out[f"{name}: cubic median runs to {TARGET:.0%} <= {other}'s"] = {
-            "measured": med["cubic"], "target": med[other], "met": med["cubic"] <= med[other],
-            **({} if med["cubic"] <= med[other] else {
-                "reason": f"{other} reached {TARGET:.0%} of the best in a median {med[other]:g} runs, cubic in "
-                          f"{med['cubic']:g}"})}
-    # the issue's bar: a search worth its proxy reaches the target in a third of TPE's runs, not merely fewer
-    third = med["tpe"] / 3.0
-    out[f"{name}: cubic median runs to {TARGET:.0%} <= a third of tpe's"] = {
-        "measured": med["cubic"], "target": third, "met": med["cubic"] <= third,
-        **({"reason": (
-            f"cubic needs {med['cubic']:g} runs, TPE {med['tpe']:g}: fewer, but not a third; on this grid the "
-            "prior's first pick is already near the best (see the 'space is hard' target), so the lead is the "
-            "prior's, and the proxy adds little before TPE catches up")} if med["cubic"] > third else {})}
-    out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
-        f"max({tab.MATCH_RUNS:g}, {tab.MATCH_SHARE:.0%}))"] = {
-        "measured": med["cubic-optuna"], "target": med["cubic"], "met": tab.matches(med["cubic"], med["cubic-optuna"])}
-    if not tab.matches(med["cubic"], med["cubic-optuna"]):
-        out[next(reversed(out))]["reason"] = (
-            "not diagnosed yet: the sampler's median is close to cubic-noprior's "
-            f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
-            "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided(n_inner=128, "
-            "reselect_every=4), and failed trials entering as 'error' rather than their failure kind)")
-    taus = [row["held_out_tau"] for row in r["holdout_tau"]]
-    tau = float(np.mean(taus))
-    retest = r["measurement"]["retest_tau_between_passes"] or {}
-    po = [row["prior_only_tau"] for row in r["holdout_tau"] if row.get("prior_only_tau") is not None]
-    # the step model alone on the same held-out configurations: what the runs added over the prior
-    t = {"measured": tau, "target": 0.8, "met": tau >= 0.8, "retest_tau": retest,
-         "prior_only_tau": float(np.mean(po)) if po else None}
-    if tau < 0.8:
-        rt = min(retest.values()) if retest else None
-        t["reason"] = (f"the held-out values are single measurements (fastest of the passes) that rank this "
-                                 f"space with test-retest tau {rt:.2f} between passes" if rt is not None else
-                                 "no test-retest figure (one pass)") + "; a model cannot rank them much better"
-    out[f"{name}: proxy Kendall tau on held-out configurations >= 0.8"] = t
-    return out
 
 
 def _parse_args():
@@ -612,104 +558,6 @@ def _parse_args():
     return ap.parse_args()
 
 
-def _merged_part(args) -> None:
-    """``--tune`` / ``--early-stop``: run the part, merge it (its own context and targets) into the
-    stored JSON, redraw its figure."""
-    import json
-
-    from experiments._search_public import EARLY, plot_public
-    from experiments.common import RESULTS
-
-    name = "search_benchmark"
-    path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}, "targets": {}}
-    started = time.time()
-    if args.tune:
-        from experiments._search_tune import run_tune
-
-        if not (stored.get("public") or {}).get("problems"):
-            print(f"search_benchmark: --tune is set against a stored --public run in {path}: run --public first",
-                  file=sys.stderr)
-            raise SystemExit(2)
-        if args.tune_early_seeds:  # the second look at 25 evaluations, into the stored tune section
-            if not stored.get("tune"):
-                print(f"search_benchmark: --tune-early-seeds needs a stored --tune run in {path}: run --tune first",
-                      file=sys.stderr)
-                raise SystemExit(2)
-            look = run_tune(args.public_problems, list(range(args.tune_early_seeds)), EARLY, log=log)
-            doc = {**stored["tune"], "early_25": {**look, "context": run_context("mixed")}}
-            doc.pop("stale_sections_note", None)
-            key = "tune"
-        else:
-            key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
-    else:
-        from experiments._search_early_stop import run_early_stop
-
-        key, doc = "early_stopping", run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s,
-                                                    log=log)
-    if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
-        doc = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
-    stored[key] = doc
-    stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
-    stored["targets"].update(_merged_targets(stored, key))
-    write_result(name, stored)
-    if key == "tune":
-        plot_public(stored, png_path(name + "_public"))
-    else:
-        plot_early_stop(stored, png_path(name + "_early_stop"))
-    log(f"wrote {path}")
-    for what, t in stored["targets"].items():
-        if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
-            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured "
-                  + ("none" if t["measured"] is None else f"{t['measured']:.3g}"))
-
-
-MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:"}  # section -> its targets' prefix
-
-
-def _merged_targets(stored: dict, key: str) -> dict:
-    if key == "tune":
-        from experiments._search_tune import tune_targets
-
-        return tune_targets(stored["tune"], stored["public"]["problems"], stored["public"].get("early_25"))
-    from experiments._search_early_stop import early_stop_targets
-
-    return early_stop_targets(stored["early_stopping"])
-
-
-def plot_early_stop(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from experiments._search_early_stop import ARMS
-
-    es = results["early_stopping"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    colours = dict(zip(ARMS, ("tab:gray", "tab:blue", "tab:orange")))
-    for c in es["campaigns"]:  # quality so far against the jobs' wall time spent: where each arm gets
-        spent = np.cumsum(c["jobs_wall_s_per_run"])
-        reg = [np.nan if r is None else max(r, 1e-4) for r in c["regret_so_far"]]
-        a.step(spent, reg, where="post", color=colours[c["arm"]], alpha=0.7,
-               label=f"--prune {c['arm']}" if c["seed"] == es["seeds"][0] else None)
-    a.set_yscale("log")
-    a.set_xlabel("jobs' wall time spent, s (MEASURED)")
-    a.set_ylabel("best relative regret so far (floor 1e-4)")
-    a.legend(fontsize=7)
-    for i, arm in enumerate(ARMS[1:]):
-        per = es["arms"][arm]["equal_quality"]["jobs_wall_saved_per_seed"]
-        b.scatter([i] * len(per), [-1.0 if x is None else x for x in per], color=colours[arm])
-    b.axhline(0.0, color="k", lw=0.5)
-    b.set_xticks(range(len(ARMS) - 1), [f"--prune {arm}" for arm in ARMS[1:]])
-    b.set_ylabel("jobs' wall time saved at equal final quality\n(per seed; -1: never reached)", fontsize=8)
-    fig.suptitle(f"early stopping: {es['budget']} runs unpruned, {es['pruned_budget']} pruned, {len(es['seeds'])} seeds "
-                 f"(user script, {es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _replot_or_retarget(args) -> None:
     """``--replot`` / ``--retarget``: run nothing; redraw the PNG from the stored JSON, and with
     ``--retarget`` recompute its targets (the public ones too) from its figures first."""
@@ -730,7 +578,7 @@ def _replot_or_retarget(args) -> None:
                                                     stored["public"].get("early_25")))
         for key in ("tune", "early_stopping"):
             if stored.get(key) and (key != "tune" or pub):
-                stored["targets"].update(_merged_targets(stored, key))
+                stored["targets"].update(merged_targets(stored, key))
         write_result(name, stored)
     plot(stored, png_path(name))
 
@@ -870,7 +718,7 @@ def main() -> None:
 
         return run_public(args, log)
     if args.tune or args.early_stop:
-        return _merged_part(args)
+        return run_merged(args, log)
     if args.hard:
         return run_hard(args)
     if args.replot or args.retarget:

@@ -116,7 +116,7 @@ def test_distributions_are_the_problems_own():
 def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
     import experiments.common as common
     from experiments._search_public import keep_merged
-    from experiments.search_benchmark import MERGED
+    from experiments._search_merged import MERGED
 
     stored = {"public": {"problems": {}}, "tune": {"problems": {}}, "early_stopping": {"arms": {}},
               "targets": {"public: a": 1, "tune: b": 2, "early stop: c": 3, "real: d": 4}}

@@ -1,0 +1,112 @@
+"""The search benchmark's parts merged into its JSON by their own invocations (``--tune``,
+``--early-stop``; ``--public`` merges through experiments/_search_public.py): run the part, store it
+with its own context, recompute its targets, redraw its figure. Called by
+experiments/search_benchmark.py."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common import png_path, run_context, write_result
+
+
+def run_merged(args, log=print) -> None:
+    """``--tune`` / ``--early-stop``: run the part, merge it (its own context and targets) into the
+    stored JSON, redraw its figure."""
+    import json
+
+    from experiments._search_public import EARLY, plot_public
+    from experiments.common import RESULTS
+
+    name = "search_benchmark"
+    path = RESULTS / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}, "targets": {}}
+    started = time.time()
+    if args.tune:
+        from experiments._search_tune import run_tune
+
+        if not (stored.get("public") or {}).get("problems"):
+            print(f"search_benchmark: --tune is set against a stored --public run in {path}: run --public first",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        if args.tune_early_seeds:  # the second look at 25 evaluations, into the stored tune section
+            if not stored.get("tune"):
+                print(f"search_benchmark: --tune-early-seeds needs a stored --tune run in {path}: run --tune first",
+                      file=sys.stderr)
+                raise SystemExit(2)
+            look = run_tune(args.public_problems, list(range(args.tune_early_seeds)), EARLY, log=log)
+            doc = {**stored["tune"], "early_25": {**look, "context": run_context("mixed")}}
+            doc.pop("stale_sections_note", None)
+            key = "tune"
+        else:
+            key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
+    else:
+        from experiments._search_early_stop import run_early_stop
+
+        key, doc = "early_stopping", run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s,
+                                                    log=log)
+    if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
+        doc = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
+    stored[key] = doc
+    stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
+    stored["targets"].update(merged_targets(stored, key))
+    write_result(name, stored)
+    if key == "tune":
+        plot_public(stored, png_path(name + "_public"))
+    else:
+        plot_early_stop(stored, png_path(name + "_early_stop"))
+    log(f"wrote {path}")
+    for what, t in stored["targets"].items():
+        if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
+            print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured "
+                  + ("none" if t["measured"] is None else f"{t['measured']:.3g}"))
+
+
+MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:"}  # section -> its targets' prefix
+
+
+def merged_targets(stored: dict, key: str) -> dict:
+    if key == "tune":
+        from experiments._search_tune import tune_targets
+
+        return tune_targets(stored["tune"], stored["public"]["problems"], stored["public"].get("early_25"))
+    from experiments._search_early_stop import early_stop_targets
+
+    return early_stop_targets(stored["early_stopping"])
+
+
+def plot_early_stop(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments._search_early_stop import ARMS
+
+    es = results["early_stopping"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = dict(zip(ARMS, ("tab:gray", "tab:blue", "tab:orange")))
+    for c in es["campaigns"]:  # quality so far against the jobs' wall time spent: where each arm gets
+        spent = np.cumsum(c["jobs_wall_s_per_run"])
+        reg = [np.nan if r is None else max(r, 1e-4) for r in c["regret_so_far"]]
+        a.step(spent, reg, where="post", color=colours[c["arm"]], alpha=0.7,
+               label=f"--prune {c['arm']}" if c["seed"] == es["seeds"][0] else None)
+    a.set_yscale("log")
+    a.set_xlabel("jobs' wall time spent, s (MEASURED)")
+    a.set_ylabel("best relative regret so far (floor 1e-4)")
+    a.legend(fontsize=7)
+    for i, arm in enumerate(ARMS[1:]):
+        per = es["arms"][arm]["equal_quality"]["jobs_wall_saved_per_seed"]
+        b.scatter([i] * len(per), [-1.0 if x is None else x for x in per], color=colours[arm])
+    b.axhline(0.0, color="k", lw=0.5)
+    b.set_xticks(range(len(ARMS) - 1), [f"--prune {arm}" for arm in ARMS[1:]])
+    b.set_ylabel("jobs' wall time saved at equal final quality\n(per seed; -1: never reached)", fontsize=8)
+    fig.suptitle(f"early stopping: {es['budget']} runs unpruned, {es['pruned_budget']} pruned, {len(es['seeds'])} seeds "
+                 f"(user script, {es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
