@@ -392,3 +392,75 @@ def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
     assert now.state == optuna.trial.TrialState.RUNNING and now.system_attrs["cubic_worker"] == "b"
     assert taken_by_other["t"] is not None and taken_by_other["t"].number == mine.number
     assert "values" not in now.user_attrs and now.values is None
+
+
+def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp_path):
+    """The race the slow suite's SIGSTOP once hit: a worker silent past the grace period between
+    taking a trial (the compare-and-set) and writing its claim finds, on waking, the trial told by
+    another worker. It neither crashes nor runs the point: a lost take, and the worker goes on."""
+    from cubic.codesign.campaign import CampaignListener
+    from cubic.testing import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    lost: list[int] = []
+
+    class Listener(CampaignListener):
+        def lost_take(self, campaign, trial):
+            lost.append(trial)
+
+    storage = f"sqlite:///{tmp_path}/c.db"
+    sp = space()
+    ran: list[str] = []
+    c = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name="silent",
+                 strategy="random", budget=2, storage=storage, worker="a", listener=Listener())
+    other = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name="silent",
+                     strategy="random", budget=2, storage=storage, worker="b", resume=True)
+    c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    claim = c._claim
+
+    def silent_then_claim(t):  # the grace period passes here: the trial goes back, b runs and tells it
+        c._requeue(t._trial_id)
+        theirs = other._take()
+        assert theirs is not None and other._run_one(theirs)[1] is not None
+        claim(t)
+
+    c._claim = silent_then_claim
+    assert c._take() is None and lost == [0] and ran == ["b"]
+    done = c.study._storage.get_trial(c._trials()[0]._trial_id)
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.values == [2.0]
+    assert done.system_attrs["cubic_worker"] == "b"
+
+
+def test_a_trial_taken_back_between_the_check_and_the_tell_is_reported_lost_not_raised(tmp_path):
+    from cubic.codesign.campaign import CampaignListener
+    from cubic.testing import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    lost: list[int] = []
+
+    class Listener(CampaignListener):
+        def lost_run(self, campaign, trial, point):
+            lost.append(trial)
+
+    storage = f"sqlite:///{tmp_path}/c.db"
+    sp = space()
+    c = Campaign(sp, lambda p: {o.metric: 1.0 for o in sp.objectives}, name="late", strategy="random", budget=2,
+                 storage=storage, worker="a", listener=Listener())
+    other = Campaign(sp, lambda p: {o.metric: 2.0 for o in sp.objectives}, name="late", strategy="random",
+                     budget=2, storage=storage, worker="b", resume=True)
+    c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    mine = c._take()
+    still = c._still_ours
+
+    def ours_then_taken_back(t):  # the check passes; the grace period passes before the tell
+        out = still(t)
+        c._still_ours = still  # (once)
+        c._requeue(t._trial_id, seen=t)
+        theirs = other._take()
+        assert theirs is not None and other._run_one(theirs)[1] is not None
+        return out
+
+    c._still_ours = ours_then_taken_back
+    point, ev = c._run_one(mine)
+    assert ev is None and lost == [mine.number]
+    assert c.study._storage.get_trial(mine._trial_id).values == [2.0]

@@ -27,8 +27,8 @@ number of worker processes (:meth:`Campaign.work`) -- takes a WAITING trial atom
 WAITING -> RUNNING compare-and-set, the one ``study.ask`` uses), beats Optuna's heartbeat while
 the run lasts and ``tell``s the result with its metrics, failure kind, round and the proxy's
 prediction as trial attributes. A RUNNING trial whose worker died (no heartbeat for the grace
-period, or a dead pid on this host) is failed and re-enqueued (Optuna's
-RetryHeartbeatStaleTrialCallback); such a lost attempt is not a run. One coordinator per campaign:
+period, or a dead pid on this host) is put back as the same trial, WAITING again
+(:meth:`Campaign._requeue`); such a lost attempt is not a run. One coordinator per campaign:
 it holds a lease row (``cubic_campaign_leases``, with an expiry it renews) in the same database,
 so that two ``campaign resume`` cannot both propose. Everything a resume needs is in the storage:
 SIGKILL at any moment loses at most the runs in flight, no finished run is run again, and the
@@ -36,7 +36,8 @@ strategy's state (``Strategy.state_dict``) is stored after each round. cubic's o
 (:class:`cubic.codesign.evaluate.RunnerEvaluate`) also records every Result in the trial store
 (cubic.core.store) with the campaign's name, and serves repeated configs from it.
 
-Rooms: this module is the engine (the ask/tell loop, rounds, confirm). Beside it:
+Rooms: this module is the engine (the ask/tell loop, rounds). Beside it:
+:mod:`cubic.codesign.confirm` (the confirm phase: the leaders re-measured until separated),
 :mod:`cubic.codesign.storage` (the Optuna storage, the coordinator's lease, campaign listing),
 :mod:`cubic.codesign.trials` (a run's Result as trial attributes and back; which trials are runs),
 :mod:`cubic.codesign.prior` (cubic's featurizer and the step-model prior) and
@@ -55,6 +56,7 @@ from typing import Any, Callable
 
 import optuna
 
+from cubic.codesign.confirm import confirm
 from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, Lease, LeaseHeld,
                                    heartbeat_interval, load_meta, open_storage, pid_dead,
                                    worker_name)
@@ -112,6 +114,11 @@ class CampaignListener:
         """A run this process finished is not told: its trial was taken back while this process was
         silent past the heartbeat's grace period (stopped, descheduled, cut off) and is another
         worker's now, so the study counts that point once."""
+
+    def lost_take(self, campaign: str, trial: int) -> None:
+        """A trial this process took went back before its run began (this process was silent past
+        the heartbeat's grace period between taking it and starting): nothing ran here; another
+        worker's attempt counts."""
 
     def stopped(self, campaign: str, reason: str) -> None:
         """``run()`` or ``work()`` ends (reason: a stop reason, "worker done", or "error")."""
@@ -334,15 +341,31 @@ class Campaign:
                 taken = st.set_trial_state_values(t._trial_id, state=_R)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another worker took it and has finished it since we listed it
-            if taken:
-                st.set_trial_system_attr(t._trial_id, "cubic_worker", self.worker)
-                point = dict(t.system_attrs.get("fixed_params") or t.params)
-                for p in self.space.parameters:  # the params Optuna's samplers and importance read
-                    if p.name in point and p.name not in t.params:  # (a resumed trial has them)
-                        d = p.distribution()
-                        st.set_trial_param(t._trial_id, p.name, d.to_internal_repr(point[p.name]), d)
-                return st.get_trial(t._trial_id)  # as taken: its start time marks this attempt as ours
+            if not taken:
+                continue
+            try:
+                self._claim(t)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # silent past the grace period between the compare-and-set and these writes: the
+                # trial went back, another worker ran and told it; nothing ran here
+                self.listener.lost_take(self.name, t.number)
+                continue
+            mine = st.get_trial(t._trial_id)  # as taken: its start time marks this attempt as ours
+            if mine.state != _R or mine.system_attrs.get("cubic_worker") != self.worker:
+                self.listener.lost_take(self.name, t.number)  # (taken back and re-taken meanwhile)
+                continue
+            return mine
         return None
+
+    def _claim(self, t: optuna.trial.FrozenTrial) -> None:
+        """Mark a trial just taken as this worker's, with the params Optuna's samplers and importance read."""
+        st = self.study._storage
+        st.set_trial_system_attr(t._trial_id, "cubic_worker", self.worker)
+        point = dict(t.system_attrs.get("fixed_params") or t.params)
+        for p in self.space.parameters:
+            if p.name in point and p.name not in t.params:  # (a resumed trial has them)
+                d = p.distribution()
+                st.set_trial_param(t._trial_id, p.name, d.to_internal_repr(point[p.name]), d)
 
     def _still_ours(self, t: optuna.trial.FrozenTrial) -> bool:
         """Whether the trial is still the RUNNING attempt this process took (same start time, same
@@ -382,7 +405,13 @@ class Campaign:
         if not self._still_ours(t):  # taken back while this process was silent: the other attempt counts
             self.listener.lost_run(self.name, t.number, point)
             return point, None
-        ev, violation = self._tell(t._trial_id, t.number, point, ev, attempts)
+        try:
+            ev, violation = self._tell(t._trial_id, t.number, point, ev, attempts)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # (ValueError: "Cannot tell a COMPLETE trial")
+            if self._still_ours(t):
+                raise
+            self.listener.lost_run(self.name, t.number, point)  # taken back between the check and the tell
+            return point, None
         if type(self.listener).finished_run is not CampaignListener.finished_run:  # (no-op: no storage read)
             self.listener.finished_run(RunEvent(
                 campaign=self.name, trial=t.number, round=int(t.user_attrs.get("round", 0)), point=point,
@@ -660,112 +689,14 @@ class Campaign:
                        served=sum(bool((t.user_attrs.get("extra") or {}).get("served_from_store"))
                                   for t in self._runs()))
 
-    # ---- confirm phase ----------------------------------------------------------------------
+    # ---- confirm phase (cubic.codesign.confirm) --------------------------------------------
     def confirm(self, repeat_budget: int, baseline: tuple[Any, dict[str, Any]] | None = None) -> dict[str, Any] | None:
-        """Re-measure the two leading configurations in fresh processes until the winner is
-        separated from the runner-up by between-process evidence (cubic.core.stats.separated: each
-        measured in >= 2 processes and the 95% interval of their ratio above 1), or
-        ``repeat_budget`` extra repeats are spent ("tied within the repeat budget").
-
-        Needs an evaluate that keeps repeats (``estimate``/``add_repeat``: :class:`RunnerEvaluate`,
-        a user's job's evaluate); returns None otherwise. Each step adds one repeat to whichever of
-        the two leaders contributes more to the ratio's standard error (sd^2/n), then re-ranks every
-        feasible configuration by its pooled estimate (a re-measured leader may fall behind).
-        ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives
-        the speedup its interval the same way (the baseline gets a second repeat when it has one,
-        outside the budget). The outcome is stored with the campaign and is :attr:`Summary.confirm`."""
-        ev = self.evaluate
-        if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
-            return None
-        from cubic.core.stats import ratio_interval, separated
-
-        metric, maximize = self.space.primary.metric, self.space.primary.direction == "maximize"
-        points = {}
-        for o in self.observations():
-            if o.feasible and metric in o.metrics:
-                points.setdefault(self.space.key(o.point), o.point)
-        est = {k: e for k, e in ((k, ev.estimate(p, metric)) for k, p in points.items()) if e is not None}
-        if not est:
-            return None
-
-        def ranked() -> list[str]:
-            return sorted(est, key=lambda k: est[k].value, reverse=maximize)
-
-        def apart(w: str, r: str | None) -> bool | None:
-            if r is None:
-                return None
-            return separated(est[w], est[r]) if maximize else separated(est[r], est[w])
-
-        spent, failed, t0 = 0, [], time.monotonic()
-        while True:
-            order = ranked()
-            w, r = order[0], (order[1] if len(order) > 1 else None)
-            if r is None or apart(w, r) or spent >= repeat_budget:
-                break
-            target = max((w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf,
-                                                -est[k].n))
-            out = ev.add_repeat(points[target])
-            spent += 1
-            if not out.ok:
-                failed.append({"point": points[target], "failure_kind": out.failure_kind, "reason": out.reason})
-                if not out.transient:  # it fails now where it once ran: no longer a candidate
-                    est.pop(target)
-                    if not est:
-                        break
-                continue
-            est[target] = ev.estimate(points[target], metric) or est[target]
-
-        def row(e) -> dict[str, Any]:
-            return {"value": e.value, "lo": e.lo, "hi": e.hi, "repeats": e.n, "basis": e.basis,
-                    "mean_log": e.mean_log, "sd": e.sd, "df": e.df}
-
-        order = ranked() if est else []
-        w = order[0] if order else None
-        r = order[1] if len(order) > 1 else None
-        sep = apart(w, r) if w is not None else None
-        lead = None
-        if w is not None and r is not None:
-            iv = ratio_interval(est[w], est[r]) if maximize else ratio_interval(est[r], est[w])
-            lead = None if iv is None else {"ratio": iv[0], "lo": iv[1], "hi": iv[2]}
-        verdict = ("only one feasible configuration" if r is None else
-                   f"separated after {spent} of {repeat_budget} extra repeats" if sep else
-                   "not confirmed (--confirm-repeats 0)" if repeat_budget == 0 else
-                   f"tied within the repeat budget ({spent} of {repeat_budget} extra repeats)")
-        out = {"metric": metric, "direction": self.space.primary.direction, "confidence": 0.95,
-               "interval": "95% interval of what a fresh run measures (cubic.core.stats.estimate)",
-               "repeat_budget": repeat_budget, "repeats_spent": spent, "separated": sep, "verdict": verdict,
-               "winner": {"point": points[w], **row(est[w])} if w is not None else None,
-               "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
-               "lead": lead, "failed_repeats": failed}
-        if w is not None and baseline is not None:
-            out["speedup"] = self._speedup(baseline, est[w], metric, maximize)
-        out["wall_s"] = time.monotonic() - t0
-        self.study.set_user_attr("confirm", out)
+        """Re-measure the two leaders in fresh processes until separated or ``repeat_budget`` is
+        spent; stored with the campaign (:attr:`Summary.confirm`). See :func:`cubic.codesign.confirm.confirm`."""
+        out = confirm(self.evaluate, self.space, self.observations(), repeat_budget, baseline)
+        if out is not None:
+            self.study.set_user_attr("confirm", out)
         return out
-
-    @staticmethod
-    def _speedup(baseline: tuple[Any, dict[str, Any]], win, metric: str, maximize: bool) -> dict[str, Any] | None:
-        """The winner over the baseline: the ratio of their typical values with its 95% interval
-        (cubic.core.stats.ratio_interval); the baseline gets a second process when it has one."""
-        from cubic.core.stats import ratio_interval
-
-        bev, bpoint = baseline
-        if not callable(getattr(bev, "estimate", None)):
-            return None
-        be = bev.estimate(bpoint, metric)
-        if be is not None and be.n < 2 and callable(getattr(bev, "add_repeat", None)):
-            if bev.add_repeat(bpoint).ok:
-                be = bev.estimate(bpoint, metric) or be
-        if be is None:
-            return None
-        iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
-        if iv is None:
-            return None
-        return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "baseline_repeats": be.n, "baseline_value": be.value,
-                "baseline_lo": be.lo, "baseline_hi": be.hi, "baseline_basis": be.basis,
-                "beats_baseline": iv[1] > 1.0,
-                "method": "exp(difference of log-means), Welch interval on logs, each side's between-process "
-                          "variance (its repeats pooled with the machine's)"}
 
 
 def retries_allowed(ev: Result, max_retries: int) -> int:

@@ -229,6 +229,11 @@ class ProgressLines(CampaignListener):
                                  "this process was silent past the heartbeat's grace period; another worker's "
                                  "attempt counts)"))
 
+    def lost_take(self, campaign: str, trial: int) -> None:
+        with self._lock:
+            self._print(sanitize(f"{campaign} trial {trial}: taken back before its run began (this process was "
+                                 "silent past the heartbeat's grace period; another worker's attempt counts)"))
+
     def stopped(self, campaign: str, reason: str) -> None:
         with self._lock:
             if self._bar is not None:

@@ -341,8 +341,9 @@ def _fault_target(cf: dict[str, Any], key: str, t, ok: Callable[[dict[str, Any]]
     r = cf.get(key) or {}
     if "skipped" in cf or "skipped" in r or not r:
         return t(None, target, False, f"not run: {cf.get('skipped') or r.get('skipped') or 'no figure'}")
-    measured = {k: r[k] for k in ("trials", "budget", "lost_trials", "duplicated_trials", "reattached_workers",
-                                  "lost_runs_not_told", "worker_exit_codes")} | {"fault": r["fault"], "store": r["store"]}
+    keys = ("trials", "budget", "lost_trials", "duplicated_trials", "reattached_workers", "lost_runs_not_told",
+            "lost_takes", "worker_exit_codes")
+    measured = {k: r[k] for k in keys if k in r} | {"fault": r["fault"], "store": r["store"]}
     return t(measured, target, ok(r), f"see cluster_faults.{key}")
 
 
@@ -419,8 +420,9 @@ def _issue27_targets(payload: dict[str, Any], kr: dict[str, Any], kc: dict[str, 
             cf, "stall", t, lambda r: (r["trials"] == r["budget"] and r["lost_trials"] == r["duplicated_trials"] == 0
                                        and r["fault"].get("interrupted_attempts") == 1
                                        and r["fault"].get("finished_by") != r["fault"].get("worker")
-                                       and r["lost_runs_not_told"] == 1),
-            "retired after the grace period, re-run once, told once"),
+                                       and set(r["worker_exit_codes"]) == {0}
+                                       and r["lost_runs_not_told"] + r.get("lost_takes", 0) == 1),
+            "retired after the grace period, re-run once, told once, the stalled worker goes on"),
         "soak (8 workers, PostgreSQL, >= 1000 trials, kills, a restart)": _soak_target(payload.get("soak") or {}, t),
     }
 

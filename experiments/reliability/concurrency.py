@@ -139,6 +139,8 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
         "run_delay_s": delay_s, "fault": fault_report,
         "reattached_workers": sum("re-attached" in e for _, _, e in outs),
         "lost_runs_not_told": sum(e.count("this run is not told") for _, _, e in outs),
+        # stopped between taking a trial and starting its run: nothing ran there (CampaignListener.lost_take)
+        "lost_takes": sum(e.count("taken back before its run began") for _, _, e in outs),
     }
 
 
