@@ -46,7 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cubic.core.result import Result
 from search.space import Constraint, Objective, Parameter, Space, _is_number
-from search.strategies import Observation, ProxyGuided, SearchContext, Strategy, make_strategy
+from search.strategies import Observation, ProxyGuided, SearchContext, Strategy, credit_pruned, make_strategy
 
 STATE_KEY = "cubic:strategy_state"
 POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's running trial may have no params yet
@@ -180,13 +180,6 @@ class CubicSampler(BaseSampler):
     def observations(self, study: Study, space: Space, trials: Sequence[FrozenTrial]) -> list[Observation]:
         """The finished trials (in trial-number order) as the strategy's history."""
         names = [o.metric for o in space.objectives]
-        complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
-        # the worst complete value per objective: a pruned trial is never credited above it
-        worst = [None] * len(names)
-        for i, o in enumerate(space.objectives):
-            vals = [t.values[i] for t in complete]
-            if vals:
-                worst[i] = min(vals) if o.direction == "maximize" else max(vals)
         out = []
         for t in trials:
             if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
@@ -199,17 +192,16 @@ class CubicSampler(BaseSampler):
             violation = float(sum(max(0.0, c) for c in cons))
             if t.state == TrialState.COMPLETE:
                 res = Result(status="ok", metrics={**metrics, **dict(zip(names, map(float, t.values)))})
-            elif t.state == TrialState.PRUNED and t.intermediate_values and len(names) == 1 and worst[0] is not None:
-                last = float(t.intermediate_values[max(t.intermediate_values)])
-                o = space.objectives[0]
-                v = min(last, worst[0]) if o.direction == "maximize" else max(last, worst[0])
-                res = Result(status="ok", metrics={**metrics, names[0]: v}, extra={"pruned": True})
+            elif t.state == TrialState.PRUNED and t.intermediate_values and len(names) == 1:
+                last = float(t.intermediate_values[max(t.intermediate_values)])  # (credit_pruned below)
+                res = Result.failed("pruned", "pruned", metrics={**metrics, names[0]: last}, extra={"pruned": True})
             elif t.state == TrialState.PRUNED:
                 res = Result.failed("killed", "pruned before any report", metrics=metrics, extra={"pruned": True})
             else:
                 res = Result.failed("error", str(t.system_attrs.get("fail_reason", "trial failed")), metrics=metrics)
             out.append(Observation(point, res, violation=violation, context=dict(self._run_context)))
-        return out
+        # a pruned trial: its last report, never credited above the worst complete one (as TPE ranks it)
+        return credit_pruned(space, out)
 
     def _featurizer_for(self, space: Space):
         """The featurizer with its prior columns named by the study's objectives (``space_for``

@@ -98,6 +98,31 @@ def objective_value(space: Space, obs: Observation, i: int = 0) -> float | None:
     return v if o.direction == "maximize" else -v
 
 
+def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]:
+    """The history with each run a pruner stopped (``pruned``, its last intermediate value in its
+    metrics) seen as Optuna's samplers see a pruned trial: a run at that value, never credited
+    above the worst completed run (it was stopped for looking worse). So the proxy learns from its
+    curve instead of counting its region infeasible. One objective only; a pruned run without a
+    value, or before any run completed, stays a failure. CubicSampler and the campaign share it."""
+    if len(space.objectives) != 1:
+        return list(history)
+    o = space.objectives[0]
+    done = [o_.metrics[o.metric] for o_ in history if o_.ok and math.isfinite(o_.metrics.get(o.metric, math.nan))]
+    if not done:
+        return list(history)
+    worst = min(done) if o.direction == "maximize" else max(done)
+    out = []
+    for h in history:
+        last = h.metrics.get(o.metric, math.nan)
+        if h.failure_kind == "pruned" and math.isfinite(last):
+            v = min(last, worst) if o.direction == "maximize" else max(last, worst)
+            h = Observation(h.point, Result(status="ok", source=h.result.source, metrics={**h.metrics, o.metric: v},
+                                            extra={**h.result.extra, "pruned": True}),
+                            violation=h.violation, context=h.context)
+        out.append(h)
+    return out
+
+
 def _seed(seed: int, round_index: int, salt: int = 0) -> int:
     return (seed * 1_000_003 + round_index * 7919 + salt) % (2**31 - 1)
 

@@ -48,16 +48,43 @@ def test_pruner_stops_a_bad_job(tmp_path):
 def test_search_learns_from_pruned_runs():
     from cubic.core.result import Result
     from search.space import Parameter, Space
-    from search.strategies import Observation, ProxyGuided, SearchContext
+    from search.strategies import Observation, ProxyGuided, SearchContext, credit_pruned
 
     space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
                   objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
     hist = [Observation({"x": x}, Result(status="ok", metrics={"loss": float(abs(x - 5))})) for x in (0, 3, 5, 8)]
     hist += [Observation({"x": x}, Result.failed("pruned", "stopped early", metrics={"loss": 9.0}))
              for x in (15, 16, 17, 18, 19)]
-    s = ProxyGuided(n_inner=32, families=("xgboost", "ridge")).bind(SearchContext(space=space, seed=0))
-    picks = [p.point["x"] for p in s.propose(hist, 4)]
-    assert sum(x >= 14 for x in picks) <= 1  # the pruned region is avoided
+    for seen in (hist, credit_pruned(space, hist)):  # as failures, and as the campaign gives them (curves)
+        s = ProxyGuided(n_inner=32, families=("xgboost", "ridge")).bind(SearchContext(space=space, seed=0))
+        picks = [p.point["x"] for p in s.propose(seen, 4)]
+        assert sum(x >= 14 for x in picks) <= 1  # the pruned region is avoided
+
+
+def test_a_pruned_run_is_credited_its_last_value_never_above_the_worst_completed_run():
+    from cubic.core.result import Result
+    from search.space import Parameter, Space
+    from search.strategies import Observation, credit_pruned
+
+    space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
+                  objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
+    done = [Observation({"x": x}, Result(status="ok", metrics={"loss": v})) for x, v in ((0, 2.0), (1, 4.0))]
+    pruned = [Observation({"x": 5}, Result.failed("pruned", "early", metrics={"loss": 3.0, "pruned_step": 2.0})),
+              Observation({"x": 6}, Result.failed("pruned", "early", metrics={"loss": 7.0}), violation=0.5),
+              Observation({"x": 7}, Result.failed("pruned", "before any line")),
+              Observation({"x": 8}, Result.failed("error", "crash", metrics={"loss": 1.0}))]
+    out = credit_pruned(space, done + pruned)
+    assert [o.point for o in out] == [o.point for o in done + pruned]  # same runs, same order
+    a, b, c, d = out[2:]
+    # a curve at 3.0 is credited 4.0 (the worst completed): stopped for looking worse, never better
+    assert a.ok and a.metrics["loss"] == 4.0 and a.result.extra["pruned"] and a.metrics["pruned_step"] == 2.0
+    assert b.ok and b.metrics["loss"] == 7.0 and b.violation == 0.5 and not b.feasible
+    assert not c.ok and not d.ok  # no value: still a failure; a crash is never credited
+    # before any run completed, or with two objectives, nothing to rank against: unchanged
+    assert credit_pruned(space, pruned) == pruned
+    two = Space(parameters=space.parameters, objectives=[{"metric": "loss", "direction": "minimize"},
+                                                          {"metric": "mem", "direction": "minimize"}])
+    assert credit_pruned(two, done + pruned) == done + pruned
 
 
 def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, monkeypatch, capsys):
@@ -82,3 +109,30 @@ def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, 
     pruned = [lr for lr in (5.0, 6.0) if runs[lr].failure_kind == "pruned"]
     assert pruned and all(runs[lr].metrics["pruned_step"] < 10 for lr in pruned)  # (the seeded order runs one late)
     assert main(["campaign", "run", "--objective", "x {lr}", "--space", "space.yaml", "--prune", "asha"]) == 2
+
+
+def test_the_campaign_search_sees_a_pruned_run_as_its_curve_not_as_a_failure(tmp_path):
+    from cubic.codesign.campaign import Campaign
+    from cubic.core.result import Result
+    from search.space import Parameter, Space
+
+    space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
+                  objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
+
+    def evaluate(p):  # x >= 10 looks bad early and is stopped by the pruner
+        if p["x"] >= 10:
+            return Result.failed("pruned", "stopped early", metrics={"loss": 50.0 + p["x"], "pruned_step": 2.0})
+        return {"loss": float(abs(p["x"] - 5))}
+
+    c = Campaign(space, evaluate, name="prune", strategy="random", budget=12, batch_size=4, seed=3,
+                 storage=f"sqlite:///{tmp_path}/c.db")
+    seen: list = []
+    propose = c.strategy.propose
+    c.strategy.propose = lambda history, k: seen.append(list(history)) or propose(history, k)
+    c.run()
+    last = seen[-1]
+    stopped = [o for o in last if o.point["x"] >= 10]
+    assert stopped and all(o.ok and o.result.extra.get("pruned") for o in stopped)
+    assert all(o.metrics["loss"] == 50.0 + o.point["x"] for o in stopped)  # (worse than every completed run)
+    # the study keeps the run as it was: stopped early, not a completed run
+    assert all(r.failure_kind == "pruned" for r in c.observations() if r.point["x"] >= 10)

@@ -65,7 +65,7 @@ from cubic.core.result import Result
 from cubic.core.spec import SpecError
 from cubic.core.store import StoreError
 from search.space import Space
-from search.strategies import Observation, SearchContext, Strategy, make_strategy, objective_value
+from search.strategies import Observation, SearchContext, Strategy, credit_pruned, make_strategy, objective_value
 
 STATE_KEY = "cubic_strategy_state"
 MAX_INTERRUPTED = 3  # lost attempts of one trial (kills of its worker) before it is retired
@@ -611,7 +611,9 @@ class Campaign:
         round_index = (max(rounds) + 1) if rounds else 0
         k = min(self.batch_size, self.budget - len(history))
         done = {self.space.key(o.point) for o in history}
-        proposals = [p for p in self.strategy.propose(history, k) if self.space.key(p.point) not in done][:k]
+        # a run a pruner stopped enters as its curve's last value (credit_pruned), not as a failure
+        proposals = [p for p in self.strategy.propose(credit_pruned(self.space, history), k)
+                     if self.space.key(p.point) not in done][:k]
         if not proposals:
             return "exhausted"
         # the round and the strategy's state in one write, then its trials: a coordinator killed
