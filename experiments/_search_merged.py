@@ -17,14 +17,12 @@ from experiments.common import png_path, run_context, write_result
 def run_merged(args, log=print) -> None:
     """``--tune`` / ``--early-stop``: run the part, merge it (its own context and targets) into the
     stored JSON, redraw its figure."""
-    import json
-
     from experiments._search_public import EARLY, plot_public
-    from experiments.common import RESULTS
+    from experiments.common import RESULTS, stored_result
 
     name = "search_benchmark"
     path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}, "targets": {}}
+    stored = stored_result(name, {"spaces": {}, "targets": {}})
     started = time.time()
     if args.tune:
         from experiments._search_tune import run_tune

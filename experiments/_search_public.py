@@ -206,12 +206,9 @@ def keep_merged(results: dict, name: str, sections: dict[str, str]) -> None:
     """A full run keeps the stored sections merged by their own invocations (``--public``,
     ``--tune``, ``--early-stop``: ``sections`` maps each to its targets' prefix) and their targets:
     each section carries its own context (code version, load)."""
-    import json
+    from experiments.common import stored_result
 
-    from experiments.common import RESULTS
-
-    path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = stored_result(name)
     for key, prefix in sections.items():
         if not stored.get(key):
             continue
@@ -224,13 +221,11 @@ def keep_merged(results: dict, name: str, sections: dict[str, str]) -> None:
 def run_public(args, log=print) -> None:
     """``search_benchmark --public``: the public part run and merged into the stored JSON (or, with
     ``--public-early-seeds``, only the second look at 25 evaluations)."""
-    import json
-
-    from experiments.common import RESULTS, png_path, run_context, write_result
+    from experiments.common import RESULTS, png_path, run_context, stored_result, write_result
 
     name = "search_benchmark"
     path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}}
+    stored = stored_result(name, {"spaces": {}})
     seeds = list(range(args.seeds))
     started = time.time()
     if args.public_early_seeds:

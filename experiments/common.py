@@ -47,6 +47,13 @@ def target_defects(targets: Any) -> list[str]:
     return out
 
 
+def stored_result(name: str, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """results/<name>.json as last written (a part run on its own merges into it), or a copy of
+    ``empty`` when there is none yet."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else json.loads(json.dumps(empty or {}))
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Writes results/<name>.json; a targets object that breaks the convention is refused before
     anything is written (a benchmark's --quick test then fails instead of a full run's JSON lying)."""

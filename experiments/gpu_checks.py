@@ -332,7 +332,7 @@ def sharding_rows(steps: int = 20) -> list[dict]:
     return out
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller shape grid and fewer runner steps")
     ap.add_argument("--only-fp8", action="store_true",
@@ -347,7 +347,11 @@ def main() -> int:
     ap.add_argument("--out", default=None,
                     help="results file name under results/ (default gpu_checks, or gpu_checks_fp8 with --only-fp8): "
                          "a repeat run on another name keeps the first run's record as it was")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = _parser().parse_args()
     from experiments.common import RESULTS, run_context, write_result
 
     chosen = SECTIONS if args.sections is None else tuple(x.strip() for x in args.sections.split(","))

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -360,7 +359,6 @@ def targets(results: dict) -> dict:
         if sp is None:
             continue  # not run (--quick skips the real space)
         cm, tm = sp["methods"]["cubic"]["mean_runs_to_target"], sp["methods"]["tpe"]["mean_runs_to_target"]
-        real = name.startswith("real")
         own_met = cm <= base["cubic"] + 1e-9
         why = (REGRESSION_WHY.get(name) or "") + _pick_why(sp) + (
             f"cubic's mean runs to {TARGET:.0%} over the seeds were {cm:g} against TPE's {tm:g} ({base['tpe']} when "
@@ -444,7 +442,7 @@ def run_hard(args) -> None:
     from cubic.core.store import TrialStore
     from cubic.runners.local import LocalRunner
     from experiments import _search_tabular as tab
-    from experiments.common import RESULTS
+    from experiments.common import RESULTS, stored_result
 
     passes = args.passes if args.passes != 5 else 2  # 5 is the old space's default; 2 keeps this one <= ~20 min
     seeds = list(range(args.seeds))
@@ -497,7 +495,7 @@ def run_hard(args) -> None:
                  "note": "restricted grid: a test of the script, not the benchmark" if args.hard_batch_sizes else
                  "the full grid of the space (no shape knobs)"}
     path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"spaces": {}}
+    stored = stored_result(name, {"spaces": {}})
     stored.setdefault("spaces", {})[f"hard:{wl.name}"] = r
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith("hard:")}
     stored["targets"] = {**old, **hard_targets(f"hard:{wl.name}", r, TARGET)}
@@ -561,12 +559,14 @@ def _parse_args():
 def _replot_or_retarget(args) -> None:
     """``--replot`` / ``--retarget``: run nothing; redraw the PNG from the stored JSON, and with
     ``--retarget`` recompute its targets (the public ones too) from its figures first."""
-    import json
-
     name = "search_benchmark_quick" if args.quick else "search_benchmark"
-    from experiments.common import RESULTS
+    from experiments.common import RESULTS, stored_result
 
-    stored = json.loads((RESULTS / f"{name}.json").read_text())
+    if not (RESULTS / f"{name}.json").exists():
+        print(f"search_benchmark: {'--retarget' if args.retarget else '--replot'} needs results/{name}.json: "
+              "run the benchmark first", file=sys.stderr)
+        raise SystemExit(2)
+    stored = stored_result(name)
     if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
         stored["targets"] = targets(stored)
         pub = (stored.get("public") or {}).get("problems") or {}
