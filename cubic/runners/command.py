@@ -30,8 +30,9 @@ a job may print intermediate lines, JSON objects with ``step`` and the metric
 (``{"step": 3, "val_loss": 0.41}``); the runner reports each to the pruner over the learning curves
 of the runs it has made (an in-memory Optuna study: trial.report / should_prune, the pruners'
 own rule) and stops the job's process group when the pruner says so. The run is a ``pruned``
-failure carrying its last intermediate value and step (``pruned_step``): the search treats it
-as Optuna does a pruned trial, below every completed one. Why Optuna's pruners and not Tune's
+failure carrying its last intermediate value and step (``pruned_step``): the search learns from
+that value, never credited above the worst completed run (search.strategies.credit_pruned), as
+Optuna's TPE ranks a pruned trial. Why Optuna's pruners and not Tune's
 ASHA: cubic's campaign already is an Optuna ask/tell loop, a pruner needs only the curves (no
 Ray cluster, no trial actors), and ASHA itself is Optuna's ``SuccessiveHalvingPruner``.
 
