@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._public_problems import EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, problems, random_median
+from experiments._public_problems import (EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, mlp_curve, problems,
+                                         random_median)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("none", "median", "halving")  # --prune of `cubic campaign run`
@@ -60,7 +61,7 @@ def _runs(storage: str, name: str) -> list:
     from cubic.codesign.trials import is_run, trial_result
 
     study = optuna.load_study(study_name=name, storage=storage)
-    return [trial_result(t) for t in study.trials if is_run(t)]
+    return [(dict(t.params), trial_result(t)) for t in study.trials if is_run(t)]
 
 
 def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> dict:
@@ -82,20 +83,25 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> di
     pb = problems()["mlp-tabular"]
     med = random_median(pb)
     best, regret, jobs = math.inf, [], []  # per run, in order: quality so far (None before a completed run)
-    for r in runs:
+    for _, r in runs:
         if r.ok:
             best = min(best, r.metrics["val_loss"])
         regret.append(None if best == math.inf else float((best - pb.optimum) / (med - pb.optimum)))
         jobs.append(float(r.metrics["wall_time_s"]))
     return {"arm": arm, "seed": seed, "runs": len(runs), "campaign_wall_s": wall, "regret_so_far": regret,
-            "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for r in runs],
-            "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for r in runs]}
+            "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for _, r in runs],
+            "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for _, r in runs],
+            # each run's final val_loss had it run to the end (MODELLED for a pruned run: the script's formula)
+            "full_final_per_run": [float(mlp_curve(p)[-1]) for p, _ in runs]}
 
 
 def first_runs(c: dict, n: int) -> dict:
     """A campaign's figures over its first ``n`` runs."""
-    kinds = c["kinds"][:n]
+    kinds, full = c["kinds"][:n], c["full_final_per_run"][:n]
+    best = min((f for f, k in zip(full, kinds) if k == "ok"), default=math.inf)
     return {"runs": len(kinds), "completed": kinds.count("ok"), "pruned": kinds.count("pruned"),
+            # pruned runs that, run to the end, would have beaten the best completed one: the winners a pruner cost
+            "pruned_winners": sum(k == "pruned" and f < best for f, k in zip(full, kinds)),
             "other_failures": len(kinds) - kinds.count("ok") - kinds.count("pruned"),
             "epochs_run": sum(c["epochs_per_run"][:n]), "jobs_wall_s": float(sum(c["jobs_wall_s_per_run"][:n])),
             "final_regret": c["regret_so_far"][:n][-1] if kinds else None}
@@ -131,13 +137,18 @@ def compare_arm(by: dict, arm: str, seeds, budget: int) -> dict:
     m, lo, hi = (x if math.isfinite(x) else None for x in mean_interval(cost))  # None: fewer than 2 seeds
     reach = {s: time_to_quality(by[arm][s], base[s]["final_regret"]) for s in seeds}
     at_quality = [None if reach[s] is None else 1 - reach[s][1] / base[s]["jobs_wall_s"] for s in seeds]
+    whole = {s: first_runs(by[arm][s], len(by[arm][s]["kinds"])) for s in seeds}
     return {"equal_quality": {"jobs_wall_saved_median": _median_or_none(at_quality),
                               "jobs_wall_saved_per_seed": at_quality,
                               "reached": sum(x is not None for x in at_quality),
+                              "pruned_runs": sum(whole[s]["pruned"] for s in seeds),
+                              "pruned_winners": sum(whole[s]["pruned_winners"] for s in seeds),
                               "runs_to_reach_per_seed": [None if reach[s] is None else reach[s][0] for s in seeds]},
             "equal_runs": {"jobs_wall_saved_median": float(np.median(saved)), "jobs_wall_saved_per_seed": saved,
                            "regret_cost_mean": m, "regret_cost_interval_95": [lo, hi], "regret_cost_per_seed": cost,
                            "seeds_without_a_completed_run": len(seeds) - len(both),
+                           "pruned_runs": sum(own[s]["pruned"] for s in seeds),
+                           "pruned_winners": sum(own[s]["pruned_winners"] for s in seeds),
                            "pruned_share": float(np.mean([own[s]["pruned"] / own[s]["runs"] for s in seeds]))}}
 
 
@@ -162,12 +173,40 @@ def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 
             "pruners": {"median": "optuna MedianPruner(n_startup_trials=2, n_warmup_steps=1)",
                         "halving": "optuna SuccessiveHalvingPruner() (ASHA's rule)"},
             "campaigns": rows, "arms": {arm: compare_arm(by, arm, seeds, budget) for arm in ARMS[1:]},
+            "curves": curve_agreement(),
             "note": (f"the unpruned campaigns run {budget} runs, the pruned ones {extend * budget}; 'equal_quality': "
                      "jobs' wall time until the pruned campaign first reaches the unpruned one's final relative "
                      "regret, against the unpruned campaign's (same seed); 'equal_runs': the pruned campaign's "
                      f"first {budget} runs (a campaign's first runs do not depend on its budget) against the "
                      "unpruned campaign, the regret cost paired by seed with its 95% t interval; each campaign's "
                      "whole wall time (CLI process) is in 'campaigns'")}
+
+
+def curve_agreement() -> dict:
+    """How well a curve's early epochs rank the grid's configurations by their final loss (Spearman,
+    per epoch): near 1, a pruner judging by an early epoch stops no configuration that would end best."""
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    names = [p["name"] for p in space_doc()["parameters"]]
+    grid = [dict(zip(names, v)) for v in itertools.product(*(p["choices"] for p in space_doc()["parameters"]))]
+    c = np.array([mlp_curve(g) for g in grid])
+    return {"kind": "MODELLED (the script's formula over its configurations)", "configurations": len(grid),
+            "spearman_epoch_vs_final": [round(float(spearmanr(c[:, e], c[:, -1]).statistic), 4)
+                                        for e in range(c.shape[1])]}
+
+
+def _why_not_equal(es: dict, pruned: int, winners: int) -> str:
+    """What the figures say about a quality cost: whether the pruner stopped would-be winners."""
+    rho = (es.get("curves") or {}).get("spearman_epoch_vs_final") or []
+    if winners or not pruned:
+        return ""
+    return (f"; none of the {pruned} pruned runs would have beaten its campaign's best completed run had it run "
+            "to the end (the script's formula)" + (f", and epoch 1 already ranks the configurations as the "
+                                                   f"final epoch does (Spearman {rho[0]:.3f})" if rho else "")
+            + ": the pruners stopped no winner, so the cost is the search's, which learns less from a stopped "
+            "run (its value capped at the worst completed one) than from a completed one")
 
 
 def early_stop_targets(es: dict) -> dict:
@@ -184,7 +223,8 @@ def early_stop_targets(es: dict) -> dict:
                 f"the pruned campaigns reached the unpruned ones' final quality in {q['reached']} of "
                 f"{len(es['seeds'])} seeds within {es['pruned_budget']} runs (saved per seed: "
                 + ", ".join("never" if x is None else f"{x:+.0%}" for x in q["jobs_wall_saved_per_seed"])
-                + "); the median over seeds counts a seed that never got there as no saving")})}
+                + "); the median over seeds counts a seed that never got there as no saving"
+                + _why_not_equal(es, q.get("pruned_runs", 0), q.get("pruned_winners", 0)))})}
         s_runs = e["jobs_wall_saved_median"]
         out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at an equal number of runs "
             "(median over seeds)"] = {
@@ -203,5 +243,6 @@ def early_stop_targets(es: dict) -> dict:
                 f"paired cost {e['regret_cost_mean']:+.3f} [{e['regret_cost_interval_95'][0]:+.3f}, {hi:+.3f}] "
                 f"in relative regret over {len(e['regret_cost_per_seed'])} seeds: "
                 + ("the pruned campaigns end worse" if e["regret_cost_interval_95"][0] > 0 else
-                   "not resolved at this many seeds"))})}
+                   "not resolved at this many seeds")
+                + _why_not_equal(es, e.get("pruned_runs", 0), e.get("pruned_winners", 0)))})}
     return out

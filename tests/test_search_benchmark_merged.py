@@ -35,7 +35,7 @@ def test_early_stop_campaign_through_the_cli(tmp_path):
 def _campaign(arm, seed, regrets, walls):
     return {"arm": arm, "seed": seed, "runs": len(regrets), "campaign_wall_s": sum(walls) + 1.0,
             "regret_so_far": regrets, "jobs_wall_s_per_run": walls, "kinds": ["ok"] * len(regrets),
-            "epochs_per_run": [9] * len(regrets)}
+            "epochs_per_run": [9] * len(regrets), "full_final_per_run": [1.0] * len(regrets)}
 
 
 def test_time_to_quality_and_the_comparison_per_seed():
@@ -73,6 +73,25 @@ def test_early_stop_targets_follow_the_figures():
     assert any("in 1 of 3 seeds" in t["reason"] and "never, never, +90%" in t["reason"] for t in worse.values())
     unresolved = es.early_stop_targets(_arms(0.4, (-0.2, 0.3)))
     assert any("not resolved" in t.get("reason", "") for t in unresolved.values())
+    # a miss says whether the pruner stopped a would-be winner
+    a = _arms(0.1, (0.06, 0.1), at_quality=(None, None, 0.9))
+    a["curves"] = {"spearman_epoch_vs_final": [0.99, 1.0]}
+    for part in ("equal_quality", "equal_runs"):
+        a["arms"]["median"][part].update(pruned_runs=7, pruned_winners=0)
+    reasons = [t["reason"] for t in es.early_stop_targets(a).values() if not t["met"]]
+    assert all("none of the 7 pruned runs" in r and "Spearman 0.990" in r for r in reasons[:1] + reasons[2:])
+    a["arms"]["median"]["equal_runs"]["pruned_winners"] = 1
+    assert not any("pruned runs would" in t.get("reason", "") and "equal number" in k
+                   for k, t in es.early_stop_targets(a).items())
+
+
+def test_a_pruned_run_that_would_have_won_is_counted():
+    c = {"kinds": ["ok", "pruned", "pruned", "ok"], "full_final_per_run": [0.5, 0.4, 0.9, 0.6],
+         "epochs_per_run": [9, 2, 2, 9], "jobs_wall_s_per_run": [1.0] * 4, "regret_so_far": [0.2] * 4}
+    assert es.first_runs(c, 4)["pruned_winners"] == 1  # 0.4 beats the best completed 0.5; 0.9 does not
+    assert es.first_runs(c, 1)["pruned_winners"] == 0
+    agree = es.curve_agreement()
+    assert agree["configurations"] == 972 and agree["spearman_epoch_vs_final"][-1] == 1.0
 
 
 def _pub(cubic, tpe):
