@@ -205,8 +205,9 @@ def _why_not_equal(es: dict, pruned: int, winners: int) -> str:
     return (f"; none of the {pruned} pruned runs would have beaten its campaign's best completed run had it run "
             "to the end (the script's formula)" + (f", and epoch 1 already ranks the configurations as the "
                                                    f"final epoch does (Spearman {rho[0]:.3f})" if rho else "")
-            + ": the pruners stopped no winner, so the cost is the search's, which learns less from a stopped "
-            "run (its value capped at the worst completed one) than from a completed one")
+            + ": the pruners stopped no winner, so the cost is in what the search proposed (the likely why, not "
+            "measured: it learns less from a stopped run, its value capped at the worst completed one, than from "
+            "a completed run)")
 
 
 def early_stop_targets(es: dict) -> dict:
