@@ -464,3 +464,45 @@ def test_a_trial_taken_back_between_the_check_and_the_tell_is_reported_lost_not_
     point, ev = c._run_one(mine)
     assert ev is None and lost == [mine.number]
     assert c.study._storage.get_trial(mine._trial_id).values == [2.0]
+
+
+def test_a_campaign_another_process_is_creating_is_not_taken_for_a_creation_cut_short(tmp_path):
+    """Two workers starting one campaign at once: the second found the first's study before its
+    settings were written, took it for a creation a kill had cut short, and deleted it under the
+    first (which failed with Optuna's "Record does not exist"; the reliability run's first-start
+    check on PostgreSQL, stop 39). Creation is now under the storage's lock: the second waits, then
+    finds the campaign made, and says it exists (a worker then resumes it)."""
+    import threading
+
+    from cubic.codesign.storage import META_KEY, creation_lock, open_storage
+    from cubic.core.spec import SpecError
+    from cubic.testing import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path}/c.db"
+    sp = space()
+    st = open_storage(url)
+    out: dict = {}
+
+    def second():
+        try:
+            Campaign(sp, lambda p: {}, name="shared", strategy="random", budget=2, storage=url)
+            out["made"] = True
+        except SpecError as e:
+            out["error"] = str(e)
+
+    with creation_lock(st):  # the first process, mid-creation: its study exists, its settings not yet
+        first = optuna.create_study(study_name="shared", storage=st, directions=["maximize"])
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(1.5)
+        assert t.is_alive() and not out  # waits: does not delete what is being made
+        first.set_user_attr(META_KEY, {"note": "made by the first"})
+    t.join(30)
+    assert "exists" in out.get("error", ""), out
+    kept = optuna.load_study(study_name="shared", storage=st)
+    assert kept._study_id == first._study_id and kept.user_attrs[META_KEY] == {"note": "made by the first"}
+    # a creation that was cut short (no process holds the lock) is still made afresh
+    optuna.create_study(study_name="cut", storage=st)
+    Campaign(sp, lambda p: {}, name="cut", strategy="random", budget=2, storage=url)
+    assert META_KEY in optuna.load_study(study_name="cut", storage=st).user_attrs

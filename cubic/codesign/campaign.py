@@ -58,7 +58,7 @@ import optuna
 
 from cubic.codesign.confirm import confirm
 from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, Lease, LeaseHeld,
-                                   heartbeat_interval, load_meta, open_storage, pid_dead,
+                                   creation_lock, heartbeat_interval, load_meta, open_storage, pid_dead,
                                    worker_name)
 from cubic.codesign.trials import as_result, is_run, provenance, trial_attrs, trial_observation
 from cubic.core.result import Result
@@ -197,6 +197,12 @@ class Campaign:
                 "target": self.target, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def _open_study(self, resume: bool) -> optuna.Study:
+        if resume:
+            return self._find_or_create_study(resume)
+        with creation_lock(self.storage):  # a study without settings may be another process's creation
+            return self._find_or_create_study(resume)
+
+    def _find_or_create_study(self, resume: bool) -> optuna.Study:
         directions = [o.direction for o in self.space.objectives]
         found = {s.study_name: s for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
         # a study without settings is a creation a kill cut short: the name is free to reuse

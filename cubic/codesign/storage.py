@@ -46,7 +46,7 @@ DB_WAIT_S = 300.0  # a worker waits this long for its database to come back (a r
 MAX_OUTAGES = 5  # ... and reattaches at most this often: an error that persists is not an outage
 
 
-_SCHEMA_LOCK_KEY = 0x637562696301  # pg_advisory_lock key of the campaign storage's first use
+_SCHEMA_LOCK_KEY = 0x637562696301  # pg_advisory_lock key of the campaign storage's first use (and creations)
 
 
 @contextmanager
@@ -87,6 +87,21 @@ def _schema_lock(url: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
+def creation_lock(storage: Any) -> Iterator[None]:
+    """Serialise the creation of campaigns in one storage between processes (the lock of its first
+    use): a study without a campaign's settings is a creation a kill cut short, to be made afresh,
+    only if no other process is making it at that moment, which only this lock can tell (two workers
+    starting one campaign at once: the second deleted the first's study mid-creation, and the first
+    failed with Optuna's "Record does not exist"). In memory: one process, no lock."""
+    url = getattr(storage, "url", None)
+    if not isinstance(url, str):
+        yield
+        return
+    with _schema_lock(url):
+        yield
 
 
 class RetryUnrecordedRun(optuna.storages.RetryHeartbeatStaleTrialCallback):

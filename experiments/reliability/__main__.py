@@ -337,6 +337,18 @@ def _soak(pg_url: str | None, why: str, quick: bool) -> dict[str, Any]:
     return out
 
 
+def _race_why(fs: dict[str, Any]) -> str:
+    """A missed first-start target's reason: which processes failed, and their last error line."""
+    out = []
+    for backend, b in fs.items():
+        for part in ("opens", "commands"):
+            for d in b[part]["details"]:
+                last = (d.get("stderr") or d.get("error") or "").strip().splitlines()[-1:] or [""]
+                out.append(f"{backend} {part}, try {d['try']}: {d.get('command') or d.get('kind')} exit {d['rc']}: "
+                           f"{last[0][:200]}")
+    return "; ".join(out) or "failures without details"
+
+
 def _fault_target(cf: dict[str, Any], key: str, t, ok: Callable[[dict[str, Any]], bool], target: str):
     r = cf.get(key) or {}
     if "skipped" in cf or "skipped" in r or not r:
@@ -396,7 +408,7 @@ def _issue27_targets(payload: dict[str, Any], kr: dict[str, Any], kc: dict[str, 
                                             kr["lost_trials"] + kr["store"]["lost"] == 0),
         "first-start races (processes released at one instant, new storage and store)": t(
             races, 0, races == 0 and all(n >= 20 for n in tries.values()) and "postgresql" in tries,
-            f"tries per backend {tries} (target 20 each, SQLite and PostgreSQL)" if races == 0 else None),
+            f"tries per backend {tries} (target 20 each, SQLite and PostgreSQL)" if races == 0 else _race_why(fs)),
         "read-back attacks: malformed pending lines (kinds)": t(rb["pending"]["lines"], ">= 20",
                                                                 rb["pending"]["lines"] >= 20),
         "read-back attacks: corrupt stored rows (kinds)": t(len(rb["stored_rows"]["kinds"]), ">= 5",

@@ -56,6 +56,7 @@ def first_start(workdir: str | Path, tries: int = 20, campaigns: int = 2, worker
     process with a non-zero exit. ``pg_base``: a PostgreSQL server URL (a new database per try)."""
     import yaml
 
+    from cubic.core.store import redact_url
     from cubic.testing import SPACE as STAND_IN
 
     wd = Path(workdir)
@@ -75,7 +76,8 @@ def first_start(workdir: str | Path, tries: int = 20, campaigns: int = 2, worker
             _, err = p.communicate(timeout=600)
             if p.returncode != 0:
                 failures += 1
-                details.append({"try": k, "command": " ".join(c[:4]), "rc": p.returncode, "stderr": err[-400:]})
+                details.append({"try": k, "command": " ".join(redact_url(x) if "://" in x else x for x in c[:4]),
+                                "rc": p.returncode, "stderr": err[-400:]})
         elapsed.append(round(time.time() - t_go, 1))
     return {"backend": "postgresql" if pg_base else "sqlite", "tries": tries,
             "processes_per_try": campaigns + workers + runs, "campaigns": campaigns,
