@@ -107,7 +107,7 @@ def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]
     if len(space.objectives) != 1:
         return list(history)
     o = space.objectives[0]
-    done = [o_.metrics[o.metric] for o_ in history if o_.ok and math.isfinite(o_.metrics.get(o.metric, math.nan))]
+    done = [h.metrics[o.metric] for h in history if h.ok and math.isfinite(h.metrics.get(o.metric, math.nan))]
     if not done:
         return list(history)
     worst = min(done) if o.direction == "maximize" else max(done)
