@@ -360,15 +360,10 @@ def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
     worker: when the silent worker's run finishes it is reported lost, not told, and the study
     counts the point once (the other attempt's). In-process; the slow suite stalls a real worker
     process (SIGSTOP) on PostgreSQL."""
-    from cubic.codesign.campaign import CampaignListener
     from cubic.testing import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    lost: list[int] = []
-
-    class Listener(CampaignListener):
-        def lost_run(self, campaign, trial, point):
-            lost.append(trial)
+    listener, lost = _recording("lost_run")
 
     storage = f"sqlite:///{tmp_path}/c.db"
     sp = space()
@@ -381,7 +376,7 @@ def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
         return Result(status="ok", metrics={o.metric: 1.0 for o in sp.objectives})
 
     c = Campaign(sp, evaluate, name="silent", strategy="random", budget=2, storage=storage, worker="a",
-                 listener=Listener())
+                 listener=listener)
     other = Campaign(sp, lambda p: {}, name="silent", strategy="random", budget=2, storage=storage, worker="b",
                      resume=True)
     c.study.enqueue_trial(point)
@@ -398,21 +393,16 @@ def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp
     """The race the slow suite's SIGSTOP once hit: a worker silent past the grace period between
     taking a trial (the compare-and-set) and writing its claim finds, on waking, the trial told by
     another worker. It neither crashes nor runs the point: a lost take, and the worker goes on."""
-    from cubic.codesign.campaign import CampaignListener
     from cubic.testing import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    lost: list[int] = []
-
-    class Listener(CampaignListener):
-        def lost_take(self, campaign, trial):
-            lost.append(trial)
+    listener, lost = _recording("lost_take")
 
     storage = f"sqlite:///{tmp_path}/c.db"
     sp = space()
     ran: list[str] = []
     c = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name="silent",
-                 strategy="random", budget=2, storage=storage, worker="a", listener=Listener())
+                 strategy="random", budget=2, storage=storage, worker="a", listener=listener)
     other = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name="silent",
                      strategy="random", budget=2, storage=storage, worker="b", resume=True)
     c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
@@ -432,20 +422,15 @@ def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp
 
 
 def test_a_trial_taken_back_between_the_check_and_the_tell_is_reported_lost_not_raised(tmp_path):
-    from cubic.codesign.campaign import CampaignListener
     from cubic.testing import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    lost: list[int] = []
-
-    class Listener(CampaignListener):
-        def lost_run(self, campaign, trial, point):
-            lost.append(trial)
+    listener, lost = _recording("lost_run")
 
     storage = f"sqlite:///{tmp_path}/c.db"
     sp = space()
     c = Campaign(sp, lambda p: {o.metric: 1.0 for o in sp.objectives}, name="late", strategy="random", budget=2,
-                 storage=storage, worker="a", listener=Listener())
+                 storage=storage, worker="a", listener=listener)
     other = Campaign(sp, lambda p: {o.metric: 2.0 for o in sp.objectives}, name="late", strategy="random",
                      budget=2, storage=storage, worker="b", resume=True)
     c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
@@ -506,3 +491,16 @@ def test_a_campaign_another_process_is_creating_is_not_taken_for_a_creation_cut_
     optuna.create_study(study_name="cut", storage=st)
     Campaign(sp, lambda p: {}, name="cut", strategy="random", budget=2, storage=url)
     assert META_KEY in optuna.load_study(study_name="cut", storage=st).user_attrs
+
+
+def _recording(event: str):
+    """A CampaignListener that records the trial numbers one event (lost_run, lost_take) reports."""
+    from cubic.codesign.campaign import CampaignListener
+
+    seen: list[int] = []
+
+    class Recorder(CampaignListener):
+        pass
+
+    setattr(Recorder, event, lambda self, campaign, trial, *point: seen.append(trial))
+    return Recorder(), seen
