@@ -189,8 +189,8 @@ def curve_agreement() -> dict:
 
     from scipy.stats import spearmanr
 
-    names = [p["name"] for p in space_doc()["parameters"]]
-    grid = [dict(zip(names, v)) for v in itertools.product(*(p["choices"] for p in space_doc()["parameters"]))]
+    params = space_doc()["parameters"]
+    grid = [dict(zip([p["name"] for p in params], v)) for v in itertools.product(*(p["choices"] for p in params))]
     c = np.array([mlp_curve(g) for g in grid])
     return {"kind": "MODELLED (the script's formula over its configurations)", "configurations": len(grid),
             "spearman_epoch_vs_final": [round(float(spearmanr(c[:, e], c[:, -1]).statistic), 4)
