@@ -9,18 +9,21 @@
 4. the FP8 paths on CUDA (:func:`fp8_checks`, also alone with ``--only-fp8``, ~1 min): the Probe and
    recommend() with ``device="cuda"``, Dispatch's timings of every kernel, cubic's Linear vs
    torchao's Float8Linear per recipe (bf16), a placement exported to torchao and applied, and
-   training steps with it and with cubic's runtime; each with a target in ``targets``.
+   training steps with it and with cubic's runtime; each with a target in ``targets``;
+5. whole training steps with FP8 placed one site at a time (:func:`site_step_rows`, torchao's
+   export filtered to one Linear; a host-bound and a GPU-bound tower, compiled): what a placement's
+   per-site *fast* verdict predicts, seen in the step it changes.
 
 Writes results/gpu_checks.json labelled "measured on <device name>"; experiments/h100_model_fit.py
 reads its ``gemms`` and ``blocks`` rows when present. Each check is a section: one that fails is
 recorded with its error (``sections``) and the others run; the file is rewritten after each section,
 so a run cut off by a lent machine's lease keeps what it measured. ``--budget-s`` bounds the run:
-the runner and the torchao blocks leave out (and name) what would start after it. Without CUDA it
+the runner, the torchao blocks and the site steps leave out (and name) what would start after it. Without CUDA it
 prints one line ("no CUDA device") and writes a results file that says so (no rows; its target
 missed, with why). CUBIC_CODE_VERSION names the commit the tree was copied from (a lent machine's
 .git can be a stale copy).
 
-    .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8] [--budget-s S]
+    .venv/bin/python experiments/gpu_checks.py [--quick] [--only-fp8] [--budget-s S] [--sections S,...] [--out NAME]
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ import torch  # noqa: E402
 
 # each check and the keys of the results file it writes (a re-measured section replaces all of them)
 SECTION_KEYS = {"fp8": ("fp8", "targets"), "gemms": ("gemms",), "runner": ("runner",),
-                "blocks": ("blocks", "blocks_left_out"), "sharding_uvm_caching": ("sharding_uvm_caching",)}
+                "blocks": ("blocks", "blocks_left_out"), "sharding_uvm_caching": ("sharding_uvm_caching",),
+                "site_steps": ("site_steps", "site_steps_left_out")}
 SECTIONS = tuple(SECTION_KEYS)
 GRID = (1024, 4096, 16384)
 QUICK_GRID = (1024, 4096)
@@ -149,6 +153,76 @@ def block_rows(shapes, deadline: float = math.inf) -> dict:
                          "bf16_s_synced": t_bf16["time_s_synced"], "fp8_s_synced": t["time_s_synced"],
                          "speedup_synced": t_bf16["time_s_synced"] / t["time_s_synced"]})
     return {"blocks": rows, "blocks_left_out": left_out}
+
+
+# whole training steps with FP8 placed one site at a time: a tower at dlrm-small's scale (bound by the
+# host on an H100) and one at production scale (bound by the GPU); (batch, widths): sites are the Linears
+SITE_TOWERS = {"small": (2048, (512, 512, 256, 128)), "large": (8192, (2048, 8192, 8192, 2048))}
+SITE_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+def _site_tower(widths: tuple[int, ...]) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for i, (k, n) in enumerate(zip(widths, widths[1:])):
+        layers.append(torch.nn.Linear(k, n, bias=False))
+        if i < len(widths) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def site_step_rows(deadline: float = math.inf, device: str = "cuda", towers: dict = SITE_TOWERS,
+                   recipes: tuple[str, ...] = SITE_RECIPES, compile: bool = True, timer=None) -> dict:
+    """Whole training steps (forward, backward, SGD step; torch.compile) of each tower in bf16, with
+    one site in FP8 (torchao's ``convert_to_float8_training`` filtered to that Linear), and with every
+    site in FP8, per recipe: what a placement changes in the step, the second look at the per-site
+    *fast* verdict that blocks timed alone cannot give. bf16 is timed before and after each recipe's
+    variants, so the step's own drift is on the record. A variant that would start past ``deadline``
+    is left out and named. ``{"site_steps": rows, "site_steps_left_out": [...]}``; MEASURED."""
+    import copy
+
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    timer = timer or _times
+    rows, left_out = [], []
+    for recipe in recipes:
+        for tower, (batch, widths) in towers.items():
+            torch.manual_seed(0)
+            base = _site_tower(widths).to(device=device, dtype=torch.bfloat16)
+            x = torch.randn(batch, widths[0], device=device, dtype=torch.bfloat16)
+            sites = [str(i) for i, mod in enumerate(base) if isinstance(mod, torch.nn.Linear)]
+            variants = [("bf16", None)] + [("site", s) for s in sites] + [("all", None), ("bf16_again", None)]
+            for kind, site in variants:
+                if time.monotonic() > deadline:
+                    left_out.append({"tower": tower, "recipe": recipe, "variant": kind, "site": site})
+                    continue
+                model = copy.deepcopy(base)
+                if kind in ("site", "all"):
+                    model = convert_to_float8_training(
+                        model, config=Float8LinearConfig.from_recipe_name(recipe),
+                        module_filter_fn=lambda mod, fqn, site=site: site is None or fqn == site)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+                if compile:
+                    torch._dynamo.reset()  # each variant compiles afresh (dynamo's recompile limit, as in blocks)
+                    fwd = torch.compile(model)
+                else:
+                    fwd = model
+
+                def step(fwd=fwd, opt=opt):
+                    fwd(x).float().square().mean().backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                lin = base[int(site)] if site is not None else None
+                rows.append({"tower": tower, "batch": batch, "widths": list(widths), "recipe": recipe,
+                             "variant": kind, "site": site,
+                             "m": batch if lin is not None else None, "k": lin.in_features if lin is not None else None,
+                             "n": lin.out_features if lin is not None else None,
+                             "act_after": ("relu" if site is not None and int(site) < len(base) - 1 else None),
+                             # what torchao converted, so a row cannot claim a placement it did not run
+                             "converted": [f for f, mod in model.named_modules() if type(mod).__name__ == "Float8Linear"],
+                             **{k.replace("time", "step"): v for k, v in timer(step).items()}})
+                del model, opt, fwd
+    return {"site_steps": rows, "site_steps_left_out": left_out}
 
 
 def fp8_tower():
@@ -432,6 +506,7 @@ def main() -> int:
         "blocks": lambda: payload.update(block_rows(BLOCK_SHAPES[:2] if args.quick else BLOCK_SHAPES, deadline)),
         "sharding_uvm_caching": lambda: payload.__setitem__("sharding_uvm_caching",
                                                             sharding_rows(5 if args.quick else 20)),
+        "site_steps": lambda: payload.update(site_step_rows(deadline)),
     }
     for what in SECTIONS:
         if what in chosen:

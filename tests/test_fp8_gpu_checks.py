@@ -62,6 +62,8 @@ def _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls):
     monkeypatch.setattr(gpu_checks, "block_rows",
                         lambda shapes, deadline: calls.append("blocks") or {"blocks": [{"m": 1}], "blocks_left_out": []})
     monkeypatch.setattr(gpu_checks, "sharding_rows", lambda steps: calls.append("sharding") or [])
+    monkeypatch.setattr(gpu_checks, "site_step_rows",
+                        lambda deadline: calls.append("site_steps") or {"site_steps": [], "site_steps_left_out": []})
 
 
 def test_a_failed_section_is_recorded_and_the_others_run(monkeypatch, tmp_path, capsys):
@@ -71,12 +73,12 @@ def test_a_failed_section_is_recorded_and_the_others_run(monkeypatch, tmp_path, 
     _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls)
     monkeypatch.setattr(sys, "argv", ["gpu_checks.py", "--quick"])
     assert gpu_checks.main() == 0
-    assert calls == ["fp8", "gemms", "runner", "blocks", "sharding"]
+    assert calls == ["fp8", "gemms", "runner", "blocks", "sharding", "site_steps"]
     doc = json.loads((tmp_path / "gpu_checks.json").read_text())
     assert doc["label"] == "measured on Test GPU"
     assert doc["sections"]["gemms"]["status"] == "failed" and "planted failure" in doc["sections"]["gemms"]["error"]
     assert {k: v["status"] for k, v in doc["sections"].items() if k != "gemms"} == dict.fromkeys(
-        ("fp8", "runner", "blocks", "sharding_uvm_caching"), "ok")
+        ("fp8", "runner", "blocks", "sharding_uvm_caching", "site_steps"), "ok")
     assert doc["gemms"] == [] and doc["runner"] == [{"workload": "w", "status": "ok"}]
 
 
@@ -139,3 +141,25 @@ def test_a_repeat_without_the_fp8_section_says_so_in_its_targets(monkeypatch, tm
     assert target["met"] is False and "not among --sections runner,blocks" in target["reason"]
     assert doc["blocks"] == [{"m": 1}] and set(doc["sections"]) == {"runner", "blocks"}
 
+
+
+def test_site_steps_place_fp8_on_exactly_the_site_they_name():
+    # the whole-step section on the CPU, eager and tiny: each row's converted Linears are its variant's
+    pytest.importorskip("torchao.float8")
+    from experiments.gpu_checks import site_step_rows
+
+    def timer(fn):
+        fn()
+        return {"time_s": 1.0, "time_s_synced": 2.0}
+
+    out = site_step_rows(device="cpu", towers={"t": (32, (64, 32, 16))}, recipes=("tensorwise",), compile=False,
+                         timer=timer)
+    got = [(r["variant"], r["site"], r["converted"], (r["m"], r["k"], r["n"]), r["act_after"]) for r in out["site_steps"]]
+    assert got == [("bf16", None, [], (None, None, None), None),
+                   ("site", "0", ["0"], (32, 64, 32), "relu"), ("site", "2", ["2"], (32, 32, 16), None),
+                   ("all", None, ["0", "2"], (None, None, None), None), ("bf16_again", None, [], (None, None, None), None)]
+    assert {(r["step_s"], r["step_s_synced"]) for r in out["site_steps"]} == {(1.0, 2.0)}
+    late = site_step_rows(deadline=0.0, device="cpu", towers={"t": (32, (64, 32, 16))}, recipes=("rowwise",),
+                          compile=False, timer=timer)
+    assert late["site_steps"] == [] and [(x["variant"], x["site"]) for x in late["site_steps_left_out"]] == [
+        ("bf16", None), ("site", "0"), ("site", "2"), ("all", None), ("bf16_again", None)]
