@@ -24,6 +24,7 @@ from scipy import optimize
 
 from cost_models.gpu_gemm import GemmConstants
 from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, metrics, pairs, predict_block, predict_block_times, predict_gemm
+from experiments._h100_site_steps import missing_targets, site_step_check
 from experiments.common import RESULTS
 
 RUN_FILES = ("gpu_checks.json", "gpu_checks_repeat.json")
@@ -51,7 +52,8 @@ def own_runs() -> list[dict]:
             "gemms": [{"source": src, "device": doc["device"], "precision": r["precision"], "recipe": r.get("recipe"),
                        "m": r["m"], "k": r["k"], "n": r["n"], "time_s": r["time_s"], "split": "heldout"}
                       for r in doc.get("gemms", [])],
-            "blocks": [{"source": src, "device": doc["device"], **r} for r in doc.get("blocks", [])]})
+            "blocks": [{"source": src, "device": doc["device"], **r} for r in doc.get("blocks", [])],
+            "site_steps": doc.get("site_steps", [])})
     return runs
 
 
@@ -100,6 +102,17 @@ def _fit_floor(gpu_s: list[float], meas_s: list[float]) -> float:
 
     res = optimize.minimize_scalar(loss, bounds=(math.log(1e-7), math.log(1.0)), method="bounded")
     return float(math.exp(res.x))
+
+
+def block_floors(run: dict, c: GemmConstants) -> dict[str, float]:
+    """The per-call floors (ms) of bf16 and each recipe, fitted on all of one run's compiled blocks."""
+    gpu = {(_shape(b), b["recipe"]): predict_block_times(b, c) for b in run["blocks"]}
+    out = {"bf16": _fit_floor([gpu[(_shape(b), b["recipe"])]["bf16_ms"] / 1e3 for b in run["blocks"]],
+                              [b["bf16_s"] for b in run["blocks"]]) * 1e3}
+    for recipe in sorted({b["recipe"] for b in run["blocks"]}):
+        tr = [b for b in run["blocks"] if b["recipe"] == recipe]
+        out[recipe] = _fit_floor([gpu[(_shape(b), recipe)]["fp8_ms"] / 1e3 for b in tr], [b["fp8_s"] for b in tr]) * 1e3
+    return out
 
 
 def host_floor_candidate(runs: list[dict], c: GemmConstants) -> dict:
@@ -189,17 +202,21 @@ def own_measurement_check(c: GemmConstants) -> dict:
     runs = own_runs()
     if not runs:
         why = "no GPU measurement in results/gpu_checks.json (experiments/gpu_checks.py runs on a lent GPU)"
-        return {"label": None, "targets": _targets(None, SHIPPED, "", "", why) | _targets(None, CANDIDATE, "", "", why)}
+        return {"label": None, "targets": _targets(None, SHIPPED, "", "", why) | _targets(None, CANDIDATE, "", "", why)
+                | missing_targets(why)}
     first = runs[0]
     lab = f"modelled vs {first['label']} (not fitted)"
     note = (f"{first['file']}; the model's constants were fitted on the published rows only. Shapes whose bf16 block "
             "or GEMM time is near the per-call floor are bound by the host's launch time, which the shipped model "
             "does not price")
     out = {"label": lab, **shipped_check(first, c)}
+    # whole training steps with FP8 on one site at a time (gpu_checks' site_steps), floors from the same run's blocks
+    out["site_steps"] = site_step_check(first, block_floors(first, c) if first["blocks"] else {}, c)
+    steps = out["site_steps"].pop("targets")
     if len(runs) < 2:
         why = ("one GPU run on record: a repeat (gpu_checks.py --sections fp8,gemms,blocks --out gpu_checks_repeat) "
                "is needed to check a floor fitted on the first run")
-        out["targets"] = _targets(out, SHIPPED, lab, note, "") | _targets(None, CANDIDATE, "", "", why)
+        out["targets"] = _targets(out, SHIPPED, lab, note, "") | _targets(None, CANDIDATE, "", "", why) | steps
         return out
     rep = repeatability(runs)
     verdict = {((r["m"], r["k"], r["n"]), r["recipe"]): r["verdict"] for r in rep["blocks"]["rows"]}
@@ -212,5 +229,6 @@ def own_measurement_check(c: GemmConstants) -> dict:
     cand = host_floor_candidate(runs, c)
     out["host_floor_candidate"] = cand
     cand_note = f"{cand['label']}; {HOST_FLOOR_NOT_SHIPPED}"
-    out["targets"] = _targets(out, SHIPPED, lab, note, "") | _targets(cand, CANDIDATE, cand["label"], cand_note, "")
+    out["targets"] = (_targets(out, SHIPPED, lab, note, "") | _targets(cand, CANDIDATE, cand["label"], cand_note, "")
+                      | steps)
     return out

@@ -6,7 +6,8 @@ machine), except the second look: ``results/gpu_checks.json``, when ``experiment
 has run on a lent GPU, is never fitted; the model fitted on the published rows is checked against
 it (``own_gpu_measurement``, targets marked "own GPU measurement, not fitted"), and with a repeat run
 (``results/gpu_checks_repeat.json``) so are the measurement's repeatability and a candidate host-floor
-term (experiments/_h100_own_check.py).
+term (experiments/_h100_own_check.py); its ``site_steps`` (whole training steps with FP8 on one site at
+a time) check the per-site step change each model predicts (experiments/_h100_site_steps.py).
 
 - GEMM rows (bf16 / FP8 tensorwise / FP8 block128 kernels, no quantization): a deterministic split,
   every third row (sorted by source and shape) held out; the fitted fields are
@@ -241,7 +242,23 @@ def _plot(rows: list[dict], blocks: list[dict], fitted: GemmConstants, after_row
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    fig, axes = plt.subplots(1, 4, figsize=(24, 5))
+    steps = (own or {}).get("site_steps", {}).get("rows", [])
+    if steps:  # whole training steps, FP8 on one site: the step change each model predicts
+        ax = axes[3]
+        for key, mk, name in (("shipped_change_ms", "x", "shipped (GPU time only)"),
+                              ("candidate_change_ms", "s", "candidate host floor (fitted on the run's blocks)")):
+            for res, alpha in ((True, 0.9), (False, 0.3)):
+                sel = [r for r in steps if r["resolved"] == res and r[key] is not None]
+                ax.scatter([r["measured_change_ms"] for r in sel], [r[key] for r in sel], marker=mk, alpha=alpha,
+                           label=f"{name}{'' if res else ', unresolved by the drift'}")
+        ax.plot([-2.2, 0.8], [-2.2, 0.8], "k--", lw=0.8)
+        ax.axhline(0.0, color="grey", lw=0.5), ax.axvline(0.0, color="grey", lw=0.5)
+        ax.set_xlabel("measured step change, FP8 on one site (ms)"), ax.set_ylabel("modelled step change (ms)")
+        ax.set_title(own["site_steps"]["label"], fontsize=8)
+        ax.legend(fontsize=7)
+    else:
+        axes[3].set_axis_off()
     if own and own.get("label"):  # the second look: cubic's own GPU measurement, not fitted
         ax = axes[2]
         ax.scatter([p["measured"] for p in own["gemm_pairs"]], [p["modelled"] for p in own["gemm_pairs"]], marker="x",

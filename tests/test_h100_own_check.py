@@ -7,6 +7,7 @@ import json
 import pytest
 
 from experiments import _h100_own_check as own
+from experiments import _h100_site_steps as site_steps
 
 
 def _run(path, speedups: dict, bf16_s: dict, device="NVIDIA H100 80GB HBM3"):
@@ -52,7 +53,7 @@ def test_a_repeat_on_another_device_is_not_a_repeat(tmp_path, monkeypatch):
 def test_without_a_gpu_run_every_target_is_missed_with_why(tmp_path, monkeypatch):
     monkeypatch.setattr(own, "RESULTS", tmp_path)
     out = own.own_measurement_check(None)
-    assert out["label"] is None and len(out["targets"]) == 2 * len(own.CHECKS)
+    assert out["label"] is None and len(out["targets"]) == 2 * len(own.CHECKS) + 2 * len(site_steps.CHECKS)
     for name, t in out["targets"].items():
         assert t["met"] is False and t["measured"] is None and "no GPU measurement" in t["reason"], name
 
@@ -69,3 +70,36 @@ def test_one_run_judges_the_shipped_model_and_says_the_candidate_needs_a_repeat(
     assert len(shipped) == len(cand) == len(own.CHECKS)
     assert all(t["measured"] is not None and t["n"] >= 1 for t in shipped.values())
     assert all(t["met"] is False and "one GPU run" in t["reason"] for t in cand.values())
+
+
+def _step(tower, variant, site, ms, m=None, k=None, n=None, act=None):
+    return {"tower": tower, "recipe": "tensorwise", "variant": variant, "site": site, "m": m, "k": k, "n": n,
+            "act_after": act, "step_s": ms / 1e3}
+
+
+def test_site_steps_resolve_against_the_steps_own_drift_and_price_the_host_floor():
+    from cost_models.gpu_gemm import DEFAULT_CONSTANTS, block_speedup
+    from cost_models.hardware import H100_SXM
+
+    steps = [_step("small", "bf16", None, 1.00), _step("small", "site", "0", 1.30, 2048, 512, 512, "relu"),
+             _step("small", "site", "2", 1.01, 2048, 512, 256), _step("small", "all", None, 1.45),
+             _step("small", "bf16_again", None, 1.02)]
+    run = {"file": "results/gpu_checks.json", "label": "measured on X", "device": "NVIDIA H100 80GB HBM3",
+           "site_steps": steps}
+    out = site_steps.site_step_check(run, {"bf16": 0.9, "tensorwise": 1.1}, DEFAULT_CONSTANTS)
+    rows = {r["site"]: r for r in out["rows"]}
+    # bf16 drifted 0.02 ms: site 0's +0.29 ms is resolved, site 2's -0.00 is not
+    assert rows["0"]["resolved"] and not rows["2"]["resolved"]
+    assert rows["0"]["measured_change_ms"] == pytest.approx(0.29)
+    gpu = block_speedup(2048, 512, 512, "tensorwise", act_after="relu", mode="compile", device=H100_SXM)
+    assert rows["0"]["shipped_change_ms"] == pytest.approx(gpu["fp8_ms"] - gpu["bf16_ms"], abs=1e-4)
+    # a site far below both floors costs the step the difference of the floors
+    assert rows["0"]["candidate_change_ms"] == pytest.approx(0.2)
+    assert out["shipped"]["n"] == out["candidate_host_floor"]["n"] == 1
+    assert out["candidate_host_floor"]["median_change_error_pct"] == pytest.approx(100 * 0.09 / 0.29)
+    (both,) = out["all_sites"]
+    assert both["measured_change_ms"] == pytest.approx(0.44) and both["sum_of_candidate_ms"] == pytest.approx(0.4)
+    t = out["targets"][f"site_step_change_error_pct ({site_steps.CANDIDATE})"]
+    assert t["met"] is False and "1 resolved sites (1 unresolved" in t["reason"]
+    none = site_steps.site_step_check({**run, "site_steps": []}, {}, DEFAULT_CONSTANTS)["targets"]
+    assert all(x["met"] is False and "no resolved site" in x["reason"] for x in none.values())
