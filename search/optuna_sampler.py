@@ -46,7 +46,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cubic.core.result import Result
 from search.space import Constraint, Objective, Parameter, Space, _is_number
-from search.strategies import Observation, ProxyGuided, SearchContext, Strategy, credit_pruned, make_strategy
+from search.strategies import (Observation, ProxyGuided, SearchContext, Strategy, credit_pruned, make_strategy,
+                               thin_curve)
 
 STATE_KEY = "cubic:strategy_state"
 POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's running trial may have no params yet
@@ -190,17 +191,21 @@ class CubicSampler(BaseSampler):
             cons = list(t.system_attrs.get(CONSTRAINTS_KEY) or ())
             metrics = {f"constraint_{j}": float(c) for j, c in enumerate(cons)}
             violation = float(sum(max(0.0, c) for c in cons))
+            # the reported curve: what credit_pruned extrapolates a pruned trial's value with
+            curve = {"curve": thin_curve(list(t.intermediate_values.items()))} if t.intermediate_values else {}
             if t.state == TrialState.COMPLETE:
-                res = Result(status="ok", metrics={**metrics, **dict(zip(names, map(float, t.values)))})
+                res = Result(status="ok", metrics={**metrics, **dict(zip(names, map(float, t.values)))}, extra=curve)
             elif t.state == TrialState.PRUNED and t.intermediate_values and len(names) == 1:
                 last = float(t.intermediate_values[max(t.intermediate_values)])  # (credit_pruned below)
-                res = Result.failed("pruned", "pruned", metrics={**metrics, names[0]: last}, extra={"pruned": True})
+                res = Result.failed("pruned", "pruned", metrics={**metrics, names[0]: last},
+                                    extra={"pruned": True, **curve})
             elif t.state == TrialState.PRUNED:
                 res = Result.failed("killed", "pruned before any report", metrics=metrics, extra={"pruned": True})
             else:
                 res = Result.failed("error", str(t.system_attrs.get("fail_reason", "trial failed")), metrics=metrics)
             out.append(Observation(point, res, violation=violation, context=dict(self._run_context)))
-        # a pruned trial: its last report, never credited above the worst complete one (as TPE ranks it)
+        # a pruned trial: its last report plus the complete ones' median gain after that step, never
+        # credited above the worst complete one (as TPE ranks it)
         return credit_pruned(space, out)
 
     def _featurizer_for(self, space: Space):

@@ -10,8 +10,9 @@ samplers) and maps Tune's calls onto ask/tell:
 - ``on_trial_result``: the metric as an intermediate value (``trial.report`` at the result's
   ``training_iteration``), so a trial a scheduler stops has its learning curve in the study.
 - ``on_trial_complete``: ``tell``: COMPLETE with the last metric; PRUNED when a scheduler (ASHA)
-  stopped the trial before ``max_t`` iterations (CubicSampler learns from it as Optuna treats a
-  pruned trial: its last report, never above the worst complete trial); FAIL on an error.
+  stopped the trial before ``max_t`` iterations (CubicSampler learns from it through
+  ``search.strategies.credit_pruned``: its last report plus the complete trials' median gain after
+  that iteration, never above the worst complete trial); FAIL on an error.
 - ``save`` / ``restore``: the finished trials (params, values, intermediate values, the
   sampler's state in their system attributes) as JSON, never pickle (a checkpoint is data, and
   loading it must not run code); a restored searcher rebuilds the sampler's state from them, as

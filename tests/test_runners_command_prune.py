@@ -1,6 +1,7 @@
 """Early stopping of --objective jobs: a script printing intermediate metric lines is stopped by
 an Optuna pruner once its curve is worse than the median of earlier runs, recorded as 'pruned'
-(with its last value and step), and the search treats it as a failure (below every completed run)."""
+(with its last value, step and curve), and the search credits it the value its curve was heading
+for, never above the worst completed run."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def test_pruner_stops_a_bad_job(tmp_path):
     assert (tmp_path / "done-0.1").exists() and not (tmp_path / "done-5.0").exists()
     assert not bad.ok and bad.failure_kind == "pruned" and not bad.transient
     assert 2 <= bad.metrics["pruned_step"] < 10 and bad.metrics["loss"] > 4.0
+    # each run keeps its curve, the completed ones to their end, the stopped one to where it stopped
+    assert good[0].extra["curve"] == [[st, abs(0.1 - 0.1) + 1.0 / st] for st in range(1, 11)]
+    assert bad.extra["curve"][-1] == [bad.metrics["pruned_step"], bad.metrics["loss"]]
     states = [t.state for t in runner.curves.study.trials]
     assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED]
     # a job without intermediate lines is never stopped
@@ -85,6 +89,36 @@ def test_a_pruned_run_is_credited_its_last_value_never_above_the_worst_completed
     two = Space(parameters=space.parameters, objectives=[{"metric": "loss", "direction": "minimize"},
                                                           {"metric": "mem", "direction": "minimize"}])
     assert credit_pruned(two, done + pruned) == done + pruned
+
+
+def test_a_pruned_run_is_credited_the_gain_the_completed_runs_made_after_its_step():
+    from cubic.core.result import Result
+    from search.space import Parameter, Space
+    from search.strategies import CURVE_POINTS, Observation, credit_pruned, thin_curve
+
+    space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
+                  objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
+
+    def done(x, curve):
+        return Observation({"x": x}, Result(status="ok", metrics={"loss": curve[-1][1]}, extra={"curve": curve}))
+
+    def stopped(x, curve):
+        return Observation({"x": x}, Result.failed("pruned", "early", metrics={"loss": curve[-1][1]},
+                                                   extra={"curve": curve}))
+
+    hist = [done(0, [[1, 5.0], [2, 3.0], [5, 1.0]]), done(1, [[1, 6.0], [3, 4.0], [5, 3.0]]),
+            Observation({"x": 2}, Result(status="ok", metrics={"loss": 2.0})),  # no curve: no gain from it
+            stopped(3, [[1, 9.0], [2, 8.0]]), stopped(4, [[1, 5.0], [2, 4.5]]), stopped(5, [[0, 7.0]])]
+    out = credit_pruned(space, hist)
+    a, b, c = out[3:]
+    # gains from step 2 to the end: 1.0 - 3.0 and 3.0 - 6.0 (its last report at or before 2): median -2.5
+    assert a.ok and a.metrics["loss"] == 5.5 and a.result.extra["median_gain_after"] == -2.5
+    assert a.result.extra["last_value"] == 8.0 and a.result.extra["gain_from_runs"] == 2
+    assert b.metrics["loss"] == 3.0  # 4.5 - 2.5 = 2.0 would beat the worst completed run (3.0): capped
+    assert c.metrics["loss"] == 7.0 and c.result.extra["gain_from_runs"] == 0  # no curve reaches step 0
+    # a curve is kept to its last point, thinned evenly past CURVE_POINTS
+    long = thin_curve([(st, 1.0 / st) for st in range(1, 5 * CURVE_POINTS)])
+    assert len(long) == CURVE_POINTS and long[0][0] == 1 and long[-1][0] == 5 * CURVE_POINTS - 1
 
 
 def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, monkeypatch, capsys):

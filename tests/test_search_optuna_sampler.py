@@ -67,10 +67,29 @@ def test_optimize_with_constraints_failures_and_pruning():
     worst = max(t.value for t in done)
     pruned = [o for o in obs if o.result.extra.get("pruned")]
     assert len(pruned) == 2 and all(o.metrics["value"] >= worst for o in pruned)
+    assert all(o.result.extra["curve"][-1][0] == 1 for o in pruned)  # its reported curve, for credit_pruned
     assert any(o.violation > 0 for o in obs) or all(t.params["x"] <= 5 for t in done)
     keys = [tuple(sorted(t.params.items())) for t in study.trials]
     assert len(set(keys)) == len(keys)  # nothing proposed twice
 
+
+
+def test_a_pruned_trial_is_credited_the_gain_complete_trials_made_after_its_step():
+    sampler = CubicSampler(strategy=fast_strategy(), seed=0)
+    study = optuna.create_study(sampler=sampler)
+    dist = {"x": optuna.distributions.FloatDistribution(0.0, 10.0)}
+    for x, curve in ((1.0, (9.0, 6.0, 4.0)), (2.0, (8.0, 7.0, 6.0)), (3.0, (20.0,))):
+        t = study.ask(dist)
+        for step, v in enumerate(curve, 1):
+            t.report(v, step)
+        if len(curve) == 1:  # stopped after its first report
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(t, curve[-1])
+    space = sampler.space_for(study, dist, study.trials)
+    (pruned,) = [o for o in sampler.observations(study, space, study.trials) if o.result.extra.get("pruned")]
+    # gains after step 1: 4 - 9 and 6 - 8, median -3.5: credited 16.5 (not above the worst complete, 6.0)
+    assert pruned.ok and pruned.metrics["value"] == 16.5 and pruned.result.extra["last_value"] == 20.0
 
 
 @pytest.mark.slow  # ~25 s, a quality comparison over 5 seeds; the fast suite has the constraint mechanics

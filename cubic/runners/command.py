@@ -30,8 +30,10 @@ a job may print intermediate lines, JSON objects with ``step`` and the metric
 (``{"step": 3, "val_loss": 0.41}``); the runner reports each to the pruner over the learning curves
 of the runs it has made (an in-memory Optuna study: trial.report / should_prune, the pruners'
 own rule) and stops the job's process group when the pruner says so. The run is a ``pruned``
-failure carrying its last intermediate value and step (``pruned_step``): the search learns from
-that value, never credited above the worst completed run (search.strategies.credit_pruned), as
+failure carrying its last intermediate value and step (``pruned_step``), and every run watched so
+keeps its learning curve (``extra["curve"]``): the search learns from that value plus the gain the
+completed runs made after that step, never credited above the worst completed run
+(search.strategies.credit_pruned), as
 Optuna's TPE ranks a pruned trial. Why Optuna's pruners and not Tune's
 ASHA: cubic's campaign already is an Optuna ask/tell loop, a pruner needs only the curves (no
 Ray cluster, no trial actors), and ASHA itself is Optuna's ``SuccessiveHalvingPruner``.
@@ -267,6 +269,10 @@ class CommandRunner:
         wall = time.monotonic() - t0
         for name in ("stdout", "stderr"):
             cap_log(run_dir / name)
+        if watch is not None and watch.curve:  # its learning curve: what credit_pruned extrapolates with
+            from search.strategies import thin_curve  # on use: the search package loads optuna
+
+            header["extra"]["curve"] = thin_curve(watch.curve)
         if watch is not None and watch.pruned:
             header["wall_time_s"] = wall
             return Result.failed("pruned", f"stopped early at step {watch.step} by {type(self.curves.pruner).__name__}: "
@@ -419,6 +425,7 @@ class _Watch:
         self.trial, self.stdout, self.metric = study.ask(), stdout, metric
         self.offset, self.partial = 0, b""
         self.step, self.value, self.pruned = None, None, False
+        self.curve: list[tuple[int, float]] = []
 
     def __call__(self) -> bool:
         try:
@@ -436,6 +443,7 @@ class _Watch:
                 continue
             self.step, self.value = int(obj["step"]), float(obj[self.metric])
             if math.isfinite(self.value):
+                self.curve.append((self.step, self.value))
                 self.trial.report(self.value, self.step)
                 if self.trial.should_prune():
                     self.pruned = True
