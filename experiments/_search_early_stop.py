@@ -200,14 +200,17 @@ def curve_agreement() -> dict:
 def _why_not_equal(es: dict, pruned: int, winners: int) -> str:
     """What the figures say about a quality cost: whether the pruner stopped would-be winners."""
     rho = (es.get("curves") or {}).get("spearman_epoch_vs_final") or []
-    if winners or not pruned:
+    if not pruned:
         return ""
+    if winners:
+        return (f"; {winners} of the {pruned} pruned runs would have beaten its campaign's best completed run had "
+                "it run to the end (the script's formula): the pruner stopped would-be winners")
     return (f"; none of the {pruned} pruned runs would have beaten its campaign's best completed run had it run "
             "to the end (the script's formula)" + (f", and epoch 1 already ranks the configurations as the "
                                                    f"final epoch does (Spearman {rho[0]:.3f})" if rho else "")
             + ": the pruners stopped no winner, so the cost is in what the search proposed (the likely why, not "
-            "measured: it learns less from a stopped run, its value capped at the worst completed one, than from "
-            "a completed run)")
+            "measured: it learns less from a stopped run, credited its curve's extrapolated value but never "
+            "above the worst completed run, than from a completed run)")
 
 
 def early_stop_targets(es: dict) -> dict:
