@@ -153,10 +153,12 @@ def test_the_campaign_search_sees_a_pruned_run_as_its_curve_not_as_a_failure(tmp
     space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
                   objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
 
-    def evaluate(p):  # x >= 10 looks bad early and is stopped by the pruner
+    def evaluate(p):  # x >= 10 looks bad early and is stopped by the pruner; curves as the runner keeps them
         if p["x"] >= 10:
-            return Result.failed("pruned", "stopped early", metrics={"loss": 50.0 + p["x"], "pruned_step": 2.0})
-        return {"loss": float(abs(p["x"] - 5))}
+            return Result.failed("pruned", "stopped early", metrics={"loss": 50.0 + p["x"], "pruned_step": 2.0},
+                                 extra={"curve": [[1, 52.0 + p["x"]], [2, 50.0 + p["x"]]]})
+        final = float(abs(p["x"] - 5))
+        return Result(status="ok", metrics={"loss": final}, extra={"curve": [[1, final + 4], [2, final + 2], [3, final]]})
 
     c = Campaign(space, evaluate, name="prune", strategy="random", budget=12, batch_size=4, seed=3,
                  storage=f"sqlite:///{tmp_path}/c.db")
@@ -167,6 +169,9 @@ def test_the_campaign_search_sees_a_pruned_run_as_its_curve_not_as_a_failure(tmp
     last = seen[-1]
     stopped = [o for o in last if o.point["x"] >= 10]
     assert stopped and all(o.ok and o.result.extra.get("pruned") for o in stopped)
-    assert all(o.metrics["loss"] == 50.0 + o.point["x"] for o in stopped)  # (worse than every completed run)
+    # its last value plus the completed runs' gain after step 2 (-2), still worse than every completed run
+    assert all(o.metrics["loss"] == 48.0 + o.point["x"] and o.result.extra["gain_from_runs"] > 0 for o in stopped)
+    # the curves are the study's intermediate values (the dashboard plots them)
+    assert all(len(t.intermediate_values) in (2, 3) for t in c.study.trials if t.state.is_finished())
     # the study keeps the run as it was: stopped early, not a completed run
     assert all(r.failure_kind == "pruned" for r in c.observations() if r.point["x"] >= 10)

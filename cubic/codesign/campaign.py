@@ -301,6 +301,8 @@ class Campaign:
         violation = max((c.violation(ev.metrics) for c in self.space.constraints), default=0.0) if ev.ok else 0.0
         attrs = trial_attrs(point, ev, attempts=attempts, violation=violation, strategy=self.strategy_name)
         st = self.study._storage
+        for step, value in ev.extra.get("curve") or ():  # its learning curve, where Optuna keeps one (the
+            st.set_trial_intermediate_value(trial_id, int(step), float(value))  # dashboard plots it)
         for k, v in attrs.items():
             st.set_trial_user_attr(trial_id, k, v)
         self._tell_values(trial_id, number, values, violation)

@@ -105,6 +105,8 @@ def trial_result(t: optuna.trial.FrozenTrial) -> Result:
     if metrics is None and t.values:
         metrics = {f"value{i}": v for i, v in enumerate(t.values)}
     ex = dict(a.get("extra") or {})
+    if t.intermediate_values:  # the run's learning curve (what search.strategies.credit_pruned reads)
+        ex["curve"] = [[int(st), float(v)] for st, v in sorted(t.intermediate_values.items())]
     kind = a.get("failure_kind")
     return Result(status="ok" if ok else "failed", source=a.get("source", "measured"),
                   failure_kind=kind if kind in _FAILURE_KINDS else (None if kind is None else "error"),
