@@ -105,14 +105,14 @@ def _fit_floor(gpu_s: list[float], meas_s: list[float]) -> float:
     return float(math.exp(res.x))
 
 
-def block_floors(run: dict, c: GemmConstants) -> dict[str, float]:
-    """The per-call floors (ms) of bf16 and each recipe, fitted on all of one run's compiled blocks."""
-    gpu = {(_shape(b), b["recipe"]): predict_block_times(b, c) for b in run["blocks"]}
-    out = {"bf16": _fit_floor([gpu[(_shape(b), b["recipe"])]["bf16_ms"] / 1e3 for b in run["blocks"]],
-                              [b["bf16_s"] for b in run["blocks"]]) * 1e3}
-    for recipe in sorted({b["recipe"] for b in run["blocks"]}):
-        tr = [b for b in run["blocks"] if b["recipe"] == recipe]
-        out[recipe] = _fit_floor([gpu[(_shape(b), recipe)]["fp8_ms"] / 1e3 for b in tr], [b["fp8_s"] for b in tr]) * 1e3
+def block_floors(blocks: list[dict], c: GemmConstants) -> dict[str, float]:
+    """The per-call floors (s) of bf16 and of each recipe, fitted on compiled block rows."""
+    gpu = {(_shape(b), b["recipe"]): predict_block_times(b, c) for b in blocks}
+    out = {"bf16": _fit_floor([gpu[(_shape(b), b["recipe"])]["bf16_ms"] / 1e3 for b in blocks],
+                              [b["bf16_s"] for b in blocks])}
+    for recipe in sorted({b["recipe"] for b in blocks}):
+        tr = [b for b in blocks if b["recipe"] == recipe]
+        out[recipe] = _fit_floor([gpu[(_shape(b), recipe)]["fp8_ms"] / 1e3 for b in tr], [b["fp8_s"] for b in tr])
     return out
 
 
@@ -125,11 +125,10 @@ def host_floor_candidate(runs: list[dict], c: GemmConstants) -> dict:
     shapes = sorted({_shape(b) for b in repeat["blocks"]})
     brows, floors_used = [], {}
     for s in shapes:
-        train = [b for b in first["blocks"] if _shape(b) != s]
-        f_bf16 = _fit_floor([gpu[(_shape(b), b["recipe"])]["bf16_ms"] / 1e3 for b in train], [b["bf16_s"] for b in train])
+        floors = block_floors([b for b in first["blocks"] if _shape(b) != s], c)
+        f_bf16 = floors["bf16"]
         for b in (b for b in repeat["blocks"] if _shape(b) == s):
-            tr = [t for t in train if t["recipe"] == b["recipe"]]
-            f8 = _fit_floor([gpu[(_shape(t), t["recipe"])]["fp8_ms"] / 1e3 for t in tr], [t["fp8_s"] for t in tr])
+            f8 = floors[b["recipe"]]
             g = gpu[(s, b["recipe"])]
             pred = max(g["bf16_ms"] / 1e3, f_bf16) / max(g["fp8_ms"] / 1e3, f8)
             brows.append({"m": s[0], "k": s[1], "n": s[2], "recipe": b["recipe"], "measured": b["speedup"],
@@ -212,7 +211,8 @@ def own_measurement_check(c: GemmConstants) -> dict:
             "does not price")
     out = {"label": lab, **shipped_check(first, c)}
     # whole training steps with FP8 on one site at a time (gpu_checks' site_steps), floors from the same run's blocks
-    out["site_steps"] = site_step_check(first, block_floors(first, c) if first["blocks"] else {}, c)
+    floors_ms = {k: v * 1e3 for k, v in block_floors(first["blocks"], c).items()} if first["blocks"] else {}
+    out["site_steps"] = site_step_check(first, floors_ms, c)
     steps = out["site_steps"].pop("targets")
     if len(runs) < 2:
         why = ("one GPU run on record: a repeat (gpu_checks.py --sections fp8,gemms,blocks --out gpu_checks_repeat) "
