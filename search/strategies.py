@@ -25,6 +25,7 @@ including failed and infeasible ones, are never proposed again.
 from __future__ import annotations
 
 import abc
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -112,9 +113,9 @@ def thin_curve(points: list[tuple[int, float]]) -> list[list[float]]:
 
 
 def _value_at(curve: list, step: float) -> float | None:
-    # a completed run's value at the last report at or before ``step``
-    before = [v for st, v in curve if st <= step]
-    return before[-1] if before else None
+    # a completed run's value at the last report at or before ``step`` (curves are in step order)
+    i = bisect.bisect_right([st for st, _ in curve], step)
+    return curve[i - 1][1] if i else None
 
 
 def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]:
@@ -135,20 +136,26 @@ def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]
         return list(history)
     finals = [h.metrics[o.metric] for h in done]
     worst = min(finals) if o.direction == "maximize" else max(finals)
+    gains_after: dict[float, list[float]] = {}  # per step: the completed runs' gains from it to their end
+
+    def gains(step: float) -> list[float]:
+        if step not in gains_after:
+            gains_after[step] = [c.metrics[o.metric] - at for c in done
+                                 if (at := _value_at(c.result.extra.get("curve") or [], step)) is not None]
+        return gains_after[step]
+
     out = []
     for h in history:
         last = h.metrics.get(o.metric, math.nan)
         if h.failure_kind == "pruned" and math.isfinite(last):
             own = h.result.extra.get("curve") or []
             step = own[-1][0] if own else h.metrics.get("pruned_step")
-            gains = [] if step is None else [
-                c.metrics[o.metric] - at for c in done
-                if (at := _value_at(c.result.extra.get("curve") or [], step)) is not None]
-            gain = float(np.median(gains)) if gains else 0.0
+            seen = [] if step is None else gains(step)
+            gain = float(np.median(seen)) if seen else 0.0
             v = min(last + gain, worst) if o.direction == "maximize" else max(last + gain, worst)
             h = Observation(h.point, Result(status="ok", source=h.result.source, metrics={**h.metrics, o.metric: v},
                                             extra={**h.result.extra, "pruned": True, "last_value": last,
-                                                   "median_gain_after": gain, "gain_from_runs": len(gains)}),
+                                                   "median_gain_after": gain, "gain_from_runs": len(seen)}),
                             violation=h.violation, context=h.context)
         out.append(h)
     return out
