@@ -14,6 +14,13 @@ TARGETS = {"spearman": 0.97, "mape_pct": 15.0, "fast_slow_pct": 90.0}
 BLOCK_TARGETS = {"mape_pct": 25.0, "fast_slow_pct": 85.0}
 
 
+def meets(value: float | None, bar: float, higher: bool) -> bool:
+    """Whether a figure meets its bar (at least ``bar`` when ``higher``, else at most); no value or
+    NaN never does. One rule for every target of the H100 model's checks."""
+    usable = value is not None and not (isinstance(value, float) and np.isnan(value))
+    return bool(usable and (value >= bar if higher else value <= bar))
+
+
 def _spec(device: str) -> DeviceSpec:
     # rows measured by experiments/gpu_checks.py name their device; the published rows are H100-class
     return H200_SXM if "H200" in device.upper() else H100_SXM

@@ -23,7 +23,8 @@ import numpy as np
 from scipy import optimize
 
 from cost_models.gpu_gemm import GemmConstants
-from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, metrics, pairs, predict_block, predict_block_times, predict_gemm
+from experiments._h100_model import (BLOCK_TARGETS, TARGETS, fast_slow, meets, metrics, pairs, predict_block,
+                                     predict_block_times, predict_gemm)
 from experiments._h100_site_steps import missing_targets, site_step_check
 from experiments.common import RESULTS
 
@@ -176,8 +177,8 @@ def _targets(result: dict | None, suffix: str, label: str, note: str, why_none: 
             out[name] = {"measured": None, "target": bar, "met": False, "reason": why_none}
             continue
         value, n = result[part][key], result[part]["n"]
-        met = value is not None and (value >= bar if higher else value <= bar)
-        out[name] = {"measured": value, "target": bar, "met": bool(met), "n": n, "label": label, "note": note}
+        met = meets(value, bar, higher)
+        out[name] = {"measured": value, "target": bar, "met": met, "n": n, "label": label, "note": note}
         if not met:
             out[name]["reason"] = f"{value} against {bar} ({'at least' if higher else 'at most'}) over {n} measured points"
     return out

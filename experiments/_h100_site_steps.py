@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 
 from cost_models.gpu_gemm import GemmConstants, block_speedup
-from experiments._h100_model import BLOCK_TARGETS, _spec
+from experiments._h100_model import BLOCK_TARGETS, _spec, meets
 
 SHIPPED = "whole training step, FP8 on one site; shipped model (GPU time only)"
 CANDIDATE = "whole training step, FP8 on one site; candidate host floor fitted on the run's blocks"
@@ -99,8 +99,8 @@ def _targets(scores: dict[str, dict | None], label: str, why_none: str) -> dict:
     for model, score in scores.items():
         for what, key, bar, higher in CHECKS:
             value = score[key] if score else None
-            met = value is not None and (value >= bar if higher else value <= bar)
-            t = {"measured": value, "target": bar, "met": bool(met), "n": score["n"] if score else 0, "label": label}
+            met = meets(value, bar, higher)
+            t = {"measured": value, "target": bar, "met": met, "n": score["n"] if score else 0, "label": label}
             if not met:
                 t["reason"] = why_none if value is None else (
                     f"{value:.1f} against {bar} ({'at least' if higher else 'at most'}) over {score['n']} resolved "

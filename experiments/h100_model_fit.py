@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 from scipy import optimize  # noqa: E402
 
 from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants  # noqa: E402
-from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, metrics, pairs, predict_block, predict_gemm  # noqa: E402
+from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, meets, metrics, pairs, predict_block, predict_gemm  # noqa: E402
 from experiments._h100_own_check import own_measurement_check  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 
@@ -156,7 +156,7 @@ def evaluate(rows: list[dict], blocks: list[dict], c: GemmConstants, loo_blocks:
 
 def _target(what: str, value: float | None, target: float, higher_better: bool, n: int, note: str = "") -> dict:
     usable = value is not None and not (isinstance(value, float) and np.isnan(value))
-    met = bool(usable and (value >= target if higher_better else value <= target))
+    met = meets(value, target, higher_better)
     if what.endswith("spearman") and n < MIN_N_FOR_RANK:
         met, note = False, (note + f"; only {n} points (< {MIN_N_FOR_RANK}): a rank correlation is not evidence").strip("; ")
     out = {"measured": value, "target": target, "met": met, "n": n, "label": LABEL, **({"note": note} if note else {})}
