@@ -340,19 +340,46 @@ def test_a_lost_workers_recorded_run_is_told_as_recorded_not_failed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     st = c.study._storage
-    recorded, unrecorded = c.study.ask(), c.study.ask()
+    recorded, unrecorded, stopped = c.study.ask(), c.study.ask(), c.study.ask()
     point = sp.sample(np.random.default_rng(0))
     result = Result(status="ok", metrics={o.metric: 123.0 for o in sp.objectives})
-    for t in (recorded, unrecorded):
+    for t in (recorded, unrecorded, stopped):
         st.set_trial_system_attr(t._trial_id, "cubic_worker", f"{socket.gethostname()}:{dead.pid}:0")
     for k, v in trial_attrs(point, result, attempts=1, violation=0.0, strategy="random").items():
         st.set_trial_user_attr(recorded._trial_id, k, v)
+    pruned = Result.failed("pruned", "stopped early at step 2", metrics={"pruned_step": 2.0})
+    for k, v in trial_attrs(point, pruned, attempts=1, violation=0.0, strategy="random").items():
+        st.set_trial_user_attr(stopped._trial_id, k, v)
     c._recover_lost()
     told = st.get_trial(recorded._trial_id)
     assert told.state == optuna.trial.TrialState.COMPLETE and told.values == [123.0] * len(sp.objectives)
+    # a recorded run a pruner stopped is told as it would have been: PRUNED, not FAIL
+    assert st.get_trial(stopped._trial_id).state == optuna.trial.TrialState.PRUNED
     lost = st.get_trial(unrecorded._trial_id)  # lost: the same trial waits to be run again, no FAIL, no copy
     assert lost.state == optuna.trial.TrialState.WAITING and lost.system_attrs["cubic_interrupted"] == 1
-    assert len(c.study.get_trials()) == 2
+    assert len(c.study.get_trials()) == 3
+
+
+def test_which_trials_are_runs():
+    """A run is a trial cubic told (COMPLETE, FAIL, or PRUNED: stopped by a pruner) or one plain
+    Optuna wrote; a trial cubic enqueued and never told (failed by the heartbeat, or retired PRUNED
+    after repeated interruptions) is not a run."""
+    from cubic.codesign.trials import is_run
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    S = optuna.trial.TrialState
+    cases = {  # (state, cubic's attributes) -> a run?
+        (S.COMPLETE, ("round", "finished_at")): True, (S.FAIL, ("round", "finished_at")): True,
+        (S.PRUNED, ("round", "finished_at")): True, (S.FAIL, ()): True, (S.PRUNED, ()): True,
+        (S.FAIL, ("round",)): False, (S.PRUNED, ("round", "interrupted")): False,
+    }
+    for (state, attrs), run in cases.items():
+        t = study.ask()
+        for a in attrs:
+            study._storage.set_trial_user_attr(t._trial_id, a, 1)
+        study.tell(t, 1.0 if state == S.COMPLETE else None, state=state)
+        assert is_run(study._storage.get_trial(t._trial_id)) is run, (state, attrs)
 
 
 def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):

@@ -82,3 +82,22 @@ def test_a_figure_with_nothing_to_show_is_not_drawn_and_the_page_says_why(tmp_pa
     assert "Not drawn: best so far: no feasible run yet" in page and "Pareto front" in page
     assert "<section id='top-runs'>" not in page and "No run of 3 met" in page
     assert not (rep / "winner.yaml").exists() and not (rep / "winner.json").exists()
+
+
+def test_a_run_a_pruner_stopped_is_counted_as_stopped_not_failed(tmp_path):
+    from cubic.core.result import Result
+
+    def stopping(point):  # the large batches are stopped early (as CommandRunner returns them)
+        if point["batch"] >= 512:
+            return Result.failed("pruned", "stopped early at step 2 by MedianPruner: examples_per_s 10",
+                                 metrics={"examples_per_s": 10.0, "pruned_step": 2.0})
+        return job(point)
+
+    rep = toy_report(tmp_path, evaluate=stopping, budget=8, name="stops")
+    page = (rep / "index.html").read_text()
+    summary = json.loads((rep / "summary.json").read_text())
+    stopped = summary["runs stopped early by the pruner"]
+    assert stopped >= 1 and summary["failed runs"] == 0 and summary["runs"] == 8
+    hover = page.replace("\\u003c", "<").replace("\\u003e", ">")
+    assert "result: stopped early by the pruner: stopped early at step 2" in hover
+    assert "Failed runs and runs stopped early" in page

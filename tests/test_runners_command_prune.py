@@ -136,8 +136,11 @@ def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, 
                "--name", "p", "--strategy", "random", "--budget", "5", "--batch", "1", "--prune", "median",
                "--no-baseline", "--confirm-repeats", "0", "--storage", f"sqlite:///{tmp_path}/c.db",
                "--store", f"sqlite:///{tmp_path}/t.db"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert rc == 0, err
+    # the user sees a stopped run as stopped, not as a failure
+    assert "-> PRUNED: stopped early at step" in err and "-> FAILED" not in err
+    assert "stopped early by the pruner)" in out
     runs = {t.config["values"]["lr"]: t for t in TrialStore(f"sqlite:///{tmp_path}/t.db").trials(campaign="p")}
     assert len(runs) == 5 and all(runs[lr].status == "ok" for lr in (0.1, 0.11, 0.12))  # good curves run out
     pruned = [lr for lr in (5.0, 6.0) if runs[lr].failure_kind == "pruned"]
@@ -175,3 +178,11 @@ def test_the_campaign_search_sees_a_pruned_run_as_its_curve_not_as_a_failure(tmp
     assert all(len(t.intermediate_values) in (2, 3) for t in c.study.trials if t.state.is_finished())
     # the study keeps the run as it was: stopped early, not a completed run
     assert all(r.failure_kind == "pruned" for r in c.observations() if r.point["x"] >= 10)
+    # ... in Optuna's own state for it (the dashboard shows "Pruned", not "Fail"), with its last
+    # reported value, and counted as a run of the budget
+    trials = c.study.trials
+    stopped_trials = [t for t in trials if t.params["x"] >= 10]
+    assert stopped_trials and all(t.state == optuna.trial.TrialState.PRUNED for t in stopped_trials)
+    assert all(t.value == 50.0 + t.params["x"] for t in stopped_trials)
+    assert not any(t.state == optuna.trial.TrialState.FAIL for t in trials)
+    assert len(trials) == 12 and len(c.observations()) == 12

@@ -406,7 +406,8 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
     con = stdout_console()
     for s in summaries:
         best = s.best_metrics or {}
-        con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({s.served} served from the trial store), "
+        stopped = f", {s.pruned} stopped early by the pruner" if s.pruned else ""
+        con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({s.served} served from the trial store{stopped}), "
                   f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
         if s.proxy:
             con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")

@@ -60,7 +60,7 @@ from cubic.codesign.confirm import confirm
 from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, Lease, LeaseHeld,
                                    creation_lock, heartbeat_interval, load_meta, open_storage, pid_dead,
                                    worker_name)
-from cubic.codesign.trials import as_result, is_run, provenance, trial_attrs, trial_observation
+from cubic.codesign.trials import as_result, is_run, provenance, told_state, trial_attrs, trial_observation
 from cubic.core.result import Result
 from cubic.core.spec import SpecError
 from cubic.core.store import StoreError
@@ -137,6 +137,7 @@ class Summary:
     warm_start: dict[str, Any]
     confirm: dict[str, Any] | None = None  # the confirm phase (Campaign.confirm), when it ran
     served: int = 0  # runs served from the trial store (every session's, from the runs' attributes)
+    pruned: int = 0  # runs a pruner stopped early (PRUNED trials cubic told)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -305,7 +306,7 @@ class Campaign:
             st.set_trial_intermediate_value(trial_id, int(step), float(value))  # dashboard plots it)
         for k, v in attrs.items():
             st.set_trial_user_attr(trial_id, k, v)
-        self._tell_values(trial_id, number, values, violation)
+        self._tell_values(trial_id, number, values, violation, ev.failure_kind)
         return ev, violation
 
     def _objective_values(self, metrics: dict[str, Any]) -> list[float] | None:
@@ -315,11 +316,13 @@ class Campaign:
             return None
         return [float(v) for v in vals]
 
-    def _tell_values(self, trial_id: int, number: int, values: list[float] | None, violation: float) -> None:
-        """Tell Optuna a recorded run: its objective values and constraint, or FAIL (``values`` None)."""
+    def _tell_values(self, trial_id: int, number: int, values: list[float] | None, violation: float,
+                     failure_kind: str | None) -> None:
+        """Tell Optuna a recorded run: its objective values and constraint, or (``values`` None) FAIL,
+        or PRUNED for a run a pruner stopped (Optuna then gives it its last intermediate value)."""
         if values is not None:
             self.study._storage.set_trial_system_attr(trial_id, "constraints", [violation])  # samplers read it
-        self.study.tell(number, values, state=None if values is not None else optuna.trial.TrialState.FAIL)
+        self.study.tell(number, values, state=told_state(values is not None, failure_kind))
 
     def _evaluate_with_retries(self, point: dict[str, Any], trial: int | None = None) -> tuple[Result, int]:
         attempts = 0
@@ -491,7 +494,7 @@ class Campaign:
                 continue
             values = self._objective_values(a.get("metrics") or {}) if a.get("ok") else None
             try:
-                self._tell_values(t._trial_id, t.number, values, float(a.get("violation", 0.0)))
+                self._tell_values(t._trial_id, t.number, values, float(a.get("violation", 0.0)), a.get("failure_kind"))
             except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
                 pass  # another process told or failed it first
 
@@ -697,7 +700,8 @@ class Campaign:
                        warm_start={"campaigns": self.warm_start, "trials": n_warm},
                        confirm=self.study.user_attrs.get("confirm"),
                        served=sum(bool((t.user_attrs.get("extra") or {}).get("served_from_store"))
-                                  for t in self._runs()))
+                                  for t in self._runs()),
+                       pruned=sum(t.state == optuna.trial.TrialState.PRUNED for t in self._runs()))
 
     # ---- confirm phase (cubic.codesign.confirm) --------------------------------------------
     def confirm(self, repeat_budget: int, baseline: tuple[Any, dict[str, Any]] | None = None) -> dict[str, Any] | None:

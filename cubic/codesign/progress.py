@@ -72,11 +72,13 @@ def format_run(e: RunEvent, space: Space, knobs: list[str] | None = None) -> str
 
 def format_result(ev: Result, space: Space, violation: float = 0.0) -> str:
     """A run's outcome in a few words: the primary metric with its 95% interval, NE and peak memory
-    (and INFEASIBLE with the constraints it breaks), or ``FAILED <kind>: reason`` on one line."""
+    (and INFEASIBLE with the constraints it breaks), ``PRUNED: reason`` for a run a pruner stopped
+    (a decision, not a failure), or ``FAILED <kind>: reason`` on one line."""
     m = ev.metrics
     if not ev.ok:
         reason = " ".join((ev.reason or "").split())[:500]
-        return f"FAILED {ev.failure_kind or 'error'}" + (f": {reason}" if reason else "")
+        head = "PRUNED" if ev.failure_kind == "pruned" else f"FAILED {ev.failure_kind or 'error'}"
+        return head + (f": {reason}" if reason else "")
     primary = space.primary.metric
     shown = _metric(m, primary)
     basis = (((ev.extra or {}).get("pooled") or {}).get("estimates") or {}).get(primary, {}).get("basis")

@@ -167,7 +167,9 @@ def _runs(space: Space, trials, context, mem: str | None) -> list[dict[str, Any]
         feasible = ok and o.feasible and objective_value(space, o) is not None
         v = mt.get(m) if ok else None
         config = _config(t)
-        if not ok:
+        if not ok and a.get("failure_kind") == "pruned":
+            result = f"stopped early by the pruner: {str(a.get('reason') or '')[:120]}"
+        elif not ok:
             result = f"failed ({a.get('failure_kind') or 'error'}): {str(a.get('reason') or '')[:120]}"
         elif not feasible:
             result = f"breaks a constraint (violation {fmt(float(a.get('violation', 0.0)))})"
@@ -268,14 +270,15 @@ def _fig_runs(go, make_subplots, name, space, runs, label):
     _layout(fig, f"{name}: every run ({label}); hover for its config and result", f"run ({label})", m, height=470)
     if failed:
         fig.add_trace(go.Scatter(x=[r["i"] for r in failed], y=[r["kind"] for r in failed], mode="markers",
-                                 name="failed", marker=dict(symbol="x", size=10, color="#7f7f7f"),
-                                 text=[r["text"] for r in failed], hovertemplate="%{text}<extra>failed</extra>"),
+                                 name="failed or stopped", marker=dict(symbol="x", size=10, color="#7f7f7f"),
+                                 text=[r["text"] for r in failed], hovertemplate="%{text}<extra>%{y}</extra>"),
                       row=2, col=1)
         fig.update_xaxes(title_text="", row=1, col=1)
-        fig.update_yaxes(title_text="failed", type="category", row=2, col=1)
+        fig.update_yaxes(title_text="not ok", type="category", row=2, col=1)
     cap = (f"{m} of each run in the order they ran" + ("; bars: 95% interval over repeats" if any(
         r["lo"] != r["hi"] for r in runs if r["value"] is not None) else "")
-           + ("; below, the failed runs by kind" if failed else "") + ". Hover a point: the run's config, result, "
+           + ("; below, the failed runs and those a pruner stopped, by kind" if failed else "")
+           + ". Hover a point: the run's config, result, "
            "NE, memory, and whether it was measured or served from the trial store.")
     return fig, cap
 
@@ -431,7 +434,8 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
     summary = {"campaign": name, "workload": ctx.get("workload"), "strategy": meta["strategy"],
                "runs": len(trials), "budget": meta["budget"], "status": study.user_attrs.get("status"),
                "stop_reason": study.user_attrs.get("stop_reason"), "runs are": label,
-               "failed runs": sum(1 for r in runs if not r["ok"]),
+               "failed runs": sum(1 for r in runs if not r["ok"] and r["kind"] != "pruned"),
+               "runs stopped early by the pruner": sum(1 for r in runs if not r["ok"] and r["kind"] == "pruned") or None,
                "proxy Kendall tau at proposal time": None if tau is None else round(tau, 3),
                "warm start from": ", ".join(meta.get("warm_start") or []) or "-"}
     if winner is not None:
@@ -552,7 +556,8 @@ def _page(name, ctx, label, answer, out: Path, figures, skipped, summary, runs, 
     parts.append(_top_runs(runs, space, mem, label))
     failed = [r for r in runs if not r["ok"]]
     if failed:
-        parts.append("<section id='failed'><h2>Failed runs</h2><table><tr><th>run</th><th>kind</th><th>reason</th>"
+        parts.append("<section id='failed'><h2>Failed runs and runs stopped early</h2><table><tr><th>run</th>"
+                     "<th>kind</th><th>reason</th>"
                      "<th>config</th></tr>")
         for r in failed[:30]:
             a = r["trial"].user_attrs

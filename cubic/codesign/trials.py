@@ -37,11 +37,22 @@ def provenance(ev: Result) -> str:
 
 
 def is_run(t: optuna.trial.FrozenTrial) -> bool:
-    """A finished run: told by cubic, or written by plain Optuna. A FAIL that cubic never told
-    (a lost worker's attempt, failed by the heartbeat and re-enqueued) is not a run."""
+    """A finished run: told by cubic (COMPLETE, FAIL, or PRUNED for a run a pruner stopped), or
+    written by plain Optuna. A FAIL or PRUNED that cubic never told is not a run: a lost worker's
+    attempt failed by the heartbeat, or a trial retired after repeated interruptions
+    (:meth:`Campaign._requeue`)."""
     if t.state == optuna.trial.TrialState.COMPLETE:
         return True
-    return t.state == optuna.trial.TrialState.FAIL and ("finished_at" in t.user_attrs or "round" not in t.user_attrs)
+    return (t.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+            and ("finished_at" in t.user_attrs or "round" not in t.user_attrs))
+
+
+def told_state(ok: bool, failure_kind: str | None) -> optuna.trial.TrialState:
+    """The Optuna state a finished run is told with: COMPLETE, PRUNED for a run a pruner stopped
+    (what the dashboard and Optuna's samplers read as stopped early, not as failed), else FAIL."""
+    if ok:
+        return optuna.trial.TrialState.COMPLETE
+    return optuna.trial.TrialState.PRUNED if failure_kind == "pruned" else optuna.trial.TrialState.FAIL
 
 
 def trial_attrs(point: dict[str, Any], result: Result, *, attempts: int, violation: float,
