@@ -186,3 +186,28 @@ def test_the_campaign_search_sees_a_pruned_run_as_its_curve_not_as_a_failure(tmp
     assert all(t.value == 50.0 + t.params["x"] for t in stopped_trials)
     assert not any(t.state == optuna.trial.TrialState.FAIL for t in trials)
     assert len(trials) == 12 and len(c.observations()) == 12
+
+
+def test_prune_warmup_reaches_the_pruner_and_needs_a_pruner(tmp_path, monkeypatch, capsys):
+    """--prune-warmup STEP: no run is stopped before STEP (MedianPruner's n_warmup_steps,
+    SuccessiveHalvingPruner's min_resource), kept in the campaign's job context; alone it is a
+    one-line error naming the flag."""
+    from cubic.cli.app import main
+    from cubic.cli.campaign import _job_runner
+    from search.space import load_space
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.yaml").write_text("version: 1\nname: lr\nobjectives: [{metric: loss, direction: minimize}]\n"
+                                         "parameters:\n  - {name: lr, type: categorical, choices: [0.1, 5.0]}\n")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    space = load_space(str(tmp_path / "space.yaml"))
+    job = {"objective": f"{sys.executable} train.py {{lr}}", "prune": "median", "prune_warmup": 5}
+    assert _job_runner(job, space, None, None).curves.pruner._n_warmup_steps == 5
+    assert _job_runner({**job, "prune": "halving"}, space, None, None).curves.pruner._min_resource == 5
+    assert _job_runner({**job, "prune_warmup": None}, space, None, None).curves.pruner._n_warmup_steps == 1
+    rc = main(["campaign", "run", "--objective", f"{sys.executable} train.py {{lr}}", "--space", "space.yaml",
+               "--name", "w", "--prune-warmup", "3",
+               "--storage", f"sqlite:///{tmp_path}/c.db", "--store", f"sqlite:///{tmp_path}/t.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--prune-warmup" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c.db").exists() and not (tmp_path / "t.db").exists()  # nothing recorded

@@ -596,6 +596,10 @@ def _add_job_flags(run: Any) -> None:
                         "median (Optuna's MedianPruner: below the median of earlier runs at that step, after 2 "
                         "runs and 1 step) or halving (Optuna's SuccessiveHalvingPruner, ASHA's rule); default none. "
                         "A stopped run is recorded as pruned and the search learns from it")
+    g.add_argument("--prune-warmup", type=positive_int, metavar="STEP",
+                   help="with --prune: stop no run before this step (MedianPruner's n_warmup_steps, "
+                        "SuccessiveHalvingPruner's min_resource; default 1 and Optuna's 'auto'); raise it when "
+                        "your curves cross early, as a fast starter that ends worse than a slow one")
     g.add_argument("--baseline", metavar="FILE", help="what the answer compares the winner with, measured once "
                    "before the campaign: a cubic Config (with --workload) or parameter values (with --objective; a "
                    "previous winner.yaml works); default: the workload's defaults / the space's default point")
@@ -636,16 +640,18 @@ def _with_objective(space, metric: str | None, direction: str | None):
     return space.model_copy(update={"objectives": [new, *rest]})
 
 
-PRUNERS = {  # --prune: Optuna's own pruners over the job's intermediate lines
+PRUNERS = {  # --prune: Optuna's own pruners over the job's intermediate lines; warmup: --prune-warmup
     "none": None,
-    "median": lambda: __import__("optuna").pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
-    "halving": lambda: __import__("optuna").pruners.SuccessiveHalvingPruner(),
+    "median": lambda warmup: __import__("optuna").pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup or 1),
+    "halving": lambda warmup: __import__("optuna").pruners.SuccessiveHalvingPruner(min_resource=warmup or "auto"),
 }
 
 
 def _job_context(args: argparse.Namespace, space) -> dict[str, Any]:
     job = {"objective": args.objective, "launcher": args.launcher, "nproc": args.nproc, "cwd": os.getcwd(),
-           "timeout": args.timeout, "prune": args.prune}
+           "timeout": args.timeout, "prune": args.prune, "prune_warmup": args.prune_warmup}
+    if args.prune_warmup and args.prune == "none":
+        raise SpecError("--prune-warmup needs --prune median|halving", field="--prune-warmup")
     _job_runner(job, space, None, None)  # a bad command line fails now, before any run
     from cubic.core.store import redact_url
 
@@ -662,7 +668,8 @@ def _job_runner(job: dict[str, Any], space, metric: str | None, name: str | None
     make_pruner = PRUNERS.get(job.get("prune") or "none")
     return CommandRunner(job["objective"], space.param_names, metric=metric or space.primary.metric,
                          launcher=job.get("launcher"), nproc=job.get("nproc", 1), timeout_s=job.get("timeout", 300.0),
-                         cwd=job.get("cwd"), logs_dir=logs, pruner=make_pruner() if make_pruner else None,
+                         cwd=job.get("cwd"), logs_dir=logs,
+                         pruner=make_pruner(job.get("prune_warmup")) if make_pruner else None,
                          direction=space.primary.direction)
 
 
