@@ -62,17 +62,43 @@ def _cell_noise(p, salt: str) -> float:
     return float(np.random.default_rng(h).standard_normal())
 
 
-def mlp_curve(p) -> list[float]:
-    """Validation loss after each epoch: the best learning rate depends on the optimizer and the
-    batch size (linear scaling), width helps with diminishing returns, and a learning rate too
-    high diverges; the final loss carries a fixed per-cell noise (sd 0.02)."""
+def _mlp_final(p) -> tuple[float, float, float]:
+    """(the loss training tends to, log10 of the learning rate over the best one, the learning-rate
+    penalty): the best learning rate depends on the optimizer and the batch size (linear scaling), width helps
+    with diminishing returns, and a learning rate too high diverges; the loss carries a fixed
+    per-cell noise (sd 0.02)."""
     opt_lr = {"sgd": -1.5, "momentum": -2.2, "adam": -3.0}[p["opt"]] + 0.5 * math.log10(p["batch"] / 128)
-    lr_pen = 0.35 * (math.log10(p["lr"]) - opt_lr) ** 2
-    diverge = 2.0 if math.log10(p["lr"]) - opt_lr > 1.2 else 0.0
+    off = math.log10(p["lr"]) - opt_lr
+    lr_pen = 0.35 * off ** 2
+    diverge = 2.0 if off > 1.2 else 0.0
     final = (0.25 + lr_pen + diverge + 0.3 / math.sqrt(p["width"] / 16) + 0.04 * math.log2(p["batch"] / 16)
              + {"sgd": 0.08, "momentum": 0.03, "adam": 0.0}[p["opt"]] + 0.02 * _cell_noise(p, "final"))
-    speed = 0.6 / (1 + lr_pen)  # a badly tuned learning rate also learns slowly
+    return final, off, lr_pen
+
+
+def mlp_curve(p) -> list[float]:
+    """Validation loss after each epoch, from 2.5 towards :func:`_mlp_final`'s loss (the last epoch's
+    is the problem's value): a badly tuned learning rate also learns slowly, so early epochs rank
+    configurations much as the last does."""
+    final, _, lr_pen = _mlp_final(p)
+    speed = 0.6 / (1 + lr_pen)
     return [final + (2.5 - final) * math.exp(-speed * e) for e in range(1, EPOCHS + 1)]
+
+
+def mlp_curve_crossing(p) -> list[float]:
+    """The same configurations and final losses as :func:`mlp_curve` on paths that cross: a higher
+    learning rate and a narrower net learn faster early (speed ~ 10^(1.5 x log10(lr / best lr)) x
+    (16 / width)^0.5), so a fast starter leads at first and a slow one that ends best trails until
+    late (among the best configurations, early epochs say next to nothing of the final ranking:
+    experiments/_search_early_stop.curve_agreement measures it). The check of early stopping that
+    its pruners and the credit of stopped runs were not tuned on."""
+    final, off = mlp_curve(p)[-1], _mlp_final(p)[1]
+    speed = min(5.0, max(0.02, 0.5 * 10 ** (1.5 * off) * (16 / p["width"]) ** 0.5))
+    end = math.exp(-speed * EPOCHS)  # normalised so that the last epoch is mlp_curve's last exactly
+    return [final + (2.5 - final) * (math.exp(-speed * e) - end) / (1 - end) for e in range(1, EPOCHS + 1)]
+
+
+CURVES = {"ordered": mlp_curve, "crossing": mlp_curve_crossing}  # the user script's --curves
 
 
 def mlp_value(p) -> float:

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._public_problems import (EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, mlp_curve, problems,
-                                         random_median)
+from experiments._public_problems import CURVES, EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, problems, random_median
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("none", "median", "halving")  # --prune of `cubic campaign run`
 SCRIPT = ROOT / "experiments" / "_curve_job.py"
-OBJECTIVE = "python {script} --lr {lr} --batch {batch} --width {width} --opt {opt} --epoch-s {epoch_s}"
+OBJECTIVE = ("python {script} --lr {lr} --batch {batch} --width {width} --opt {opt} --epoch-s {epoch_s} "
+             "--curves {curves}")
 # set before the first run: the share of the jobs' wall time a pruner must save, and how much worse
 # (in relative regret) its campaign's final best may be, at the upper end of the paired 95% interval
 MIN_SAVED = 0.30
@@ -64,15 +64,19 @@ def _runs(storage: str, name: str) -> list:
     return [(dict(t.params), trial_result(t)) for t in study.trials if is_run(t)]
 
 
-def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> dict:
+def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path, curves: str = "ordered",
+             warmup: int | None = None) -> dict:
     """One campaign through the real CLI; its runs read back, in order, from its Optuna study."""
     name = f"es-{arm}-{seed}"
     storage = f"sqlite:///{work / (name + '.db')}"
-    objective = OBJECTIVE.replace("{script}", str(SCRIPT)).replace("{epoch_s}", str(epoch_s))
+    objective = (OBJECTIVE.replace("{script}", str(SCRIPT)).replace("{epoch_s}", str(epoch_s))
+                 .replace("{curves}", curves))
     cmd = [str(Path(sys.executable).parent / "cubic"), "campaign", "run", "--objective", objective,
            "--space", str(work / "space.yaml"), "--name", name,
            "--budget", str(budget), "--seed", str(seed), "--prune", arm, "--no-baseline", "--confirm-repeats", "0",
            "--storage", storage, "--store", f"sqlite:///{work / (name + '-trials.db')}"]
+    if warmup and arm != "none":
+        cmd += ["--prune-warmup", str(warmup)]
     t0 = time.perf_counter()
     # run in the work folder: the campaign's job logs (.cubic/jobs) stay out of the checkout
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=3600)
@@ -92,7 +96,7 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path) -> di
             "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for _, r in runs],
             "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for _, r in runs],
             # each run's final val_loss had it run to the end (MODELLED for a pruned run: the script's formula)
-            "full_final_per_run": [float(mlp_curve(p)[-1]) for p, _ in runs]}
+            "full_final_per_run": [float(CURVES[curves](p)[-1]) for p, _ in runs]}
 
 
 def first_runs(c: dict, n: int) -> dict:
@@ -152,14 +156,27 @@ def compare_arm(by: dict, arm: str, seeds, budget: int) -> dict:
                            "pruned_share": float(np.mean([own[s]["pruned"] / own[s]["runs"] for s in seeds]))}}
 
 
-def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 2, log=print) -> dict:
+def section_key(curves: str = "ordered", warmup: int | None = None) -> str:
+    """Where a run of this part is stored in the benchmark's JSON: one section per script and warmup."""
+    return "early_stopping" + ("" if curves == "ordered" else f"_{curves}") + ("_warmup" if warmup else "")
+
+
+def target_prefix(curves: str = "ordered", warmup: int | None = None) -> str:
+    """The section's targets' names start with this (experiments/_search_merged.MERGED)."""
+    what = "" if curves == "ordered" else f", {curves} curves"
+    return f"early stop{what}" + (f", --prune-warmup {warmup}:" if warmup else ":")
+
+
+def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 2, log=print,
+                   curves: str = "ordered", warmup: int | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="cubic-early-stop-") as tmp:
         work = Path(tmp)
         (work / "space.yaml").write_text(json.dumps(space_doc()))
         for seed in seeds:
             for arm in ARMS:
-                rows.append(campaign(arm, seed, budget if arm == "none" else extend * budget, epoch_s, work))
+                rows.append(campaign(arm, seed, budget if arm == "none" else extend * budget, epoch_s, work,
+                                     curves, warmup))
                 r, f = rows[-1], first_runs(rows[-1], budget)
                 log(f"  early stop {arm} seed {seed}: {r['runs']} runs, first {budget}: {f['pruned']} pruned, "
                     f"epochs {f['epochs_run']}, jobs {f['jobs_wall_s']:.1f} s, final regret {f['final_regret']}; "
@@ -168,12 +185,13 @@ def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 
     return {"kind": "MEASURED on this machine (real CLI campaigns over a user script; its epochs are sleeps, its "
                     "losses mlp-tabular's formula)",
             "space": "mlp-tabular as a user script (972 configurations)", "objective": OBJECTIVE, "budget": budget,
+            "script_curves": curves, "prune_warmup": warmup,
             "pruned_budget": extend * budget, "epoch_s": epoch_s, "epochs": EPOCHS, "seeds": list(seeds),
             "strategy": "cubic (the CLI's default)",
-            "pruners": {"median": "optuna MedianPruner(n_startup_trials=2, n_warmup_steps=1)",
-                        "halving": "optuna SuccessiveHalvingPruner() (ASHA's rule)"},
+            "pruners": {"median": f"optuna MedianPruner(n_startup_trials=2, n_warmup_steps={warmup or 1})",
+                        "halving": f"optuna SuccessiveHalvingPruner(min_resource={warmup or 'auto'!r}) (ASHA's rule)"},
             "campaigns": rows, "arms": {arm: compare_arm(by, arm, seeds, budget) for arm in ARMS[1:]},
-            "curves": curve_agreement(),
+            "curves": curve_agreement(curves),
             "note": (f"the unpruned campaigns run {budget} runs, the pruned ones {extend * budget}; 'equal_quality': "
                      "jobs' wall time until the pruned campaign first reaches the unpruned one's final relative "
                      "regret, against the unpruned campaign's (same seed); 'equal_runs': the pruned campaign's "
@@ -182,44 +200,51 @@ def run_early_stop(seeds, budget: int = 24, epoch_s: float = 0.2, extend: int = 
                      "whole wall time (CLI process) is in 'campaigns'")}
 
 
-def curve_agreement() -> dict:
+def curve_agreement(curves: str = "ordered") -> dict:
     """How well a curve's early epochs rank the grid's configurations by their final loss (Spearman,
-    per epoch): near 1, a pruner judging by an early epoch stops no configuration that would end best."""
+    per epoch), over all of them and over the 100 best (where a search spends its late runs): near
+    1, a pruner judging by an early epoch stops no configuration that would end best."""
     import itertools
 
     from scipy.stats import spearmanr
 
     params = space_doc()["parameters"]
     grid = [dict(zip([p["name"] for p in params], v)) for v in itertools.product(*(p["choices"] for p in params))]
-    c = np.array([mlp_curve(g) for g in grid])
+    c = np.array([CURVES[curves](g) for g in grid])
+    best = np.argsort(c[:, -1])[:100]
     return {"kind": "MODELLED (the script's formula over its configurations)", "configurations": len(grid),
             "spearman_epoch_vs_final": [round(float(spearmanr(c[:, e], c[:, -1]).statistic), 4)
-                                        for e in range(c.shape[1])]}
+                                        for e in range(c.shape[1])],
+            "spearman_epoch_vs_final_best_100": [round(float(spearmanr(c[best, e], c[best, -1]).statistic), 4)
+                                                 for e in range(c.shape[1])]}
 
 
 def _why_not_equal(es: dict, pruned: int, winners: int) -> str:
     """What the figures say about a quality cost: whether the pruner stopped would-be winners."""
-    rho = (es.get("curves") or {}).get("spearman_epoch_vs_final") or []
+    agree = es.get("curves") or {}
+    rho, best = agree.get("spearman_epoch_vs_final") or [], agree.get("spearman_epoch_vs_final_best_100") or []
     if not pruned:
         return ""
     if winners:
         return (f"; {winners} of the {pruned} pruned runs would have beaten its campaign's best completed run had "
                 "it run to the end (the script's formula): the pruner stopped would-be winners")
     return (f"; none of the {pruned} pruned runs would have beaten its campaign's best completed run had it run "
-            "to the end (the script's formula)" + (f", and epoch 1 already ranks the configurations as the "
-                                                   f"final epoch does (Spearman {rho[0]:.3f})" if rho else "")
+            "to the end (the script's formula)"
+            + (f", and epoch 1 ranks the configurations against the final epoch at Spearman {rho[0]:.3f}"
+               if rho else "")
+            + (f" (the 100 best at {best[0]:.3f})" if rho and best else "")
             + ": the pruners stopped no winner, so the cost is in what the search proposed (the likely why, not "
             "measured: it learns less from a stopped run, credited its curve's extrapolated value but never "
             "above the worst completed run, than from a completed run)")
 
 
 def early_stop_targets(es: dict) -> dict:
-    out = {}
+    out, head = {}, target_prefix(es.get("script_curves", "ordered"), es.get("prune_warmup"))
     for arm, a in es["arms"].items():
         q, e = a["equal_quality"], a["equal_runs"]
         saved = q["jobs_wall_saved_median"]
         ok = saved is not None and saved >= MIN_SAVED
-        out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at equal final quality "
+        out[f"{head} --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at equal final quality "
             "(median over seeds)"] = {
             "measured": saved, "target": MIN_SAVED, "met": bool(ok), "reached": q["reached"],
             "seeds": len(es["seeds"]), "per_seed": q["jobs_wall_saved_per_seed"],
@@ -230,7 +255,7 @@ def early_stop_targets(es: dict) -> dict:
                 + "); the median over seeds counts a seed that never got there as no saving"
                 + _why_not_equal(es, q.get("pruned_runs", 0), q.get("pruned_winners", 0)))})}
         s_runs = e["jobs_wall_saved_median"]
-        out[f"early stop: --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at an equal number of runs "
+        out[f"{head} --prune {arm} saves >= {MIN_SAVED:.0%} of the jobs' wall time at an equal number of runs "
             "(median over seeds)"] = {
             "measured": s_runs, "target": MIN_SAVED, "met": bool(s_runs >= MIN_SAVED),
             "pruned_share": e["pruned_share"],
@@ -239,7 +264,7 @@ def early_stop_targets(es: dict) -> dict:
                 f"{s_runs:.0%} of the unpruned campaigns' job time")})}
         hi = e["regret_cost_interval_95"][1]
         equal = hi is not None and hi <= MAX_REGRET_COST
-        out[f"early stop: --prune {arm} final quality equal at an equal number of runs (upper 95% bound of the "
+        out[f"{head} --prune {arm} final quality equal at an equal number of runs (upper 95% bound of the "
             f"paired regret cost <= {MAX_REGRET_COST})"] = {
             "measured": hi, "target": MAX_REGRET_COST, "met": bool(equal),
             "mean": e["regret_cost_mean"], "interval_95": e["regret_cost_interval_95"],

@@ -43,10 +43,15 @@ def run_merged(args, log=print) -> None:
         else:
             key, doc = "tune", run_tune(args.public_problems, list(range(args.seeds)), args.public_budget, log=log)
     else:
-        from experiments._search_early_stop import run_early_stop
+        from experiments._search_early_stop import run_early_stop, section_key
 
-        key, doc = "early_stopping", run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s,
-                                                    log=log)
+        curves, warmup = args.early_stop_curves, args.early_stop_warmup
+        if warmup and curves == "ordered":  # (no section for it: the ordered script's pruners stop no winner)
+            print("search_benchmark: --early-stop-warmup goes with --early-stop-curves crossing", file=sys.stderr)
+            raise SystemExit(2)
+        key = section_key(curves, warmup)
+        doc = run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s, log=log, curves=curves,
+                             warmup=warmup)
     if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
         doc = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
     stored[key] = doc
@@ -56,7 +61,7 @@ def run_merged(args, log=print) -> None:
     if key == "tune":
         plot_public(stored, png_path(name + "_public"))
     else:
-        plot_early_stop(stored, png_path(name + "_early_stop"))
+        plot_early_stop(stored[key], png_path(name + key.replace("early_stopping", "_early_stop")))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
         if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
@@ -64,7 +69,11 @@ def run_merged(args, log=print) -> None:
                   + ("none" if t["measured"] is None else f"{t['measured']:.3g}"))
 
 
-MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:"}  # section -> its targets' prefix
+# section -> its targets' prefix; early stopping: on the script whose curves keep their order, on the
+# one whose curves cross (the second look), and that with a later --prune-warmup
+MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:",
+          "early_stopping_crossing": "early stop, crossing curves:",
+          "early_stopping_crossing_warmup": "early stop, crossing curves, --prune-warmup"}
 
 
 def merged_targets(stored: dict, key: str) -> dict:
@@ -74,10 +83,10 @@ def merged_targets(stored: dict, key: str) -> dict:
         return tune_targets(stored["tune"], stored["public"]["problems"], stored["public"].get("early_25"))
     from experiments._search_early_stop import early_stop_targets
 
-    return early_stop_targets(stored["early_stopping"])
+    return early_stop_targets(stored[key])
 
 
-def plot_early_stop(results: dict, path: Path) -> None:
+def plot_early_stop(es: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +94,6 @@ def plot_early_stop(results: dict, path: Path) -> None:
 
     from experiments._search_early_stop import ARMS
 
-    es = results["early_stopping"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     colours = dict(zip(ARMS, ("tab:gray", "tab:blue", "tab:orange")))
     for c in es["campaigns"]:  # quality so far against the jobs' wall time spent: where each arm gets
@@ -103,8 +111,10 @@ def plot_early_stop(results: dict, path: Path) -> None:
     b.axhline(0.0, color="k", lw=0.5)
     b.set_xticks(range(len(ARMS) - 1), [f"--prune {arm}" for arm in ARMS[1:]])
     b.set_ylabel("jobs' wall time saved at equal final quality\n(per seed; -1: never reached)", fontsize=8)
+    warmup = f", --prune-warmup {es['prune_warmup']}" if es.get("prune_warmup") else ""
     fig.suptitle(f"early stopping: {es['budget']} runs unpruned, {es['pruned_budget']} pruned, {len(es['seeds'])} seeds "
-                 f"(user script, {es['epochs']} epochs of {es['epoch_s']} s)", fontsize=9)
+                 f"(user script, {es['epochs']} epochs of {es['epoch_s']} s, curves "
+                 f"{es.get('script_curves', 'ordered')}{warmup})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -28,7 +28,10 @@ vs random search, several seeds, side by side, on two spaces:
    two trials at a time, against (5)'s CubicSampler and TPE: experiments/_search_tune.py.
 7. **early stopping** (MEASURED; ``--early-stop``): real ``cubic campaign run --objective`` campaigns
    over a user script with intermediate lines, ``--prune none|median|halving``: the jobs' wall time
-   saved and the final quality it costs: experiments/_search_early_stop.py.
+   saved and the final quality it costs: experiments/_search_early_stop.py. The second look:
+   ``--early-stop-curves crossing`` (the same final losses on paths that cross, which the pruners and
+   the credit of stopped runs were not tuned on), and with ``--early-stop-warmup STEP``; each its own
+   section.
    (5)-(7) are merged into the JSON by their own invocations, each with its own context; a full run
    keeps them.
 
@@ -46,7 +49,7 @@ in the training set are held out).
                                                         # the hard space only (~60 runs x 2 passes)
     .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --tune     # after --public; then --tune --tune-early-seeds 20
-    .venv/bin/python experiments/search_benchmark.py --early-stop
+    .venv/bin/python experiments/search_benchmark.py --early-stop   # then --early-stop-curves crossing [--early-stop-warmup 5]
 """
 
 from __future__ import annotations
@@ -544,6 +547,11 @@ def _parse_args():
                          "intermediate lines, --prune none/median/halving; merged into the JSON")
     ap.add_argument("--early-stop-budget", type=int, default=24, help="runs per early-stopping campaign")
     ap.add_argument("--epoch-s", type=float, default=0.2, help="seconds per epoch of the early-stopping user script")
+    ap.add_argument("--early-stop-curves", choices=("ordered", "crossing"), default="ordered",
+                    help="the user script's curves: ordered (early epochs rank as the last does) or crossing (the "
+                         "second look: the same final losses on paths that cross); stored in a section of its own")
+    ap.add_argument("--early-stop-warmup", type=int, default=None,
+                    help="--prune-warmup of the pruned campaigns (with --early-stop-curves crossing)")
     ap.add_argument("--hard", action="store_true",
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
@@ -576,8 +584,8 @@ def _replot_or_retarget(args) -> None:
             stored["targets"].update(public_targets(pub, stored["public"]["budget"],
                                                     stored["public"].get("overhead_200"),
                                                     stored["public"].get("early_25")))
-        for key in ("tune", "early_stopping"):
-            if stored.get(key) and (key != "tune" or pub):
+        for key in MERGED:
+            if key != "public" and stored.get(key) and (key != "tune" or pub):
                 stored["targets"].update(merged_targets(stored, key))
         write_result(name, stored)
     plot(stored, png_path(name))

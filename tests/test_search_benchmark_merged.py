@@ -10,6 +10,7 @@ import pytest
 from benchmark_convention import check_targets
 from experiments import _search_early_stop as es
 from experiments import _search_tune as st
+from experiments._search_merged import MERGED
 from search.space import Space
 
 
@@ -30,6 +31,28 @@ def test_early_stop_campaign_through_the_cli(tmp_path):
     # quality so far never gets worse, and is the final quality at the end
     got = [r for r in c["regret_so_far"] if r is not None]
     assert got == sorted(got, reverse=True) and got[-1] == f["final_regret"]
+
+
+def test_the_crossing_script_keeps_the_final_losses_and_hides_them_early(tmp_path):
+    """The second look's script: mlp-tabular's final losses exactly, on paths whose early epochs say
+    next to nothing of the final ranking among the best configurations (the ordered script's do)."""
+    import itertools
+
+    from experiments._public_problems import mlp_curve, mlp_curve_crossing
+
+    params = es.space_doc()["parameters"]
+    grid = [dict(zip([p["name"] for p in params], v)) for v in itertools.product(*(p["choices"] for p in params))]
+    assert all(mlp_curve_crossing(g)[-1] == pytest.approx(mlp_curve(g)[-1], abs=1e-12) for g in grid[::7])
+    ordered, crossing = es.curve_agreement("ordered"), es.curve_agreement("crossing")
+    assert ordered["spearman_epoch_vs_final_best_100"][0] > 0.7 > 0.2 > crossing["spearman_epoch_vs_final_best_100"][0]
+    # through the CLI, with the pruner held off to the last epoch: no run is stopped
+    (tmp_path / "space.yaml").write_text(json.dumps(es.space_doc()))
+    c = es.campaign("median", 0, budget=4, epoch_s=0.01, work=tmp_path, curves="crossing", warmup=10)
+    assert c["kinds"] == ["ok"] * 4 and c["epochs_per_run"] == [9] * 4
+    assert es.section_key("crossing", 10) == "early_stopping_crossing_warmup"
+    assert es.target_prefix("crossing", 10).startswith(MERGED["early_stopping_crossing_warmup"])
+    assert es.target_prefix("crossing").startswith(MERGED["early_stopping_crossing"])
+    assert not es.target_prefix("crossing").startswith(MERGED["early_stopping"])
 
 
 def _campaign(arm, seed, regrets, walls):
@@ -136,16 +159,18 @@ def test_distributions_are_the_problems_own():
 def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
     import experiments.common as common
     from experiments._search_public import keep_merged
-    from experiments._search_merged import MERGED
 
     stored = {"public": {"problems": {}}, "tune": {"problems": {}}, "early_stopping": {"arms": {}},
-              "targets": {"public: a": 1, "tune: b": 2, "early stop: c": 3, "real: d": 4}}
+              "early_stopping_crossing": {"arms": {}},
+              "targets": {"public: a": 1, "tune: b": 2, "early stop: c": 3, "real: d": 4,
+                          "early stop, crossing curves: e": 6}}
     (tmp_path / "search_benchmark.json").write_text(json.dumps(stored))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     results = {"targets": {"real: d": 5}}
     keep_merged(results, "search_benchmark", MERGED)
-    assert {"public", "tune", "early_stopping"} <= set(results)
-    assert results["targets"] == {"real: d": 5, "public: a": 1, "tune: b": 2, "early stop: c": 3}
+    assert {"public", "tune", "early_stopping", "early_stopping_crossing"} <= set(results)
+    assert results["targets"] == {"real: d": 5, "public: a": 1, "tune: b": 2, "early stop: c": 3,
+                                  "early stop, crossing curves: e": 6}
 
 
 @pytest.mark.slow  # a local Ray and a 25-trial Tuner.fit, ~30 s
