@@ -46,8 +46,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from cubic.core.result import Result
 from search.space import Constraint, Objective, Parameter, Space, _is_number
-from search.strategies import (Observation, ProxyGuided, SearchContext, Strategy, credit_pruned, make_strategy,
-                               thin_curve)
+from search.curves import credit_pruned, thin_curve
+from search.strategies import Observation, ProxyGuided, SearchContext, Strategy, make_strategy
 
 STATE_KEY = "cubic:strategy_state"
 POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's running trial may have no params yet

@@ -25,7 +25,6 @@ including failed and infeasible ones, are never proposed again.
 from __future__ import annotations
 
 import abc
-import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -97,68 +96,6 @@ def objective_value(space: Space, obs: Observation, i: int = 0) -> float | None:
         return None
     v = math.log(v) if v > 0 and o.scale == "log" else v
     return v if o.direction == "maximize" else -v
-
-
-CURVE_POINTS = 512  # a learning curve kept with a run: at most this many (step, value) points
-
-
-def thin_curve(points: list[tuple[int, float]]) -> list[list[float]]:
-    """A run's learning curve as stored with its result (``extra["curve"]``): ``[[step, value], ...]``
-    in step order, at most :data:`CURVE_POINTS`, thinned evenly and always keeping the last."""
-    pts = [[int(st), float(v)] for st, v in sorted(points) if math.isfinite(v)]
-    if len(pts) > CURVE_POINTS:
-        idx = np.unique(np.linspace(0, len(pts) - 1, CURVE_POINTS).round().astype(int))
-        pts = [pts[i] for i in idx]
-    return pts
-
-
-def _value_at(curve: list, step: float) -> float | None:
-    # a completed run's value at the last report at or before ``step`` (curves are in step order)
-    i = bisect.bisect_right([st for st, _ in curve], step)
-    return curve[i - 1][1] if i else None
-
-
-def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]:
-    """The history with each run a pruner stopped (``pruned``, its last intermediate value in its
-    metrics) seen as a run at the value its curve was heading for: its last value plus the median
-    gain the completed runs made from that step to their end (their curves in ``extra["curve"]``),
-    never credited above the worst completed run (it was stopped for looking worse, and Optuna's
-    samplers rank a pruned trial below the completed ones). Without completed curves reaching that
-    step, the last value itself. So the proxy learns from its curve instead of counting its region
-    infeasible, and does not take a curve stopped early for a final one. One objective only; a
-    pruned run without a value, or before any run completed, stays a failure. CubicSampler and the
-    campaign share it."""
-    if len(space.objectives) != 1:
-        return list(history)
-    o = space.objectives[0]
-    done = [h for h in history if h.ok and math.isfinite(h.metrics.get(o.metric, math.nan))]
-    if not done:
-        return list(history)
-    finals = [h.metrics[o.metric] for h in done]
-    worst = min(finals) if o.direction == "maximize" else max(finals)
-    gains_after: dict[float, list[float]] = {}  # per step: the completed runs' gains from it to their end
-
-    def gains(step: float) -> list[float]:
-        if step not in gains_after:
-            gains_after[step] = [c.metrics[o.metric] - at for c in done
-                                 if (at := _value_at(c.result.extra.get("curve") or [], step)) is not None]
-        return gains_after[step]
-
-    out = []
-    for h in history:
-        last = h.metrics.get(o.metric, math.nan)
-        if h.failure_kind == "pruned" and math.isfinite(last):
-            own = h.result.extra.get("curve") or []
-            step = own[-1][0] if own else h.metrics.get("pruned_step")
-            seen = [] if step is None else gains(step)
-            gain = float(np.median(seen)) if seen else 0.0
-            v = min(last + gain, worst) if o.direction == "maximize" else max(last + gain, worst)
-            h = Observation(h.point, Result(status="ok", source=h.result.source, metrics={**h.metrics, o.metric: v},
-                                            extra={**h.result.extra, "pruned": True, "last_value": last,
-                                                   "median_gain_after": gain, "gain_from_runs": len(seen)}),
-                            violation=h.violation, context=h.context)
-        out.append(h)
-    return out
 
 
 def _seed(seed: int, round_index: int, salt: int = 0) -> int:

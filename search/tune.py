@@ -11,7 +11,7 @@ samplers) and maps Tune's calls onto ask/tell:
   ``training_iteration``), so a trial a scheduler stops has its learning curve in the study.
 - ``on_trial_complete``: ``tell``: COMPLETE with the last metric; PRUNED when a scheduler (ASHA)
   stopped the trial before ``max_t`` iterations (CubicSampler learns from it through
-  ``search.strategies.credit_pruned``: its last report plus the complete trials' median gain after
+  ``search.curves.credit_pruned``: its last report plus the complete trials' median gain after
   that iteration, never above the worst complete trial); FAIL on an error.
 - ``save`` / ``restore``: the finished trials (params, values, intermediate values, the
   sampler's state in their system attributes) as JSON, never pickle (a checkpoint is data, and

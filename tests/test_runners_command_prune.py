@@ -52,7 +52,8 @@ def test_pruner_stops_a_bad_job(tmp_path):
 def test_search_learns_from_pruned_runs():
     from cubic.core.result import Result
     from search.space import Parameter, Space
-    from search.strategies import Observation, ProxyGuided, SearchContext, credit_pruned
+    from search.curves import credit_pruned
+    from search.strategies import Observation, ProxyGuided, SearchContext
 
     space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
                   objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
@@ -68,7 +69,8 @@ def test_search_learns_from_pruned_runs():
 def test_a_pruned_run_is_credited_its_last_value_never_above_the_worst_completed_run():
     from cubic.core.result import Result
     from search.space import Parameter, Space
-    from search.strategies import Observation, credit_pruned
+    from search.curves import credit_pruned
+    from search.strategies import Observation
 
     space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
                   objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
@@ -94,7 +96,8 @@ def test_a_pruned_run_is_credited_its_last_value_never_above_the_worst_completed
 def test_a_pruned_run_is_credited_the_gain_the_completed_runs_made_after_its_step():
     from cubic.core.result import Result
     from search.space import Parameter, Space
-    from search.strategies import CURVE_POINTS, Observation, credit_pruned, thin_curve
+    from search.curves import CURVE_POINTS, credit_pruned, thin_curve
+    from search.strategies import Observation
 
     space = Space(parameters=[Parameter(name="x", type="int", low=0, high=19)],
                   objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])

@@ -326,7 +326,31 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(1 for t in trials if t.values))
     if ctx.get("workload") and ans.config is not None:
         ans.run_command = run_command(ctx)
+    pruning = pruning_note(space, [trial_observation(t, ctx) for t in trials])
+    if pruning:
+        ans.notes.append(pruning)
     return ans
+
+
+def pruning_note(space: Space, history) -> str | None:
+    """What the completed runs' curves say of the pruner's early judgement (search.curves.early_ranking),
+    when a pruner stopped runs: backed, or not (then a stopped run may have been the winner)."""
+    from search.curves import RANKS_POORLY, RANKS_WELL, early_ranking
+
+    r = early_ranking(space, history)
+    if r is None:
+        return None
+    at = (f"the pruner stopped {r['stopped']} runs, at step {r['step']:g} in the median; there the "
+          f"{r['runs']} runs it let finish rank at Spearman {r['spearman']:+.2f} against their final values")
+    if r["spearman"] >= RANKS_WELL:
+        return at + ": the completed curves back its early judgement"
+    well = r["first_step_ranking_well"]
+    hint = (f"--prune-warmup {well:g} (the first step ranking them at {RANKS_WELL} or better)" if well is not None
+            else "a later --prune-warmup")
+    if r["spearman"] < RANKS_POORLY:
+        return (at + ": early values say little of the end here (curves that cross), so a stopped run may have "
+                f"been the winner; run again with {hint} or --prune none")
+    return at + f": a partial backing; {hint} would judge on better evidence"
 
 
 def run_command(ctx: dict[str, Any], config_path: str = "winner.yaml") -> str:

@@ -65,7 +65,8 @@ from cubic.core.result import Result
 from cubic.core.spec import SpecError
 from cubic.core.store import StoreError
 from search.space import Space
-from search.strategies import Observation, SearchContext, Strategy, credit_pruned, make_strategy, objective_value
+from search.curves import credit_pruned
+from search.strategies import Observation, SearchContext, Strategy, make_strategy, objective_value
 
 STATE_KEY = "cubic_strategy_state"
 MAX_INTERRUPTED = 3  # lost attempts of one trial (kills of its worker) before it is retired

@@ -116,7 +116,7 @@ def trial_result(t: optuna.trial.FrozenTrial) -> Result:
     if metrics is None and t.values:
         metrics = {f"value{i}": v for i, v in enumerate(t.values)}
     ex = dict(a.get("extra") or {})
-    if t.intermediate_values:  # the run's learning curve (what search.strategies.credit_pruned reads)
+    if t.intermediate_values:  # the run's learning curve (what search.curves.credit_pruned reads)
         ex["curve"] = [[int(st), float(v)] for st, v in sorted(t.intermediate_values.items())]
     kind = a.get("failure_kind")
     return Result(status="ok" if ok else "failed", source=a.get("source", "measured"),

@@ -33,7 +33,7 @@ own rule) and stops the job's process group when the pruner says so. The run is 
 failure carrying its last intermediate value and step (``pruned_step``), and every run watched so
 keeps its learning curve (``extra["curve"]``): the search learns from that value plus the gain the
 completed runs made after that step, never credited above the worst completed run
-(search.strategies.credit_pruned), as
+(search.curves.credit_pruned), as
 Optuna's TPE ranks a pruned trial. Why Optuna's pruners and not Tune's
 ASHA: cubic's campaign already is an Optuna ask/tell loop, a pruner needs only the curves (no
 Ray cluster, no trial actors), and ASHA itself is Optuna's ``SuccessiveHalvingPruner``.
@@ -270,7 +270,7 @@ class CommandRunner:
         for name in ("stdout", "stderr"):
             cap_log(run_dir / name)
         if watch is not None and watch.curve:  # its learning curve: what credit_pruned extrapolates with
-            from search.strategies import thin_curve  # on use: the search package loads optuna
+            from search.curves import thin_curve  # on use: a run without curves needs none of the search
 
             header["extra"]["curve"] = thin_curve(watch.curve)
         if watch is not None and watch.pruned:

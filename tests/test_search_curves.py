@@ -1,0 +1,49 @@
+"""Runs' learning curves (search.curves): whether the completed runs' curves back a pruner's early
+judgement (early_ranking), and the answer's note that says so."""
+
+from __future__ import annotations
+
+from cubic.codesign.answer import pruning_note
+from cubic.core.result import Result
+from search.curves import early_ranking
+from search.space import Parameter, Space
+from search.strategies import Observation
+
+SPACE = Space(parameters=[Parameter(name="x", type="int", low=0, high=99)],
+              objectives=[{"metric": "loss", "direction": "minimize", "scale": "linear"}])
+
+
+def _history(crossing: bool, completed: int = 8, stopped: int = 3) -> list[Observation]:
+    """Completed 5-step curves ending at loss 1..completed; with ``crossing`` the runs that end best
+    are the worst until step 4 (slow starters), else every step ranks them as the end does."""
+    out = []
+    for i in range(completed):
+        end = 1.0 + i
+        early = (10.0 - i) if crossing else (10.0 + i)
+        curve = [[st, early - 0.1 * st] for st in (1, 2, 3)] + [[4, end + 0.5], [5, end]]
+        out.append(Observation({"x": i}, Result(status="ok", metrics={"loss": end}, extra={"curve": curve})))
+    for j in range(stopped):
+        stop = Result.failed("pruned", "stopped", metrics={"loss": 20.0, "pruned_step": 2.0},
+                             extra={"curve": [[1, 21.0], [2, 20.0]]})
+        out.append(Observation({"x": 50 + j}, stop))
+    return out
+
+
+def test_ordered_curves_back_the_pruner():
+    r = early_ranking(SPACE, _history(crossing=False))
+    assert r["stopped"] == 3 and r["step"] == 2 and r["runs"] == 8 and r["spearman"] > 0.99
+    assert r["first_step_ranking_well"] == 2
+    assert "back its early judgement" in pruning_note(SPACE, _history(crossing=False))
+
+
+def test_crossing_curves_say_a_stopped_run_may_have_won_and_name_the_warmup():
+    r = early_ranking(SPACE, _history(crossing=True))
+    assert r["spearman"] < -0.99 and r["first_step_ranking_well"] == 4
+    note = pruning_note(SPACE, _history(crossing=True))
+    assert "may have been the winner" in note and "--prune-warmup 4" in note and "Spearman -1.00" in note
+
+
+def test_no_note_without_a_stopped_run_or_with_too_few_completed_curves():
+    assert early_ranking(SPACE, _history(crossing=True, stopped=0)) is None
+    assert early_ranking(SPACE, _history(crossing=True, completed=4)) is None
+    assert pruning_note(SPACE, _history(crossing=False, completed=4)) is None
