@@ -42,6 +42,9 @@ OBJECTIVE = ("python {script} --lr {lr} --batch {batch} --width {width} --opt {o
 # (in relative regret) its campaign's final best may be, at the upper end of the paired 95% interval
 MIN_SAVED = 0.30
 MAX_REGRET_COST = 0.05
+# set before the first run with the note (stop 41): the share of pruned campaigns whose note about
+# the pruner (warns, or says the completed curves back it) matches whether it stopped a would-be winner
+MIN_NOTE_RIGHT = 0.8
 
 
 def space_doc() -> dict:
@@ -84,6 +87,8 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path, curve
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
     runs = _runs(storage, name)
+    # what the campaign told its user about the pruner (cubic.codesign.answer.pruning_note), as printed
+    note = next((ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("the pruner stopped")), None)
     pb = problems()["mlp-tabular"]
     med = random_median(pb)
     best, regret, jobs = math.inf, [], []  # per run, in order: quality so far (None before a completed run)
@@ -96,7 +101,23 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path, curve
             "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for _, r in runs],
             "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for _, r in runs],
             # each run's final val_loss had it run to the end (MODELLED for a pruned run: the script's formula)
-            "full_final_per_run": [float(CURVES[curves](p)[-1]) for p, _ in runs]}
+            "full_final_per_run": [float(CURVES[curves](p)[-1]) for p, _ in runs], "pruning_note": note}
+
+
+def note_check(es: dict) -> dict:
+    """Whether each pruned campaign's note about its pruner told the truth: it warns (does not say the
+    completed curves back the pruner) exactly when a stopped run would have beaten the campaign's
+    best completed run (the script's formula); a campaign with no note warns of nothing."""
+    rows = []
+    for c in es["campaigns"]:
+        if c["arm"] == "none":
+            continue
+        note = c.get("pruning_note")
+        warned = note is not None and "back its early judgement" not in note
+        winners = first_runs(c, len(c["kinds"]))["pruned_winners"]
+        rows.append({"arm": c["arm"], "seed": c["seed"], "warned": warned, "noted": note is not None,
+                     "pruned_winners": winners, "right": warned == (winners > 0)})
+    return {"campaigns": rows, "right": sum(r["right"] for r in rows), "of": len(rows)}
 
 
 def first_runs(c: dict, n: int) -> dict:
@@ -274,4 +295,14 @@ def early_stop_targets(es: dict) -> dict:
                 + ("the pruned campaigns end worse" if e["regret_cost_interval_95"][0] > 0 else
                    "not resolved at this many seeds")
                 + _why_not_equal(es, e.get("pruned_runs", 0), e.get("pruned_winners", 0)))})}
+    if any("pruning_note" in c for c in es.get("campaigns", ())):  # (runs before stop 41 printed no note)
+        chk = note_check(es)
+        share = chk["right"] / chk["of"] if chk["of"] else None
+        ok = share is not None and share >= MIN_NOTE_RIGHT
+        wrong = [f"--prune {r['arm']} seed {r['seed']}: " + ("warned" if r["warned"] else "did not warn")
+                 + f", {r['pruned_winners']} would-be winners stopped" for r in chk["campaigns"] if not r["right"]]
+        out[f"{head} the answer's note on the pruner is right (warns exactly when it stopped a would-be winner) "
+            f"in >= {MIN_NOTE_RIGHT:.0%} of the pruned campaigns"] = {
+            "measured": share, "target": MIN_NOTE_RIGHT, "met": bool(ok), "right": chk["right"], "of": chk["of"],
+            **({} if ok else {"reason": "; ".join(wrong) or "no pruned campaign"})}
     return out

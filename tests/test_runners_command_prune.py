@@ -49,6 +49,20 @@ def test_pruner_stops_a_bad_job(tmp_path):
     assert all(plain({"lr": v}).ok for v in (0.1, 3.0, 9.0))
 
 
+def test_a_completed_run_keeps_the_lines_printed_after_the_last_look(tmp_path):
+    """A job that prints its last steps and exits between two looks of the watcher (here: all of
+    them, at once) keeps its whole curve; those lines are no longer judged (the run is done)."""
+    (tmp_path / "fast.py").write_text("import json\nfor s in range(1, 6):\n"
+                                      "    print(json.dumps({'step': s, 'loss': 10.0 - s}))\n"
+                                      "print(json.dumps({'loss': 5.0}))\n")
+    runner = CommandRunner(f"{sys.executable} fast.py {{lr}}", ["lr"], metric="loss", cwd=tmp_path,
+                           pruner=optuna.pruners.MedianPruner(n_startup_trials=0, n_warmup_steps=0),
+                           direction="minimize")
+    runs = [runner({"lr": v}) for v in (0.1, 0.2)]
+    assert all(r.ok for r in runs)
+    assert all(r.extra["curve"] == [[st, 10.0 - st] for st in range(1, 6)] for r in runs)
+
+
 def test_search_learns_from_pruned_runs():
     from cubic.core.result import Result
     from search.space import Parameter, Space

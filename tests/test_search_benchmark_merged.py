@@ -179,3 +179,24 @@ def test_tuner_fit_runs_the_searcher_on_a_public_problem():
     row = doc["problems"]["branin"]
     assert set(row["median_regret"]) == {"25"} and 0 <= row["median_regret"]["25"] < 1.0  # better than random's median
     assert row["per_seed"][0]["searcher_s_per_trial"] > 0 and doc["concurrency"] == 2
+
+
+def test_the_pruner_note_is_checked_against_the_would_be_winners():
+    def row(arm, seed, note, full, kinds):
+        return {**_campaign(arm, seed, [0.1] * len(kinds), [1.0] * len(kinds)), "kinds": kinds,
+                "full_final_per_run": full, "pruning_note": note}
+
+    warn, back = "the pruner stopped 2 runs ...: a stopped run may have been the winner", \
+        "the pruner stopped 2 runs ...: the completed curves back its early judgement"
+    es_doc = {"seeds": [0, 1], "pruned_budget": 4, "arms": {}, "campaigns": [
+        row("none", 0, None, [1.0, 2.0], ["ok", "ok"]),
+        row("median", 0, warn, [1.0, 0.5], ["ok", "pruned"]),  # a stopped run would have won: warned, right
+        row("median", 1, back, [1.0, 2.0], ["ok", "pruned"]),  # none would have: backed, right
+        row("halving", 0, back, [1.0, 0.5], ["ok", "pruned"]),  # would have won, backed: wrong
+        row("halving", 1, None, [1.0, 2.0], ["ok", "pruned"])]}  # no note, nothing to warn of: right
+    chk = es.note_check(es_doc)
+    assert (chk["right"], chk["of"]) == (3, 4)
+    (name, t), = [(k, v) for k, v in es.early_stop_targets(es_doc).items() if "note" in k]
+    assert name.startswith("early stop: ") and t["measured"] == 0.75 and not t["met"]
+    assert t["reason"] == "--prune halving seed 0: did not warn, 1 would-be winners stopped"
+    check_targets({name: t})

@@ -33,17 +33,17 @@ def test_ordered_curves_back_the_pruner():
     r = early_ranking(SPACE, _history(crossing=False))
     assert r["stopped"] == 3 and r["step"] == 2 and r["runs"] == 8 and r["spearman"] > 0.99
     assert r["first_step_ranking_well"] == 2
-    assert "back its early judgement" in pruning_note(SPACE, _history(crossing=False))
+    assert "back its early judgement" in pruning_note(early_ranking(SPACE, _history(crossing=False)))
 
 
 def test_crossing_curves_say_a_stopped_run_may_have_won_and_name_the_warmup():
     r = early_ranking(SPACE, _history(crossing=True))
     assert r["spearman"] < -0.99 and r["first_step_ranking_well"] == 4
-    note = pruning_note(SPACE, _history(crossing=True))
+    note = pruning_note(early_ranking(SPACE, _history(crossing=True)))
     assert "may have been the winner" in note and "--prune-warmup 4" in note and "Spearman -1.00" in note
 
 
 def test_no_note_without_a_stopped_run_or_with_too_few_completed_curves():
     assert early_ranking(SPACE, _history(crossing=True, stopped=0)) is None
     assert early_ranking(SPACE, _history(crossing=True, completed=4)) is None
-    assert pruning_note(SPACE, _history(crossing=False, completed=4)) is None
+    assert pruning_note(early_ranking(SPACE, _history(crossing=False, completed=4))) is None

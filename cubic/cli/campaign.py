@@ -411,6 +411,10 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
                   f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
         if s.proxy:
             con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")
+        if s.pruning:
+            from cubic.codesign.answer import pruning_note
+
+            con.print(f"  {pruning_note(s.pruning)}", markup=False, highlight=False)
         c = s.confirm
         if c and c.get("winner"):
             from cubic.codesign.answer import confirm_lines

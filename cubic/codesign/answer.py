@@ -326,18 +326,20 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(1 for t in trials if t.values))
     if ctx.get("workload") and ans.config is not None:
         ans.run_command = run_command(ctx)
-    pruning = pruning_note(space, [trial_observation(t, ctx) for t in trials])
+    from search.curves import early_ranking
+
+    pruning = pruning_note(early_ranking(space, [trial_observation(t, ctx) for t in trials]))
     if pruning:
         ans.notes.append(pruning)
     return ans
 
 
-def pruning_note(space: Space, history) -> str | None:
-    """What the completed runs' curves say of the pruner's early judgement (search.curves.early_ranking),
-    when a pruner stopped runs: backed, or not (then a stopped run may have been the winner)."""
-    from search.curves import RANKS_POORLY, RANKS_WELL, early_ranking
+def pruning_note(r: dict[str, Any] | None) -> str | None:
+    """What the completed runs' curves say of the pruner's early judgement (``r``:
+    search.curves.early_ranking), when a pruner stopped runs: backed, or not (then a stopped run may
+    have been the winner). The answer and the CLI's summary print it."""
+    from search.curves import RANKS_POORLY, RANKS_WELL
 
-    r = early_ranking(space, history)
     if r is None:
         return None
     at = (f"the pruner stopped {r['stopped']} runs, at step {r['step']:g} in the median; there the "

@@ -65,7 +65,7 @@ from cubic.core.result import Result
 from cubic.core.spec import SpecError
 from cubic.core.store import StoreError
 from search.space import Space
-from search.curves import credit_pruned
+from search.curves import credit_pruned, early_ranking
 from search.strategies import Observation, SearchContext, Strategy, make_strategy, objective_value
 
 STATE_KEY = "cubic_strategy_state"
@@ -139,6 +139,7 @@ class Summary:
     confirm: dict[str, Any] | None = None  # the confirm phase (Campaign.confirm), when it ran
     served: int = 0  # runs served from the trial store (every session's, from the runs' attributes)
     pruned: int = 0  # runs a pruner stopped early (PRUNED trials cubic told)
+    pruning: dict[str, Any] | None = None  # whether the completed curves back the pruner (search.curves.early_ranking)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -702,7 +703,8 @@ class Campaign:
                        confirm=self.study.user_attrs.get("confirm"),
                        served=sum(bool((t.user_attrs.get("extra") or {}).get("served_from_store"))
                                   for t in self._runs()),
-                       pruned=sum(t.state == optuna.trial.TrialState.PRUNED for t in self._runs()))
+                       pruned=sum(t.state == optuna.trial.TrialState.PRUNED for t in self._runs()),
+                       pruning=early_ranking(self.space, obs))
 
     # ---- confirm phase (cubic.codesign.confirm) --------------------------------------------
     def confirm(self, repeat_budget: int, baseline: tuple[Any, dict[str, Any]] | None = None) -> dict[str, Any] | None:

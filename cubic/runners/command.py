@@ -344,6 +344,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float, watch=None) -> tuple[int, in
             if pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 _kill_group(proc.pid, signal.SIGKILL)  # stragglers it left behind
+                if watch is not None:  # the lines printed since the last look: the curve's end, judged no more
+                    watch(judge=False)
                 return proc.returncode, usage.ru_maxrss, False
             if time.monotonic() > deadline or (watch is not None and watch()):
                 _kill_group(proc.pid, signal.SIGTERM)
@@ -427,7 +429,7 @@ class _Watch:
         self.step, self.value, self.pruned = None, None, False
         self.curve: list[tuple[int, float]] = []
 
-    def __call__(self) -> bool:
+    def __call__(self, judge: bool = True) -> bool:
         try:
             with open(self.stdout, "rb") as f:
                 f.seek(self.offset)
@@ -445,7 +447,7 @@ class _Watch:
             if math.isfinite(self.value):
                 self.curve.append((self.step, self.value))
                 self.trial.report(self.value, self.step)
-                if self.trial.should_prune():
+                if judge and self.trial.should_prune():
                     self.pruned = True
                     return True
         return False
