@@ -93,8 +93,9 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     stopped, the Spearman correlation between the completed runs' values there and at their ends,
     and the first step that ranks them at :data:`RANKS_WELL` or better (what ``--prune-warmup``
     could be). The completed runs are those the pruner let finish, a biased sample, but the only
-    curves that reach the end. None without a stopped run, with several objectives, or with fewer
-    than :data:`MIN_RANKED_RUNS` completed curves reaching that step."""
+    curves that reach the end. ``spearman`` None: fewer than :data:`MIN_RANKED_RUNS` completed
+    curves reach that step (or none differ), too few to check the pruner. None without a stopped
+    run or with several objectives."""
     from scipy.stats import spearmanr
 
     if len(space.objectives) != 1:
@@ -105,7 +106,7 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     steps = [float(st) for st in steps if st is not None]
     done = [(h.result.extra.get("curve") or [], h.metrics[metric]) for h in history
             if h.ok and math.isfinite(h.metrics.get(metric, math.nan)) and h.result.extra.get("curve")]
-    if not steps or not done:
+    if not steps:
         return None
 
     def rho(step: float) -> tuple[float | None, int]:
@@ -117,7 +118,7 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     step = float(np.median(steps))
     r, n = rho(step)
     if r is None:
-        return None
+        return {"stopped": len(steps), "step": step, "spearman": None, "runs": n, "first_step_ranking_well": None}
     later = sorted({st for curve, _ in done for st, _ in curve if st >= step})
     well = next((st for st in later if (rho(st)[0] or -1.0) >= RANKS_WELL), None)
     return {"stopped": len(steps), "step": step, "spearman": r, "runs": n, "first_step_ranking_well": well}

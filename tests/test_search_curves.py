@@ -43,7 +43,11 @@ def test_crossing_curves_say_a_stopped_run_may_have_won_and_name_the_warmup():
     assert "may have been the winner" in note and "--prune-warmup 4" in note and "Spearman -1.00" in note
 
 
-def test_no_note_without_a_stopped_run_or_with_too_few_completed_curves():
+def test_no_note_without_a_stopped_run_and_a_warning_when_too_few_runs_finished_to_check():
     assert early_ranking(SPACE, _history(crossing=True, stopped=0)) is None
-    assert early_ranking(SPACE, _history(crossing=True, completed=4)) is None
-    assert pruning_note(early_ranking(SPACE, _history(crossing=False, completed=4))) is None
+    assert pruning_note(None) is None
+    r = early_ranking(SPACE, _history(crossing=False, completed=4))
+    assert r["spearman"] is None and r["runs"] == 4 and r["stopped"] == 3
+    note = pruning_note(r)  # not silent: silence would read as the curves backing the pruner
+    assert "too few (of 5 needed)" in note and "may have been the winner" in note and "back its" not in note
+    assert early_ranking(SPACE, _history(crossing=False, completed=0))["runs"] == 0

@@ -338,12 +338,17 @@ def pruning_note(r: dict[str, Any] | None) -> str | None:
     """What the completed runs' curves say of the pruner's early judgement (``r``:
     search.curves.early_ranking), when a pruner stopped runs: backed, or not (then a stopped run may
     have been the winner). The answer and the CLI's summary print it."""
-    from search.curves import RANKS_POORLY, RANKS_WELL
+    from search.curves import MIN_RANKED_RUNS, RANKS_POORLY, RANKS_WELL
 
     if r is None:
         return None
-    at = (f"the pruner stopped {r['stopped']} runs, at step {r['step']:g} in the median; there the "
-          f"{r['runs']} runs it let finish rank at Spearman {r['spearman']:+.2f} against their final values")
+    head = f"the pruner stopped {r['stopped']} runs, at step {r['step']:g} in the median"
+    if r["spearman"] is None:  # silence would read as consent
+        return (f"{head}; {r['runs']} runs it let finish have a curve there, too few (of {MIN_RANKED_RUNS} needed) to "
+                "check its early judgement, so a stopped run may have been the winner; a later --prune-warmup lets "
+                "more runs finish")
+    at = (f"{head}; there the {r['runs']} runs it let finish rank at Spearman {r['spearman']:+.2f} against their "
+          "final values")
     if r["spearman"] >= RANKS_WELL:
         return at + ": the completed curves back its early judgement"
     well = r["first_step_ranking_well"]
