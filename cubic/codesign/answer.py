@@ -323,7 +323,8 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         b = bm.get(mem)
         ans.rows.append((f"peak memory (GiB, {mem})", "–" if b is None else fmt(b / GIB), fmt(wm[mem] / GIB),
                          "" if b is None else _pct(wm[mem], b)))
-    _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(1 for t in trials if t.values))
+    # completed runs: a PRUNED trial has values too (Optuna gives it its last report)
+    _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(t.state.name == "COMPLETE" for t in trials))
     if ctx.get("workload") and ans.config is not None:
         ans.run_command = run_command(ctx)
     from search.curves import early_ranking
