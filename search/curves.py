@@ -35,9 +35,16 @@ def thin_curve(points: list[tuple[int, float]]) -> list[list[float]]:
     return pts
 
 
-def _value_at(curve: list, step: float) -> float | None:
+def _index(curve: list) -> tuple[list, list]:
+    # a curve with its steps listed once, for _value_at's bisection (a list per lookup made every
+    # lookup as slow as the curve is long)
+    return [st for st, _ in curve], curve
+
+
+def _value_at(indexed: tuple[list, list], step: float) -> float | None:
     # a completed run's value at the last report at or before ``step`` (curves are in step order)
-    i = bisect.bisect_right([st for st, _ in curve], step)
+    steps, curve = indexed
+    i = bisect.bisect_right(steps, step)
     return curve[i - 1][1] if i else None
 
 
@@ -60,11 +67,11 @@ def credit_pruned(space: Space, history: list[Observation]) -> list[Observation]
     finals = [h.metrics[o.metric] for h in done]
     worst = min(finals) if o.direction == "maximize" else max(finals)
     gains_after: dict[float, list[float]] = {}  # per step: the completed runs' gains from it to their end
+    curves = [(_index(c.result.extra.get("curve") or []), c.metrics[o.metric]) for c in done]
 
     def gains(step: float) -> list[float]:
         if step not in gains_after:
-            gains_after[step] = [c.metrics[o.metric] - at for c in done
-                                 if (at := _value_at(c.result.extra.get("curve") or [], step)) is not None]
+            gains_after[step] = [end - at for ix, end in curves if (at := _value_at(ix, step)) is not None]
         return gains_after[step]
 
     out = []
@@ -104,13 +111,13 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     stopped = [h for h in history if h.failure_kind == "pruned"]
     steps = [(h.result.extra.get("curve") or [[h.metrics.get("pruned_step")]])[-1][0] for h in stopped]
     steps = [float(st) for st in steps if st is not None]
-    done = [(h.result.extra.get("curve") or [], h.metrics[metric]) for h in history
+    done = [(_index(h.result.extra["curve"]), h.metrics[metric]) for h in history
             if h.ok and math.isfinite(h.metrics.get(metric, math.nan)) and h.result.extra.get("curve")]
     if not steps:
         return None
 
     def rho(step: float) -> tuple[float | None, int]:
-        pairs = [(at, end) for curve, end in done if (at := _value_at(curve, step)) is not None]
+        pairs = [(at, end) for ix, end in done if (at := _value_at(ix, step)) is not None]
         if len(pairs) < MIN_RANKED_RUNS or len({a for a, _ in pairs}) < 2 or len({e for _, e in pairs}) < 2:
             return None, len(pairs)
         return float(spearmanr([a for a, _ in pairs], [e for _, e in pairs]).statistic), len(pairs)
@@ -119,6 +126,6 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     r, n = rho(step)
     if r is None:
         return {"stopped": len(steps), "step": step, "spearman": None, "runs": n, "first_step_ranking_well": None}
-    later = sorted({st for curve, _ in done for st, _ in curve if st >= step})
+    later = sorted({st for (steps, _), _ in done for st in steps if st >= step})
     well = next((st for st in later if (rho(st)[0] or -1.0) >= RANKS_WELL), None)
     return {"stopped": len(steps), "step": step, "spearman": r, "runs": n, "first_step_ranking_well": well}
