@@ -686,7 +686,8 @@ class Campaign:
 
     def summary(self, stop_reason: str = "", n_warm: int = 0) -> Summary:
         # in the order the runs were proposed (trial number), not the history's (round, key) order
-        obs = [trial_observation(t, self.context) for t in sorted(self._runs(), key=lambda t: t.number)]
+        runs = sorted(self._runs(), key=lambda t: t.number)  # (one read of the study)
+        obs = [trial_observation(t, self.context) for t in runs]
         curve, best, best_obs = [], -math.inf, None
         for o in obs:
             v = objective_value(self.space, o) if o.feasible else None
@@ -701,9 +702,8 @@ class Campaign:
                        proxy=dict(getattr(self.strategy, "fit_", {})),
                        warm_start={"campaigns": self.warm_start, "trials": n_warm},
                        confirm=self.study.user_attrs.get("confirm"),
-                       served=sum(bool((t.user_attrs.get("extra") or {}).get("served_from_store"))
-                                  for t in self._runs()),
-                       pruned=sum(t.state == optuna.trial.TrialState.PRUNED for t in self._runs()),
+                       served=sum(bool((t.user_attrs.get("extra") or {}).get("served_from_store")) for t in runs),
+                       pruned=sum(t.state == optuna.trial.TrialState.PRUNED for t in runs),
                        pruning=early_ranking(self.space, obs))
 
     # ---- confirm phase (cubic.codesign.confirm) --------------------------------------------
