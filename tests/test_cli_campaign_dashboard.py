@@ -44,6 +44,7 @@ def test_dashboard_serves_the_campaign_and_stops(tmp_path):
         assert p.wait(30) == 0
 
 
+@pytest.mark.slow  # 11 s; serving and stopping stays in make test
 def test_dashboard_stops_on_sigterm_and_on_sigint_when_started_with_sigint_ignored(tmp_path):
     # a shell's background job starts with SIGINT ignored, and Python keeps it so
     url = f"sqlite:///{tmp_path / 'c.db'}"

@@ -1,6 +1,8 @@
 """Hostile campaign names through the real CLI: a name never becomes a path outside .cubic/
 (the full list runs in `python -m experiments.reliability`)."""
 
+import pytest
+
 from cubic.core.paths import safe_name, under
 from experiments.reliability.readback import hostile_names
 
@@ -14,8 +16,6 @@ def test_names_become_one_safe_component():
 
 
 def test_under_refuses_a_symlink_out(tmp_path):
-    import pytest
-
     from cubic.core.spec import SpecError
 
     (tmp_path / "root").mkdir()
@@ -25,6 +25,7 @@ def test_under_refuses_a_symlink_out(tmp_path):
         under(tmp_path / "root", "link")
 
 
+@pytest.mark.slow  # 15 s end to end; safe_name/under are tested above
 def test_campaign_names_that_look_like_paths_stay_inside_dot_cubic(tmp_path):
     out = hostile_names(tmp_path, names=("../../../escaped", "/tmp/cubic-escaped-abs"))
     assert out["escaped"] == 0 and out["crashes"] == 0 and out["ran"] == 2, out["details"]

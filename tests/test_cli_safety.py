@@ -102,6 +102,7 @@ def test_corrupt_row_leaves_list_and_export_usable(tmp_path, capsys, caplog):
     assert "wrote 1 trial" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 19 s: a campaign until the disk is full
 def test_full_disk_under_storage_is_one_line(tmp_path):
     """RLIMIT_FSIZE in a child: writes past 140 kB fail as a full disk would."""
     code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
