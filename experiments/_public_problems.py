@@ -57,8 +57,18 @@ MLP_OPT = ["sgd", "momentum", "adam"]
 EPOCHS = 9
 
 
+def _cell_key(p) -> str:
+    """A cell's configuration as text no library version changes: numbers as Python writes them.
+    (``repr`` of a numpy float is ``np.float64(...)`` under numpy 2 and the bare number under 1.x, so
+    hashing it made the registered problem, whose learning rates are numpy floats, another draw of
+    the table than the user script's, whose are floats from its command line.)"""
+    plain = {k: float(v) if isinstance(v, (float, np.floating)) else int(v) if isinstance(v, np.integer) else v
+             for k, v in p.items()}
+    return repr(sorted(plain.items()))
+
+
 def _cell_noise(p, salt: str) -> float:
-    h = int(hashlib.sha256((salt + repr(sorted(p.items()))).encode()).hexdigest()[:12], 16)
+    h = int(hashlib.sha256((salt + _cell_key(p)).encode()).hexdigest()[:12], 16)
     return float(np.random.default_rng(h).standard_normal())
 
 

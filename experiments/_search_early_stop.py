@@ -89,19 +89,51 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path, curve
     runs = _runs(storage, name)
     # what the campaign told its user about the pruner (cubic.codesign.answer.pruning_note), as printed
     note = next((ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("the pruner stopped")), None)
-    pb = problems()["mlp-tabular"]
-    med = random_median(pb)
-    best, regret, jobs = math.inf, [], []  # per run, in order: quality so far (None before a completed run)
-    for _, r in runs:
-        if r.ok:
-            best = min(best, r.metrics["val_loss"])
-        regret.append(None if best == math.inf else float((best - pb.optimum) / (med - pb.optimum)))
-        jobs.append(float(r.metrics["wall_time_s"]))
-    return {"arm": arm, "seed": seed, "runs": len(runs), "campaign_wall_s": wall, "regret_so_far": regret,
-            "jobs_wall_s_per_run": jobs, "kinds": [r.failure_kind or "ok" for _, r in runs],
+    return {"arm": arm, "seed": seed, "runs": len(runs), "campaign_wall_s": wall,
+            "regret_so_far": quality_so_far([r.metrics["val_loss"] if r.ok else None for _, r in runs],
+                                            regret_scale()),
+            "jobs_wall_s_per_run": [float(r.metrics["wall_time_s"]) for _, r in runs],
+            "kinds": [r.failure_kind or "ok" for _, r in runs],
             "epochs_per_run": [EPOCHS if r.ok else int(r.metrics.get("pruned_step", 0)) for _, r in runs],
             # each run's final val_loss had it run to the end (MODELLED for a pruned run: the script's formula)
             "full_final_per_run": [float(CURVES[curves](p)[-1]) for p, _ in runs], "pruning_note": note}
+
+
+def regret_scale() -> tuple[float, float]:
+    """(optimum, median of random configurations) of the registered mlp-tabular problem."""
+    pb = problems()["mlp-tabular"]
+    return pb.optimum, random_median(pb)
+
+
+def quality_so_far(losses: list[float | None], scale: tuple[float, float]) -> list[float | None]:
+    """Per run, in order, the relative regret of the best completed run so far (``losses``: a run's
+    loss, None for a run that did not complete; None before the first completed run)."""
+    opt, med = scale
+    best, regret = math.inf, []
+    for loss in losses:
+        best = best if loss is None else min(best, loss)
+        regret.append(None if best == math.inf else float((best - opt) / (med - opt)))
+    return regret
+
+
+def rescore(es: dict, code_version: str, why: str) -> dict:
+    """A stored section's regrets, and all that derives from them, recomputed against the registered
+    problem as it stands, from the section's runs as they were measured (no campaign re-run): a
+    completed run's loss is the final loss its script printed, which is ``full_final_per_run`` (the
+    same formula on the same configuration). For a change to the problem's optimum or random median
+    that leaves the script's losses as they were."""
+    scale = regret_scale()
+    rows = [{**c, "regret_so_far": quality_so_far([f if k == "ok" else None
+                                                    for k, f in zip(c["kinds"], c["full_final_per_run"])], scale)}
+            for c in es["campaigns"]]
+    by = {arm: {r["seed"]: r for r in rows if r["arm"] == arm} for arm in ARMS}
+    return {**es, "campaigns": rows,
+            "arms": {arm: compare_arm(by, arm, es["seeds"], es["budget"]) for arm in ARMS[1:]},
+            "curves": curve_agreement(es.get("script_curves", "ordered")),
+            "rescored": {"code_version": code_version, "why": why,
+                         "what": "regret_so_far, arms and curves recomputed from the stored runs (their kinds and "
+                                 "final losses); the campaigns, their runs, wall times and notes are as measured "
+                                 "on the section's context's code"}}
 
 
 def note_check(es: dict) -> dict:

@@ -23,6 +23,8 @@ def run_merged(args, log=print) -> None:
     name = "search_benchmark"
     path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}, "targets": {}})
+    if args.rescore:
+        return _rescore(stored, args.rescore, path, log)
     started = time.time()
     if args.tune:
         from experiments._search_tune import run_tune
@@ -67,6 +69,26 @@ def run_merged(args, log=print) -> None:
         if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
             print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured "
                   + ("none" if t["measured"] is None else f"{t['measured']:.3g}"))
+
+
+def _rescore(stored: dict, why: str, path: Path, log=print) -> None:
+    """``--rescore WHY``: each stored early-stopping section's regrets recomputed from its runs
+    (experiments/_search_early_stop.rescore), its targets and figure redone; nothing re-run."""
+    from experiments._search_early_stop import rescore
+    from experiments.common import code_version, png_path, write_result
+
+    keys = [k for k in MERGED if k.startswith("early_stopping") and stored.get(k)]
+    if not keys:
+        print(f"search_benchmark: --rescore needs a stored --early-stop section in {path}", file=sys.stderr)
+        raise SystemExit(2)
+    for key in keys:
+        stored[key] = rescore(stored[key], code_version(), why)
+        stored["targets"] = {k: v for k, v in stored["targets"].items() if not k.startswith(MERGED[key])}
+        stored["targets"].update(merged_targets(stored, key))
+        plot_early_stop(stored[key], png_path("search_benchmark" + key.replace("early_stopping", "_early_stop")))
+        log(f"rescored {key}")
+    write_result("search_benchmark", stored)
+    log(f"wrote {path}")
 
 
 # section -> its targets' prefix; early stopping: on the script whose curves keep their order, on the

@@ -31,7 +31,8 @@ vs random search, several seeds, side by side, on two spaces:
    saved and the final quality it costs: experiments/_search_early_stop.py. The second look:
    ``--early-stop-curves crossing`` (the same final losses on paths that cross, which the pruners and
    the credit of stopped runs were not tuned on), and with ``--early-stop-warmup STEP``; each its own
-   section.
+   section. ``--rescore WHY`` recomputes their regrets from their stored runs when the problem's
+   optimum or random median changes and the script's losses do not (the section says so).
    (5)-(7) are merged into the JSON by their own invocations, each with its own context; a full run
    keeps them.
 
@@ -552,6 +553,9 @@ def _parse_args():
                          "second look: the same final losses on paths that cross); stored in a section of its own")
     ap.add_argument("--early-stop-warmup", type=int, default=None,
                     help="--prune-warmup of the pruned campaigns (with --early-stop-curves crossing)")
+    ap.add_argument("--rescore", metavar="WHY", default=None,
+                    help="recompute the stored early-stopping sections' regrets from their stored runs against the "
+                         "registered problem as it stands (no campaign re-run), WHY kept with them; merged into the JSON")
     ap.add_argument("--hard", action="store_true",
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
@@ -725,7 +729,7 @@ def main() -> None:
         from experiments._search_public import run_public
 
         return run_public(args, log)
-    if args.tune or args.early_stop:
+    if args.tune or args.early_stop or args.rescore:
         return run_merged(args, log)
     if args.hard:
         return run_hard(args)

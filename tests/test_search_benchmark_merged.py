@@ -118,6 +118,38 @@ def test_a_pruned_run_that_would_have_won_is_counted():
     assert agree["configurations"] == 972 and agree["spearman_epoch_vs_final"][-1] == 1.0
 
 
+def test_the_registered_problem_and_the_user_script_are_one_table():
+    """The script gets its learning rate as a float from its command line, the registered problem
+    as a numpy float: both must draw the same cell noise (under numpy 2 the old key, ``repr`` of the
+    configuration, differed, so their optima were 0.31912 and 0.31931), on any numpy version."""
+    import itertools
+
+    import numpy as np
+
+    from experiments._public_problems import CURVES, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, _cell_key, problems
+
+    assert _cell_key({"lr": np.float64(0.1), "batch": np.int64(16)}) == _cell_key({"lr": 0.1, "batch": 16})
+    assert _cell_key({"lr": 0.1, "opt": "sgd"}) == "[('lr', 0.1), ('opt', 'sgd')]"  # the bare number, as numpy 1.x wrote it
+    script = min(CURVES["ordered"]({"lr": float(str(float(a))), "batch": b, "width": c, "opt": d})[-1]
+                 for a, b, c, d in itertools.product(MLP_LR, MLP_BATCH, MLP_WIDTH, MLP_OPT))
+    assert problems()["mlp-tabular"].optimum == script
+
+
+def test_rescore_recomputes_regrets_from_the_stored_runs_and_says_so():
+    opt, med = es.regret_scale()
+    finals = [opt + 0.5 * (med - opt), opt + 0.25 * (med - opt), opt + 0.1 * (med - opt)]
+    runs = {"kinds": ["ok", "pruned", "ok"], "full_final_per_run": finals, "epochs_per_run": [9, 2, 9]}
+    section = {"seeds": [0, 1], "budget": 3, "script_curves": "ordered",
+               "campaigns": [{**_campaign(arm, seed, [9.0] * 3, [1.0] * 3), **runs}
+                             for arm in es.ARMS for seed in (0, 1)]}
+    got = es.rescore(section, "abc123", "the cell key")
+    for c in got["campaigns"]:  # the stopped run is not counted: only completed runs set the quality
+        assert c["regret_so_far"] == pytest.approx([0.5, 0.5, 0.1])
+    assert got["arms"]["median"]["equal_runs"]["regret_cost_per_seed"] == pytest.approx([0.0, 0.0])
+    assert got["rescored"]["code_version"] == "abc123" and got["rescored"]["why"] == "the cell key"
+    assert section["campaigns"][0]["regret_so_far"] == [9.0] * 3  # the stored section is not changed in place
+
+
 def _pub(cubic, tpe):
     return {"branin": {"methods": {"cubic": {"median_regret": {"25": cubic}},
                                    "tpe-multivariate": {"median_regret": {"25": tpe}}}}}
