@@ -25,7 +25,7 @@ def run_merged(args, log=print) -> None:
     stored = stored_result(name, {"spaces": {}, "targets": {}})
     if args.rescore:
         return _rescore(stored, args.rescore, path, log)
-    started = time.time()
+    started, ctx = time.time(), run_context("mixed")  # (the part's start time and load: before it runs)
     if args.tune:
         from experiments._search_tune import run_tune
 
@@ -39,7 +39,7 @@ def run_merged(args, log=print) -> None:
                       file=sys.stderr)
                 raise SystemExit(2)
             look = run_tune(args.public_problems, list(range(args.tune_early_seeds)), EARLY, log=log)
-            doc = {**stored["tune"], "early_25": {**look, "context": run_context("mixed")}}
+            doc = {**stored["tune"], "early_25": {**look, "context": ctx}}
             doc.pop("stale_sections_note", None)
             key = "tune"
         else:
@@ -55,7 +55,7 @@ def run_merged(args, log=print) -> None:
         doc = run_early_stop(list(range(args.seeds)), args.early_stop_budget, args.epoch_s, log=log, curves=curves,
                              warmup=warmup)
     if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
-        doc = {**doc, "context": run_context("mixed"), "wall_s": time.time() - started}
+        doc = {**doc, "context": ctx, "wall_s": time.time() - started}
     stored[key] = doc
     stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
     stored["targets"].update(merged_targets(stored, key))

@@ -227,7 +227,8 @@ def run_public(args, log=print) -> None:
     path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}})
     seeds = list(range(args.seeds))
-    started = time.time()
+    # the part's context (start time, load at start) is taken before it runs, not at its writes
+    started, ctx = time.time(), run_context("mixed")
     if args.public_early_seeds:
         if not stored.get("public"):
             print(f"search_benchmark: --public-early-seeds needs a stored --public run in {path}: run --public first",
@@ -236,7 +237,7 @@ def run_public(args, log=print) -> None:
 
         stored["public"]["early_25"] = early_second_look(args.public_problems, list(range(args.public_early_seeds)),
                                                          log=log)
-        stored["public"]["early_25"]["context"] = run_context("mixed")
+        stored["public"]["early_25"]["context"] = ctx
         stored["targets"].update(public_targets(stored["public"]["problems"], stored["public"]["budget"],
                                                 stored["public"].get("overhead_200"), stored["public"]["early_25"]))
         write_result(name, stored)
@@ -249,7 +250,7 @@ def run_public(args, log=print) -> None:
         pub = {**before, **pub}
         stored["public"] = {"kind": "MEASURED on this machine (optimizer runs on formula problems; nothing modelled)",
                             "budget": args.public_budget, "seeds_last_invocation": seeds, "problems": pub,
-                            "context": run_context("mixed"), "wall_s": time.time() - started,
+                            "context": ctx, "wall_s": time.time() - started,
                             "regret_note": ("relative regret = (best - optimum) / (median of 2000 random points - "
                                             "optimum); per problem the median over seeds"),
                             "stale_sections_note": ("'spaces' and their targets are from the earlier full run "

@@ -479,12 +479,13 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
             for k, (v, target, met) in rows.items()}
 
 
-def write(res: dict[str, Any], quick: bool, elapsed_s: float) -> tuple[dict[str, Any], Any]:
-    """results/reliability_inputs[_quick].json from :func:`run`'s result (also called by
-    ``python -m experiments.reliability``, which runs these attacks with the others)."""
-    from experiments.common import run_context, write_result
+def write(res: dict[str, Any], quick: bool, elapsed_s: float, context: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """results/reliability_inputs[_quick].json from :func:`run`'s result and the run context taken
+    when it started (also called by ``python -m experiments.reliability``, which runs these attacks
+    with the others)."""
+    from experiments.common import write_result
 
-    payload = {"context": run_context("measured"), **res, "targets": targets(res), "elapsed_s": round(elapsed_s, 1)}
+    payload = {"context": context, **res, "targets": targets(res), "elapsed_s": round(elapsed_s, 1)}
     return payload, write_result("reliability_inputs" + ("_quick" if quick else ""), payload)
 
 
@@ -493,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the reduced form (one or two variants per class)")
     args = ap.parse_args(argv)
-    t0 = time.monotonic()
+    from experiments.common import run_context
+
+    t0, ctx = time.monotonic(), run_context("measured")  # (its start time and load: taken before the attacks)
     res = run(args.quick)
-    payload, path = write(res, args.quick, time.monotonic() - t0)
+    payload, path = write(res, args.quick, time.monotonic() - t0, ctx)
     for name, c in res["classes"].items():
         print(f"{name:11s} variants {c['variants']:2d}  defects {c['defects']}  tracebacks {c['uncaught_exceptions']}"
               f"  hangs {c['hangs']}  data lost {c['data_lost']}  (slowest {c['max_elapsed_s']} s)")

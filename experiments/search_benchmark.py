@@ -462,7 +462,7 @@ def run_hard(args) -> None:
     store = TrialStore(f"sqlite:///{args.hard_store}")
     runner = LocalRunner(timeout_s=args.hard_timeout, device="cpu", threads=1, eval_every=args.steps + args.warmup)
     log(f"hard space {space.name}: {n} configs x {passes} passes x {args.steps} steps (1 thread)")
-    t0 = time.time()
+    t0, ctx_measure = time.time(), run_context("mixed")  # (start time and load: before the measurement)
     table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=passes)
     measure_wall = time.time() - t0
     if args.measure_only:
@@ -487,7 +487,7 @@ def run_hard(args) -> None:
     r["measurement"] = {
         "label": "MEASURED", "runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
         "steps": args.steps, "warmup": args.warmup, "passes": passes, "store": args.hard_store,
-        "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": run_context("mixed"),
+        "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": ctx_measure,
         "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
                                  "failure_kind": table[space.key(p)].failure_kind,
                                  "metrics": table[space.key(p)].metrics} for p in space.enumerate()},

@@ -205,6 +205,37 @@ def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
                                   "early stop, crossing curves: e": 6}
 
 
+def test_a_merged_part_records_its_context_from_before_it_ran(tmp_path, monkeypatch):
+    """started_at and loadavg_1m_at_start are the part's start, not the time it wrote its result
+    (they were taken after the run: a 9-minute part said it started when it ended)."""
+    import argparse
+    import calendar
+    import time
+
+    import experiments._search_merged as sm
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    ran_at = []
+
+    def fake_part(seeds, budget, epoch_s, log=print, curves="ordered", warmup=None):
+        ran_at.append(time.time())
+        time.sleep(2.1)  # past the context's one-second resolution
+        return {"arms": {}}
+
+    monkeypatch.setattr(es, "run_early_stop", fake_part)
+    monkeypatch.setattr(sm, "merged_targets",
+                        lambda stored, key: {"early stop: x": {"measured": 1.0, "target": 1.0, "met": True}})
+    monkeypatch.setattr(sm, "plot_early_stop", lambda doc, path: None)
+    args = argparse.Namespace(rescore=None, tune=False, tune_early_seeds=0, early_stop=True,
+                              early_stop_curves="ordered", early_stop_warmup=None, seeds=1, early_stop_budget=2,
+                              epoch_s=0.01)
+    sm.run_merged(args, log=lambda *_: None)
+    ctx = json.loads((tmp_path / "search_benchmark.json").read_text())["early_stopping"]["context"]
+    started = calendar.timegm(time.strptime(ctx["started_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert started <= ran_at[0] and "loadavg_1m_at_start" in ctx
+
+
 @pytest.mark.slow  # a local Ray and a 25-trial Tuner.fit, ~30 s
 def test_tuner_fit_runs_the_searcher_on_a_public_problem():
     doc = st.run_tune(["branin"], [0], budget=25, log=lambda *_: None)

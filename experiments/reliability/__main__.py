@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.reliability.common import ROOT  # noqa: F401 (puts the repository on sys.path)
-from cubic.testing import FAULT_PLAN, FastRunner, FaultyRunner
+from cubic.testing import FAULT_PLAN, FaultyRunner
 from experiments.reliability.concurrency import (
     concurrent_workers,
     fresh_postgres_database,
@@ -223,9 +223,11 @@ def _input_attacks_section(payload: dict[str, Any], quick: bool) -> dict[str, An
     # terminal escapes): experiments/reliability_inputs.py, run here too so that one file has every target
     from experiments import reliability_inputs
 
-    t_in = time.monotonic()
+    from experiments.common import run_context
+
+    t_in, ctx = time.monotonic(), run_context("measured")
     inputs = reliability_inputs.run(quick)
-    reliability_inputs.write(inputs, quick, time.monotonic() - t_in)
+    reliability_inputs.write(inputs, quick, time.monotonic() - t_in, ctx)
     payload["input_attacks"] = {"classes": inputs["classes"], "total": inputs["total"]}
     return inputs
 
