@@ -516,7 +516,7 @@ def _parse_args():
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, small budgets")
     ap.add_argument("--measure-only", action="store_true", help="only fill the measured table")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON, run nothing")
+    ap.add_argument("--replot", action="store_true", help="redraw the PNGs from the JSON, run nothing")
     ap.add_argument("--retarget", action="store_true",
                     help="recompute the targets object from the figures in the JSON (run nothing) and rewrite it")
     ap.add_argument("--real-workloads", nargs="*", default=None,
@@ -593,6 +593,10 @@ def _replot_or_retarget(args) -> None:
                 stored["targets"].update(merged_targets(stored, key))
         write_result(name, stored)
     plot(stored, png_path(name))
+    if (stored.get("public") or {}).get("problems"):
+        from experiments._search_public import plot_public
+
+        plot_public(stored, png_path(name + "_public"))
 
 
 METHOD_NOTE = ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
