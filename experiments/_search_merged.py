@@ -57,13 +57,12 @@ def run_merged(args, log=print) -> None:
     if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
         doc = {**doc, "context": ctx, "wall_s": time.time() - started}
     stored[key] = doc
-    stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
-    stored["targets"].update(merged_targets(stored, key))
+    _replace_targets(stored, key)
     write_result(name, stored)
     if key == "tune":
         plot_public(stored, png_path(name + "_public"))
     else:
-        plot_early_stop(stored[key], png_path(name + key.replace("early_stopping", "_early_stop")))
+        plot_early_stop(stored[key], _early_stop_png(key))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
         if what.startswith(MERGED[key]):  # measured None: nothing to measure (a seed set that never got there)
@@ -75,7 +74,7 @@ def _rescore(stored: dict, why: str, path: Path, log=print) -> None:
     """``--rescore WHY``: each stored early-stopping section's regrets recomputed from its runs
     (experiments/_search_early_stop.rescore), its targets and figure redone; nothing re-run."""
     from experiments._search_early_stop import rescore
-    from experiments.common import code_version, png_path, write_result
+    from experiments.common import code_version, write_result
 
     keys = [k for k in MERGED if k.startswith("early_stopping") and stored.get(k)]
     if not keys:
@@ -83,12 +82,21 @@ def _rescore(stored: dict, why: str, path: Path, log=print) -> None:
         raise SystemExit(2)
     for key in keys:
         stored[key] = rescore(stored[key], code_version(), why)
-        stored["targets"] = {k: v for k, v in stored["targets"].items() if not k.startswith(MERGED[key])}
-        stored["targets"].update(merged_targets(stored, key))
-        plot_early_stop(stored[key], png_path("search_benchmark" + key.replace("early_stopping", "_early_stop")))
+        _replace_targets(stored, key)
+        plot_early_stop(stored[key], _early_stop_png(key))
         log(f"rescored {key}")
     write_result("search_benchmark", stored)
     log(f"wrote {path}")
+
+
+def _replace_targets(stored: dict, key: str) -> None:
+    """A merged section's targets, recomputed from its figures, in place of the ones it had."""
+    stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
+    stored["targets"].update(merged_targets(stored, key))
+
+
+def _early_stop_png(key: str) -> Path:
+    return png_path("search_benchmark" + key.replace("early_stopping", "_early_stop"))
 
 
 # section -> its targets' prefix; early stopping: on the script whose curves keep their order, on the
