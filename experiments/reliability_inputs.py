@@ -483,10 +483,42 @@ def write(res: dict[str, Any], quick: bool, elapsed_s: float, context: dict[str,
     """results/reliability_inputs[_quick].json from :func:`run`'s result and the run context taken
     when it started (also called by ``python -m experiments.reliability``, which runs these attacks
     with the others)."""
-    from experiments.common import write_result
+    from experiments.common import png_path, write_result
 
+    name = "reliability_inputs" + ("_quick" if quick else "")
     payload = {"context": context, **res, "targets": targets(res), "elapsed_s": round(elapsed_s, 1)}
-    return payload, write_result("reliability_inputs" + ("_quick" if quick else ""), payload)
+    path = write_result(name, payload)
+    plot(res, png_path(name))
+    return payload, path
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    """Per attack class: the variants tried, and of them the defects (tracebacks, hangs and lost data
+    among them), with the slowest variant's time: the figure beside the JSON."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["classes"])
+    c = [res["classes"][n] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    xs = range(len(names))
+    ax.bar(xs, [v["variants"] for v in c], color="tab:green", label="variants tried (MEASURED)")
+    ax.bar(xs, [v["defects"] for v in c], color="tab:red", label="defects (tracebacks, hangs, data lost, unclear errors)")
+    for x, v in zip(xs, c):
+        ax.text(x, v["variants"], f"{v['defects']} / {v['variants']}\nslowest {v['max_elapsed_s']:.1f} s",
+                ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs), names, fontsize=8)
+    ax.set_ylabel("variants")
+    ax.set_ylim(0, max(v["variants"] for v in c) * 1.3 + 1)
+    t = res["total"]
+    ax.set_title(f"hostile inputs through the real CLI{' (reduced form)' if res['quick'] else ''}: "
+                 f"{t['defects']} defects in {t['variants']} variants", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
