@@ -126,6 +126,6 @@ def early_ranking(space: Space, history: list[Observation]) -> dict | None:
     r, n = rho(step)
     if r is None:
         return {"stopped": len(steps), "step": step, "spearman": None, "runs": n, "first_step_ranking_well": None}
-    later = sorted({st for (steps, _), _ in done for st in steps if st >= step})
+    later = sorted({st for (curve_steps, _), _ in done for st in curve_steps if st >= step})
     well = next((st for st in later if (rho(st)[0] or -1.0) >= RANKS_WELL), None)
     return {"stopped": len(steps), "step": step, "spearman": r, "runs": n, "first_step_ranking_well": well}
