@@ -245,6 +245,11 @@ def run_public(args, log=print) -> None:
         return
 
     before = dict((stored.get("public") or {}).get("problems") or {})  # problems run by an earlier invocation
+    # the 20-seed look is its own invocation (--public-early-seeds, its own context): a --public run keeps it
+    early = (stored.get("public") or {}).get("early_25")
+    if early:
+        early = {**early, "stale_sections_note": "from its own invocation (--public-early-seeds; its context); "
+                 "'problems' beside it from the --public run at 'context'"}
 
     def save(pub):
         pub = {**before, **pub}
@@ -258,8 +263,10 @@ def run_public(args, log=print) -> None:
         targets_old = {k: v for k, v in (stored.get("targets") or {}).items() if not k.startswith("public:")}
         if curve:
             stored["public"]["overhead_200"] = {"kind": "MEASURED on this machine", **curve}
+        if early:
+            stored["public"]["early_25"] = early
         if all(len(p["methods"]) == 4 for p in pub.values()):
-            targets_old.update(public_targets(pub, args.public_budget, curve))
+            targets_old.update(public_targets(pub, args.public_budget, curve, early))
         stored["targets"] = targets_old
         write_result(name, stored)
 

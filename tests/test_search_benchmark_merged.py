@@ -263,3 +263,33 @@ def test_the_pruner_note_is_checked_against_the_would_be_winners():
     assert name.startswith("early stop: ") and t["measured"] == 0.75 and not t["met"]
     assert t["reason"] == "--prune halving seed 0: did not warn, 1 would-be winners stopped"
     check_targets({name: t})
+
+
+def test_a_public_run_keeps_the_stored_20_seed_look(tmp_path, monkeypatch):
+    """--public alone rebuilt the public section from its own run and dropped the stored
+    --public-early-seeds look and its figures beside the @25 target."""
+    import argparse
+
+    import experiments._search_public as sp
+    import experiments.common as common
+
+    early = {"seeds": list(range(20)), "context": {"code_version": "old"},
+             "problems": {"branin": {"cubic": {"median_regret": 0.1}, "tpe-multivariate": {"median_regret": 0.2}}}}
+    (tmp_path / "search_benchmark.json").write_text(json.dumps({"public": {"problems": {}, "early_25": early}}))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    row = {m: {"median_regret": {"25": 0.3, "50": 0.2, "100": 0.1}, "overhead_s_per_trial_mean": 0.1}
+           for m in sp.METHODS}
+    row["cubic"] = {**row["cubic"], "median_regret": {"25": 0.2, "50": 0.1, "100": 0.05}}  # (ahead: no reason text)
+    monkeypatch.setattr(sp, "run", lambda names, seeds, budget, log=print, on_row=None: {"branin": {"methods": row}})
+    monkeypatch.setattr(sp, "overhead_curve", lambda trials: {"trials": trials, "problem": "hartmann6",
+                                                              "last_50_s_per_trial": 0.1, "mean_s_per_trial": 0.1,
+                                                              "fit_s_last_50": 1.0})
+    monkeypatch.setattr(sp, "plot_public", lambda stored, path: None)
+    args = argparse.Namespace(public_early_seeds=0, seeds=2, public_problems=["branin"], public_budget=100)
+    sp.run_public(args, log=lambda *_: None)
+    doc = json.loads((tmp_path / "search_benchmark.json").read_text())
+    kept = doc["public"]["early_25"]
+    assert kept["context"] == {"code_version": "old"} and "own invocation" in kept["stale_sections_note"]
+    at_25 = next(v for k, v in doc["targets"].items() if "@25" in k)
+    check_targets(doc["targets"])
+    assert at_25["over_20_seeds"]["cubic"] == 0.1 and at_25["over_20_seeds"]["cubic_below_tpe"]
