@@ -162,6 +162,7 @@ def summarise(runs):
 
 def run_speed(steps, log=print):
     """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model."""
+    from cost_models.comm import CommModel
     from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
     from cubic.runners.step_model import predict_step
@@ -170,8 +171,10 @@ def run_speed(steps, log=print):
     plans = {4: make_plan(wl, 4, 4), 2: make_plan(wl, 4, 2)}
     cases = [("1d (full sharding, G=4)", 4, None, None), ("2D G=2, gradient sync", 2, "gradients", None),
              ("2D G=2, averaging every 100", 2, "weights", 100)]
-    # the links are this machine's gloo calibration: with free links the model could not see the sync's cost
+    # the links are a gloo calibration (the user's, else the packaged one: 'links' says whose machine):
+    # with free links the model could not see the sync's cost
     cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=4)
+    links = dict(CommModel.calibrated().origin)
     params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=4, timeout_s=3600, verify=False, threads=1)
     rows = []
@@ -196,8 +199,10 @@ def run_speed(steps, log=print):
     return {"processes": 4, "cores": 2, "threads_per_process": 1, "steps": steps, "workload": wl.name,
             "note": ("MEASURED: 4 gloo processes on 2 cores (2 processes per core: contention is in every figure); "
                      "MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one device "
-                     "per rank (it does not model 2 processes sharing a core), links from this machine's gloo "
-                     "all-to-all calibration (cubic.runners.calibration.cpu_gloo_cluster)"),
+                     "per rank (it does not model 2 processes sharing a core), links from the gloo all-to-all "
+                     f"calibration {links['file']} (cubic.runners.calibration.cpu_gloo_cluster), measured on "
+                     + ("this machine" if links["this_machine"] else f"ANOTHER machine: {links['foreign_reason']}")),
+            "links": {k: links[k] for k in ("file", "machine", "this_machine", "foreign_reason", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
 
