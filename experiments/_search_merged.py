@@ -57,7 +57,7 @@ def run_merged(args, log=print) -> None:
     if not args.tune_early_seeds:  # the look keeps the section's own context and wall time
         doc = {**doc, "context": ctx, "wall_s": time.time() - started}
     stored[key] = doc
-    _replace_targets(stored, key)
+    replace_targets(stored, key)
     write_result(name, stored)
     if key == "tune":
         plot_public(stored, png_path(name + "_public"))
@@ -82,14 +82,14 @@ def _rescore(stored: dict, why: str, path: Path, log=print) -> None:
         raise SystemExit(2)
     for key in keys:
         stored[key] = rescore(stored[key], code_version(), why)
-        _replace_targets(stored, key)
+        replace_targets(stored, key)
         plot_early_stop(stored[key], _early_stop_png(key))
         log(f"rescored {key}")
     write_result("search_benchmark", stored)
     log(f"wrote {path}")
 
 
-def _replace_targets(stored: dict, key: str) -> None:
+def replace_targets(stored: dict, key: str) -> None:
     """A merged section's targets, recomputed from its figures, in place of the ones it had."""
     stored["targets"] = {k: v for k, v in stored.get("targets", {}).items() if not k.startswith(MERGED[key])}
     stored["targets"].update(merged_targets(stored, key))
@@ -107,10 +107,23 @@ MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:",
 
 
 def merged_targets(stored: dict, key: str) -> dict:
+    """A merged section's targets, from its stored figures: the one rule for ``--public``, ``--tune``,
+    ``--early-stop`` and ``--retarget``. None for a public part that has not run all four methods on
+    every problem (a comparison against arms not yet run), nor for a tune part without it."""
+    pub = stored.get("public") or {}
+    complete = bool(pub.get("problems")) and all(len(p["methods"]) == 4 for p in pub["problems"].values())
+    if key == "public":
+        if not complete:
+            return {}
+        from experiments._search_public import public_targets
+
+        return public_targets(pub["problems"], pub["budget"], pub.get("overhead_200"), pub.get("early_25"))
     if key == "tune":
+        if not (stored.get("tune") and pub.get("problems")):
+            return {}
         from experiments._search_tune import tune_targets
 
-        return tune_targets(stored["tune"], stored["public"]["problems"], stored["public"].get("early_25"))
+        return tune_targets(stored["tune"], pub["problems"], pub.get("early_25"))
     from experiments._search_early_stop import early_stop_targets
 
     return early_stop_targets(stored[key])

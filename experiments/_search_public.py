@@ -221,6 +221,7 @@ def keep_merged(results: dict, name: str, sections: dict[str, str]) -> None:
 def run_public(args, log=print) -> None:
     """``search_benchmark --public``: the public part run and merged into the stored JSON (or, with
     ``--public-early-seeds``, only the second look at 25 evaluations)."""
+    from experiments._search_merged import replace_targets
     from experiments.common import RESULTS, png_path, run_context, stored_result, write_result
 
     name = "search_benchmark"
@@ -238,8 +239,7 @@ def run_public(args, log=print) -> None:
         stored["public"]["early_25"] = early_second_look(args.public_problems, list(range(args.public_early_seeds)),
                                                          log=log)
         stored["public"]["early_25"]["context"] = ctx
-        stored["targets"].update(public_targets(stored["public"]["problems"], stored["public"]["budget"],
-                                                stored["public"].get("overhead_200"), stored["public"]["early_25"]))
+        replace_targets(stored, "public")
         write_result(name, stored)
         log(f"wrote {path}")
         return
@@ -260,14 +260,11 @@ def run_public(args, log=print) -> None:
                                             "optimum); per problem the median over seeds"),
                             "stale_sections_note": ("'spaces' and their targets are from the earlier full run "
                                                     f"({stored.get('finished_at')}); only 'public' is from this code")}
-        targets_old = {k: v for k, v in (stored.get("targets") or {}).items() if not k.startswith("public:")}
         if curve:
             stored["public"]["overhead_200"] = {"kind": "MEASURED on this machine", **curve}
         if early:
             stored["public"]["early_25"] = early
-        if all(len(p["methods"]) == 4 for p in pub.values()):
-            targets_old.update(public_targets(pub, args.public_budget, curve, early))
-        stored["targets"] = targets_old
+        replace_targets(stored, "public")  # (none while a problem still misses a method)
         write_result(name, stored)
 
     curve: dict = {}

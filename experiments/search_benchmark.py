@@ -581,15 +581,8 @@ def _replot_or_retarget(args) -> None:
     stored = stored_result(name)
     if args.retarget:  # targets are a function of the stored figures; the run's context stays as it was
         stored["targets"] = targets(stored)
-        pub = (stored.get("public") or {}).get("problems") or {}
-        if pub and all(len(p["methods"]) == 4 for p in pub.values()):
-            from experiments._search_public import public_targets
-
-            stored["targets"].update(public_targets(pub, stored["public"]["budget"],
-                                                    stored["public"].get("overhead_200"),
-                                                    stored["public"].get("early_25")))
         for key in MERGED:
-            if key != "public" and stored.get(key) and (key != "tune" or pub):
+            if stored.get(key):
                 stored["targets"].update(merged_targets(stored, key))
         write_result(name, stored)
     plot(stored, png_path(name))

@@ -293,3 +293,25 @@ def test_a_public_run_keeps_the_stored_20_seed_look(tmp_path, monkeypatch):
     at_25 = next(v for k, v in doc["targets"].items() if "@25" in k)
     check_targets(doc["targets"])
     assert at_25["over_20_seeds"]["cubic"] == 0.1 and at_25["over_20_seeds"]["cubic_below_tpe"]
+
+
+def test_public_targets_wait_for_every_method_on_every_problem():
+    """One rule for the public part's targets (--public, --public-early-seeds, --retarget): none while
+    a problem misses a method (a partial run would be judged against arms it has not run), and the
+    tune part's none without a public part to compare against."""
+    from experiments._search_merged import merged_targets, replace_targets
+    from experiments._search_public import METHODS
+
+    row = {m: {"median_regret": {"25": 0.3, "50": 0.2, "100": 0.1}, "overhead_s_per_trial_mean": 0.1}
+           for m in METHODS}
+    row["cubic"] = {**row["cubic"], "median_regret": {"25": 0.2, "50": 0.1, "100": 0.05}}  # (ahead: no reason text)
+    partial = {"public": {"budget": 100, "problems": {"branin": {"methods": row},
+                                                      "hartmann6": {"methods": {"cubic": row["cubic"]}}}},
+               "targets": {"public: stale": {"measured": 1, "target": 1, "met": True}, "other": {}}}
+    replace_targets(partial, "public")
+    assert set(partial["targets"]) == {"other"}  # the stale public target goes, none comes in its place
+    complete = {"public": {"budget": 100, "problems": {"branin": {"methods": row}}}}
+    got = merged_targets(complete, "public")
+    assert got and all(k.startswith("public:") for k in got)
+    check_targets(got)
+    assert merged_targets({"tune": {"problems": {}}}, "tune") == {}
