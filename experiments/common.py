@@ -13,7 +13,8 @@ from typing import Any
 from cubic.core.fingerprint import code_version, fingerprint, fingerprint_hash, versions
 from cubic.core.stats import mean_interval, samples_to_resolve
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
 
 
 def run_context(kind: str) -> dict[str, Any]:
@@ -28,6 +29,21 @@ def run_context(kind: str) -> dict[str, Any]:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_1m_at_start": os.getloadavg()[0],
     }
+
+
+def calibration_origin(path: str | Path | None = None) -> dict[str, Any]:
+    """Whose machine a gloo calibration was measured on (cost_models.comm's origin; default: the
+    user's, else the packaged one), as a result file says it: a file inside the repository by its
+    path there (not the checkout's), and ``where`` in words, the other machine named once."""
+    from cost_models.comm import CommModel
+
+    o = dict(CommModel.calibrated(path).origin)
+    try:
+        o["file"] = str(Path(o["file"]).resolve().relative_to(REPO))
+    except ValueError:  # a user's own calibration, outside the repository: its full path
+        pass
+    o["where"] = f"measured on this machine ({o['machine']})" if o["this_machine"] else o["foreign_reason"]
+    return o
 
 
 def target_defects(targets: Any) -> list[str]:

@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
-from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.common import calibration_origin, png_path, run_context, write_result  # noqa: E402
 from experiments._sharding_ground_truth import PlainNetwork, step_ms  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import LearnedEstimator, machine_mismatch  # noqa: E402
@@ -72,15 +72,14 @@ def regimes() -> dict:
     cal = json.loads(CALIBRATION_PATH.read_text())
     c = cal["constants"]
     gloo_bw = 1.0 / c["beta_s_per_byte"]
-    origin = dict(CommModel.calibrated(CALIBRATION_PATH).origin)
-    where = "this machine" if origin["this_machine"] else f"NOT this machine: {origin['foreign_reason']}"
+    where = calibration_origin(CALIBRATION_PATH)["where"]
     return {
         "gloo-calibrated": (
             # the packaged file by name: a user's own calibration, if any, would be another network than the judge's
             {"comm_model": "calibrated", "comm_calibration": str(CALIBRATION_PATH)},
             lambda rpn: PlainNetwork("gloo-calibrated", gloo_bw, gloo_bw / 9.0, c["alpha_s"], c["alpha_s"],
                                      c["alpha_peer_s"], rpn),
-            f"planner told the packaged gloo calibration ({cal['fingerprint'].get('cpu_model')}, {where}; fit MAPE "
+            f"planner told the packaged gloo calibration ({where}; fit MAPE "
             f"{cal['fit_mape']:.0%}); judge: the same bandwidth and per-message overhead in the independent "
             "synchronous form (between nodes 9x slower, as the topology's ratio)"),
         "10GB/s": (
@@ -471,8 +470,8 @@ def main(argv=None) -> int:
                  "note": "2-core machine shared with other jobs; compute is thread CPU time, min of interleaved rounds"},
         "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS,
                      "cubic_time_budget_s": args.budget, "quick": args.quick, "target": "torchrec",
-                     "comm_calibration": json.loads(CALIBRATION_PATH.read_text()).get("fingerprint"),
-                     "comm_calibration_this_machine": dict(CommModel.calibrated(CALIBRATION_PATH).origin)["this_machine"],
+                     "comm_calibration": {k: v for k, v in calibration_origin(CALIBRATION_PATH).items()
+                                          if k in ("file", "machine", "cores", "this_machine", "where", "fit_mape")},
                      "cost_model": getattr(est.model, "meta_", {}),
                      "cost_model_machine_mismatch": mismatch,  # None: trained on this machine
                      "not_run_here": "the 512x64 and 856x128 large tasks of the previous version (planning time "

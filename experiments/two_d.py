@@ -162,7 +162,7 @@ def summarise(runs):
 
 def run_speed(steps, log=print):
     """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model."""
-    from cost_models.comm import CommModel
+    from experiments.common import calibration_origin
     from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
     from cubic.runners.step_model import predict_step
@@ -174,7 +174,7 @@ def run_speed(steps, log=print):
     # the links are a gloo calibration (the user's, else the packaged one: 'links' says whose machine):
     # with free links the model could not see the sync's cost
     cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=4)
-    links = dict(CommModel.calibrated().origin)
+    links = calibration_origin()
     params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=4, timeout_s=3600, verify=False, threads=1)
     rows = []
@@ -200,9 +200,8 @@ def run_speed(steps, log=print):
             "note": ("MEASURED: 4 gloo processes on 2 cores (2 processes per core: contention is in every figure); "
                      "MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one device "
                      "per rank (it does not model 2 processes sharing a core), links from the gloo all-to-all "
-                     f"calibration {links['file']} (cubic.runners.calibration.cpu_gloo_cluster), measured on "
-                     + ("this machine" if links["this_machine"] else f"ANOTHER machine: {links['foreign_reason']}")),
-            "links": {k: links[k] for k in ("file", "machine", "this_machine", "foreign_reason", "fit_mape")},
+                     f"calibration {links['file']} (cubic.runners.calibration.cpu_gloo_cluster), {links['where']}"),
+            "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
 
