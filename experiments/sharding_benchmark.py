@@ -505,7 +505,7 @@ def main(argv=None) -> int:
     fam, targets = analyse(families, list(regs), methods)
     mismatch = machine_mismatch(getattr(est.model, "meta_", {}))
     name_foreign_model(targets, mismatch)
-    own = own_look(families, list(regs), methods, own_est, targets) if own_est else {
+    own = {"path": args.own_model, **own_look(families, list(regs), methods, own_est, targets)} if own_est else {
         "not_run": "no --own-model: whether a miss is the shipped model's machine is not checked by this run"}
     payload = {
         **ctx,
