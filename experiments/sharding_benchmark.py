@@ -384,6 +384,7 @@ def plot(fam, regs, methods, path):
     fig.savefig(path, dpi=100)
 
 
+HBM_TARGET = "tables past total HBM: cubic (UVM caching) below TorchRec's planner (same kernels allowed)"
 HBM_SHARE = 0.5  # the HBM family: the ranks' HBM together holds half of the tables (weights + optimizer)
 
 
@@ -444,6 +445,44 @@ def hbm_family(n_tasks: int, budget: float) -> dict:
             "cubic_vs_torchrec": g, "target": target}
 
 
+def hbm_only(name: str, n_tasks: int, budget: float) -> int:
+    """--hbm-only: the (modelled) family past total HBM, run and added to the recorded JSON."""
+    from experiments.common import RESULTS
+
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    fam = hbm_family(n_tasks, budget)
+    doc["hbm_family"] = fam
+    doc["targets"][HBM_TARGET] = fam["target"]
+    write_result(name, doc)
+    print(f"hbm family: cubic vs torchrec {fam['cubic_vs_torchrec']}")
+    return 0
+
+
+def run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, budget, t_start):
+    """The small 4-rank tasks (spread over FAMILIES) and the multi-node ones, each run and judged
+    (run_task), with the load after each; progress on stdout."""
+    tasks, multi, loads = [], [], []
+    for i in range(n_tasks + n_multi):
+        if i < n_tasks:
+            lo, hi = FAMILIES[i % len(FAMILIES)][1:]
+            n = int(np.random.default_rng(2024 + i).integers(lo, hi + 1))
+            t = run_task(f"small-{i}", generate_tables(n, seed=1000 + i), 4, methods, est, meter, regs, budget,
+                         own_est=own_est)
+            tasks.append(t)
+        else:
+            j = i - n_tasks
+            n = int(np.random.default_rng(3024 + j).integers(60, 121))
+            t = run_task(f"multi-node-{j}", generate_tables(n, seed=3000 + j), MULTI_NODE[0] * MULTI_NODE[1], methods,
+                         est, meter, regs, budget, batch=MULTI_BATCH, ranks_per_node=MULTI_NODE[1], own_est=own_est)
+            multi.append(t)
+        loads.append(os.getloadavg()[0])
+        t["loadavg_1m"] = loads[-1]
+        gaps = [f"{r} {c}/best {g:+.1%}" for r in regs for c in ("cubic", OWN) if (g := gap(t, r, cubic=c)) is not None]
+        print(f"[{time.perf_counter() - t_start:5.0f}s] {t['task']} ({n} tables, load {loads[-1]:.1f}): "
+              + "; ".join(gaps), flush=True)
+    return tasks, multi, loads
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 small tasks, one multi-node task")
@@ -460,16 +499,7 @@ def main(argv=None) -> int:
     own_est = own_estimator(args.own_model) if args.own_model else None
     name = "sharding_benchmark" + ("_quick" if args.quick else "")
     if args.hbm_only:
-        from experiments.common import RESULTS
-
-        doc = json.loads((RESULTS / f"{name}.json").read_text())
-        fam = hbm_family(2 if args.quick else args.hbm_tasks, args.budget)
-        doc["hbm_family"] = fam
-        doc["targets"]["tables past total HBM: cubic (UVM caching) below TorchRec's planner (same kernels allowed)"] = \
-            fam["target"]
-        write_result(name, doc)
-        print(f"hbm family: cubic vs torchrec {fam['cubic_vs_torchrec']}")
-        return 0
+        return hbm_only(name, 2 if args.quick else args.hbm_tasks, args.budget)
     n_tasks = 3 if args.quick else args.tasks
     n_multi = 1 if args.quick else args.multi_node_tasks
     ctx = run_context("mixed")
@@ -479,27 +509,7 @@ def main(argv=None) -> int:
     methods = ["cubic"] + ([OWN] if own_est else []) + (["torchrec"] if torchrec_available() else []) + list(HEURISTICS)
     t_start = time.perf_counter()
     meter = MinOfRounds()
-    tasks, multi, loads = [], [], []
-    for i in range(n_tasks):
-        lo, hi = FAMILIES[i % len(FAMILIES)][1:]
-        n = int(np.random.default_rng(2024 + i).integers(lo, hi + 1))
-        t = run_task(f"small-{i}", generate_tables(n, seed=1000 + i), 4, methods, est, meter, regs, args.budget,
-                     own_est=own_est)
-        loads.append(os.getloadavg()[0])
-        t["loadavg_1m"] = loads[-1]
-        tasks.append(t)
-        print(f"[{time.perf_counter() - t_start:5.0f}s] task {i} ({n} tables, load {loads[-1]:.1f}): "
-              + "; ".join(f"{r} cubic/best {gap(t, r):+.1%}" for r in regs if gap(t, r) is not None), flush=True)
-    for i in range(n_multi):
-        n = int(np.random.default_rng(3024 + i).integers(60, 121))
-        W = MULTI_NODE[0] * MULTI_NODE[1]
-        t = run_task(f"multi-node-{i}", generate_tables(n, seed=3000 + i), W, methods, est, meter, regs, args.budget,
-                     batch=MULTI_BATCH, ranks_per_node=MULTI_NODE[1], own_est=own_est)
-        loads.append(os.getloadavg()[0])
-        t["loadavg_1m"] = loads[-1]
-        multi.append(t)
-        print(f"[{time.perf_counter() - t_start:5.0f}s] multi-node task {i} ({n} tables, load {loads[-1]:.1f}): "
-              + "; ".join(f"{r} cubic/best {gap(t, r):+.1%}" for r in regs if gap(t, r) is not None), flush=True)
+    tasks, multi, loads = run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, args.budget, t_start)
     families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
     families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
     fam, targets = analyse(families, list(regs), methods)
@@ -540,8 +550,7 @@ def main(argv=None) -> int:
         "runtime_s": time.perf_counter() - t_start,
     }
     payload["hbm_family"] = fam_hbm = hbm_family(2 if args.quick else args.hbm_tasks, args.budget)
-    payload["targets"]["tables past total HBM: cubic (UVM caching) below TorchRec's planner (same kernels allowed)"] = \
-        fam_hbm["target"]
+    payload["targets"][HBM_TARGET] = fam_hbm["target"]
     path = write_result(name, payload)
     plot(fam, list(regs), methods, png_path(name))
     for r, fs in fam.items():
