@@ -228,7 +228,8 @@ def _print_verdicts(claim: dict, kept: dict, kept_64: dict, sens_g: int, quality
           + f"; with per-step gradient sync 2d-g{sens_g} keeps {claim['kept_with_per_step_gradient_sync']:.2f})")
     for what, q in quality.items():
         cost = "unknown" if q["ne_cost_rel"] is None else f"{100 * q['ne_cost_rel']:+.3f}%"
-        print(f"assumed NE cost, {what}: {cost} ({q['kind']}: {q['source']})")
+        src = q["source"] if q["source"].startswith(q["kind"]) else f"{q['kind']}: {q['source']}"  # (said once)
+        print(f"assumed NE cost, {what}: {cost} ({src})")
     print("kept from 64 GPUs: " + ", ".join(f"{k} {v:.2f}" for k, v in kept_64.items() if v is not None)
           + "; efficiency at max scale: " + ", ".join(f"{k} {v:.2f}" for k, v in claim["efficiency_at_max"].items()
                                                      if v is not None))
