@@ -49,7 +49,7 @@ def test_missed_reasons_name_a_model_from_another_machine():
 
 
 def _task(name, tables, ms):
-    """A judged task as run_task records it: ``ms`` maps method -> judged ms (predictions: equal)."""
+    """A judged task as run_task records it: ``ms`` maps method -> judged ms (each predicted at half)."""
     meth = {m: {"measured_ms": v, "predicted_ms": 1.0, "predicted_compute_ms": [v / 2], "measured_compute_ms": [v]}
             for m, v in ms.items()}
     return {"task": name, "tables": tables, "regimes": {"r": {"methods": meth}}}
