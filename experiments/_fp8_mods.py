@@ -32,11 +32,16 @@ def mods_rescue(budget: float, *, warmup: int, max_batches: int, ci_db: float, s
     s = rec.model_dump(mode="json")["sites"][site]
     mp = s["mods_probe"]
 
+    keys = ("sqnr_db", "ci_low_db", "ne_rel", "ne_rel_ci_low", "ne_rel_ci_high")
+
+    def per_recipe(errors: dict) -> dict:
+        return {r: {k: e.get(k) for k in keys} for r, e in errors.items() if r != "bf16"}
+
     def best(errors: dict) -> dict:
-        fp8 = {r: e for r, e in errors.items() if r != "bf16"}
-        r = min(fp8, key=lambda r: fp8[r].get("ne_rel_ci_high", math.inf))
-        return {"recipe": r, **{k: fp8[r].get(k) for k in ("sqnr_db", "ci_low_db", "ne_rel", "ne_rel_ci_low",
-                                                           "ne_rel_ci_high")}}
+        fp8 = per_recipe(errors)
+        r = min(fp8, key=lambda r: fp8[r].get("ne_rel_ci_high") if fp8[r].get("ne_rel_ci_high") is not None
+                else math.inf)
+        return {"recipe": r, **fp8[r]}
 
     out = {"workload": workload, "site": site, "label": "measured on this CPU (Probe: SQNR and held-out NE cost of the "
                                                         "site's FP8 forward, per recipe)",
@@ -44,6 +49,8 @@ def mods_rescue(budget: float, *, warmup: int, max_batches: int, ci_db: float, s
            "mods": mp and [m["name"] for m in mp["mods"]],
            "recipe_without_mods": mp and mp["recipe_without_mods"], "recipe_with_mods": mp and mp["recipe_with_mods"],
            "best_without_mods": mp and best(mp["error_without_mods"]), "best_with_mods": mp and best(mp["error_with_mods"]),
+           "recipes_without_mods": mp and per_recipe(mp["error_without_mods"]),
+           "recipes_with_mods": mp and per_recipe(mp["error_with_mods"]),
            "reason": s["reason"], "settings": {"warmup": warmup, "max_batches": max_batches, "stride": stride,
                                                "ci_halfwidth_db": ci_db, "ne_examples": ne_examples}}
     out["rescued"] = bool(mp and mp["recipe_without_mods"] is None and mp["recipe_with_mods"] is not None)
@@ -63,6 +70,46 @@ def rescue_target(rs: dict) -> dict:
             "already safe without Mods at these probe settings (its held-out NE cost, measured: "
             f"{rs['best_without_mods']})" if rs["recipe_without_mods"] is not None else str(rs["reason"])))
     return t
+
+
+def plot_rescue(rs: dict, path) -> None:
+    """The rescue site per recipe, without and with its Mods: SQNR's lower bound against the SQNR budget
+    and the held-out NE cost's interval against the NE budget (both measured; the rule needs both)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sides = [("without Mods", rs.get("recipes_without_mods") or {}, "tab:red", rs.get("recipe_without_mods")),
+             (f"with {'+'.join(rs.get('mods') or [])}", rs.get("recipes_with_mods") or {}, "tab:green",
+              rs.get("recipe_with_mods"))]
+    recipes = sorted({r for _, d, _, _ in sides for r in d})
+    for i, (label, d, color, chosen) in enumerate(sides):
+        xs = [j + (i - 0.5) * 0.35 for j, r in enumerate(recipes) if r in d]
+        rows = [d[r] for r in recipes if r in d]
+        a.bar(xs, [x["ci_low_db"] if x["ci_low_db"] is not None else math.nan for x in rows], 0.35, color=color,
+              label=f"{label} (chosen: {chosen or 'none safe'})")
+        ne = [(100 * x["ne_rel"], 100 * x["ne_rel_ci_low"], 100 * x["ne_rel_ci_high"]) if x["ne_rel"] is not None
+              else (math.nan,) * 3 for x in rows]
+        b.errorbar(xs, [m for m, _, _ in ne], yerr=[[m - lo for m, lo, _ in ne], [hi - m for m, _, hi in ne]],
+                   fmt="o", color=color, capsize=4, label=label)
+    a.axhline(rs["budget_sqnr_db"], color="k", ls="--", lw=1, label=f"SQNR budget {rs['budget_sqnr_db']:g} dB")
+    a.set_xticks(range(len(recipes)), recipes)
+    a.set_ylabel("SQNR, 95% lower bound (dB)")
+    a.set_title("Forward SQNR per recipe (measured)")
+    a.legend(fontsize=8)
+    b.axhline(100 * rs["budget_ne_rel"], color="k", ls="--", lw=1, label=f"NE budget +{100 * rs['budget_ne_rel']:g}%")
+    b.axhline(0, color="k", lw=0.5)
+    b.set_xticks(range(len(recipes)), recipes)
+    b.set_ylabel("held-out NE cost (% rel), 95% interval")
+    b.set_title("NE cost per recipe (measured)")
+    b.legend(fontsize=8)
+    fig.suptitle(f"Mods rescue: {rs['workload']}:{rs['site']}, rescued: {rs['rescued']} (measured on this CPU)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _row_rel_err(ref: torch.Tensor, y: torch.Tensor) -> float:

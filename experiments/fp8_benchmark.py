@@ -70,7 +70,7 @@ import torch  # noqa: E402
 from cost_models.gpu_gemm import constants_table  # noqa: E402
 from experiments._fp8_dispatch import (DISPATCH_TARGET, TIE_RULE, dispatch_eval, h100_grid,  # noqa: E402,F401
                                        triton_eval)
-from experiments._fp8_mods import RESCUE_SITE, mod_effects, mods_rescue, rescue_target  # noqa: E402,F401
+from experiments._fp8_mods import RESCUE_SITE, mod_effects, mods_rescue, plot_rescue, rescue_target  # noqa: E402,F401
 from experiments._fp8_production import production, step_speedup  # noqa: E402,F401
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
@@ -318,7 +318,8 @@ def _rescue_only(budget: float) -> None:
     key = "a Mod widens the safe set: a real site unsafe without its Mods and safe with them (measured)"
     tg = {key: rescue_target(rs)}
     out = write_result("fp8_mods_rescue", {"context": ctx, "label": rs["label"], "mods_rescue": rs, "targets": tg})
-    print(f"wrote {out}: {tg[key]}")
+    plot_rescue(rs, png_path("fp8_mods_rescue"))
+    print(f"wrote {out} and its PNG: {tg[key]}")
 
 
 def _site_shapes(quality: list[dict]) -> list[tuple]:

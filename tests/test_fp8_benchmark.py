@@ -175,6 +175,19 @@ def test_mods_rescue_target_needs_unsafe_without_and_safe_with():
     assert not t[key]["met"] and "without Mods rowwise" in t[key]["reason"]
 
 
+def test_the_rescue_file_gets_its_png_with_every_recipe_and_a_recipe_with_no_figures(tmp_path):
+    from experiments._fp8_mods import plot_rescue
+
+    row = {"sqnr_db": 25.0, "ci_low_db": 24.5, "ne_rel": -1e-4, "ne_rel_ci_low": -2e-4, "ne_rel_ci_high": 0.0}
+    none = dict.fromkeys(row)  # a recipe the Probe could not judge: drawn as a gap, not a crash
+    rs = {"workload": "wukong-small", "site": "l", "mods": ["pad_dims", "split_outliers"], "recipe_without_mods": None,
+          "recipe_with_mods": "tensorwise", "budget_sqnr_db": 24.0, "budget_ne_rel": 2e-4, "rescued": True,
+          "recipes_without_mods": {"tensorwise": row | {"ne_rel_ci_high": 3e-3}, "rowwise": none},
+          "recipes_with_mods": {"tensorwise": row, "rowwise": row}}
+    plot_rescue(rs, tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_new_sections_leave_the_dispatch_target_alone():
     rs = {"workload": "w", "site": "l", "mods": [], "recipe_without_mods": None, "recipe_with_mods": None,
           "best_without_mods": {}, "best_with_mods": {}, "reason": "r", "rescued": False}
