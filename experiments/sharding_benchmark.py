@@ -6,7 +6,10 @@ Ground truth of a plan (per task, per regime):
 - compute: each rank's shard set MEASURED on FBGEMM's CPU TBE (single thread, thread CPU time);
   every distinct rank set of every method and regime of a task is measured in ``ROUNDS``
   interleaved rounds and the minimum kept (the 2-core machine is shared: contention only inflates
-  a measurement, and interleaving spreads it over the methods);
+  a measurement, and interleaving spreads it over the methods); then ``RELOOKS`` fresh looks at the
+  same plans (``--relooks``), and every target is judged on the first look and on the mean over all
+  looks, met only when both meet it (the worst task by its mean gap: one look's maximum over 36 noisy
+  cells is biased up, and a miss or a pass that a re-measurement does not repeat is not a finding);
 - communication: experiments/_sharding_ground_truth.py, written apart from cost_models/comm.py: a
   plain bandwidth + latency network with a per-message overhead; each all-to-all is synchronous
   (it ends when its slowest rank does, per-rank max(sent, received)); three all-to-alls a step.
@@ -22,7 +25,10 @@ one; the JSON says whether it was trained on this machine and, when not, every m
 reason says so. ``--own-model PATH`` adds the second look at such a miss: the same planner
 (``cubic-own-model``) with a compute model trained on this machine (`cubic shard collect && cubic
 shard train --out PATH`), planned and judged on the same tasks and measured rank sets, its targets
-named "second look, ...", and each missed target of the shipped model says what it measured.
+named "second look, ...", and each missed target of the shipped model says what it measured. Given a
+model trained on ANOTHER machine, the same run is a cross-check (its targets named "cross-check,
+compute model trained on another machine (CPU): ..."): where the shipped model is this machine's,
+it shows the other side of the same question.
 
 Tasks: small families of 4 ranks (10-26, 27-43, 44-60 tables from cubic.core.workloads.
 generate_tables, seeds 1000+i, unseen by the cost model) and a multi-node family (60-120 tables on
@@ -50,11 +56,11 @@ import numpy as np  # noqa: E402
 
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
+from cubic.core.stats import mean_interval  # noqa: E402
 from experiments.common import calibration_origin, png_path, run_context, write_result  # noqa: E402
-from experiments._sharding_ground_truth import PlainNetwork, step_ms  # noqa: E402
+from experiments._sharding_ground_truth import ROUNDS, MinOfRounds, PlainNetwork, judge, plan_sets  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import LearnedEstimator, machine_mismatch  # noqa: E402
-from sharding.measure import ShardWork, measure_compute, works_key  # noqa: E402
 from sharding.registry import make_planner  # noqa: E402
 from sharding.torchrec_adapter import torchrec_available  # noqa: E402
 from sharding.types import Storage  # noqa: E402
@@ -64,10 +70,10 @@ BATCH = 512
 MEMORY_FLOOR = 1e9  # TorchRec reserves fixed per-rank storage (inputs, 15%): below ~1 GB it plans nothing
 TORCHREC_TIMEOUT_S = 180.0  # TorchRec's planner runs in a child process with this wall cap
 TARGET_GAP = -0.10  # the issue's target: mean cost >= 10% below the best heuristic, per family and regime
-ROUNDS = 3  # interleaved measurement rounds per task (minimum kept)
 FAMILIES = (("10-26 tables", 10, 26), ("27-43 tables", 27, 43), ("44-60 tables", 44, 60))
 MULTI_NODE = (2, 8)  # nodes x ranks per node of the multi-node family
 MULTI_BATCH = 128  # per-rank batch of the multi-node family (a piece's kernel sees 16 x 128 examples)
+RELOOKS = 3  # fresh re-measurements of every plan after the first look (a worst task must survive them)
 # cubic's planner with a compute model trained on this machine (--own-model): the second look at
 # whether a miss is the shipped model's machine or the planner
 OWN = "cubic-own-model"
@@ -122,21 +128,31 @@ def own_estimator(path: str) -> LearnedEstimator:
     return est
 
 
-def own_look(families, regs, methods, own_est, targets) -> dict:
-    """``OWN``'s figures beside the shipped model's: its targets (named with OWN_PREFIX) join
+def own_prefix(meta: dict) -> str:
+    """The own model's targets' prefix: OWN_PREFIX when it was trained on this machine, else the
+    machine it was trained on (--own-model given another machine's model: a cross-check, named so)."""
+    if machine_mismatch(meta) is None:
+        return OWN_PREFIX
+    return f"cross-check, compute model trained on another machine ({(meta.get('fingerprint') or {}).get('cpu_model')}): "
+
+
+def own_look(families, regs, methods, own_est, targets, looks: int = 0) -> dict:
+    """``OWN``'s figures beside the shipped model's: its targets (named with :func:`own_prefix`) join
     ``targets``, and a missed shipped-model target's reason says what the own model measured."""
-    fam, own_t = analyse(families, regs, methods, cubic=OWN, prefix=OWN_PREFIX)
-    mismatch = machine_mismatch(getattr(own_est.model, "meta_", {}))
+    meta = getattr(own_est.model, "meta_", {})
+    prefix = own_prefix(meta)
+    fam, own_t = analyse(families, regs, methods, cubic=OWN, prefix=prefix, looks=looks)
+    mismatch = machine_mismatch(meta)
     name_foreign_model(own_t, mismatch)  # (None when it was trained here, as it should be)
     for k, t in targets.items():
-        twin = own_t.get(OWN_PREFIX + k)
+        twin = own_t.get(prefix + k)
         if twin and not t["met"] and twin["measured"] is not None:
-            t["reason"] += (f"; the second look, the same planner with a compute model trained on this machine: "
+            t["reason"] += (f"; {prefix.rstrip(': ')}, the same planner: "
                             f"{twin['measured']:+.1%} ({'met' if twin['met'] else 'missed'})")
     targets.update(own_t)
     tasks = [t for _, ts in families for t in ts]
-    return {"what": ("cubic's planner with a compute model trained on this machine, planned and judged beside the "
-                     "shipped model's on the same tasks and measured rank sets"),
+    return {"what": (f"cubic's planner with the compute model of --own-model ({prefix.rstrip(': ')}), planned and "
+                     "judged beside the shipped model's on the same tasks and measured rank sets"),
             "model": getattr(own_est.model, "meta_", {}), "machine_mismatch": mismatch, "regimes": fam,
             "accuracy": {r: model_accuracy(tasks, r, own=True) for r in regs}}
 
@@ -187,40 +203,11 @@ def torchrec_with_timeout(tables, topo, batch, est, timeout_s):
     return with_prediction(plan, est)
 
 
-class MinOfRounds:
-    """Measured compute of rank shard sets: ``ROUNDS`` interleaved rounds, minimum kept."""
-
-    def __init__(self, rounds: int = ROUNDS):
-        self.rounds = rounds
-        self.values: dict[str, float] = {}
-        self.measurements = 0
-
-    def measure(self, sets: dict[str, tuple[list, int]]) -> None:
-        todo = {k: v for k, v in sets.items() if k not in self.values}
-        best = {k: float("inf") for k in todo}
-        for _ in range(self.rounds):
-            for k, (works, batch) in todo.items():
-                best[k] = min(best[k], measure_compute(works, batch, repeats=1, warmup=1)["total_ms"])
-                self.measurements += 1
-        self.values.update(best)
-
-
-def _rank_sets(plan) -> list[tuple[str, list, int]]:
-    tables = {t.name: t for t in plan.tables}
-    G, B = plan.group_size, plan.batch_size
-    out = []
-    for ss in plan.rank_shards():
-        works = [ShardWork.of(tables[s.table], s) for s in ss if s.sharding_type != "data_parallel"]
-        dp = [ShardWork.of(tables[s.table], s) for s in ss if s.sharding_type == "data_parallel"]
-        out.append((works_key(works, G * B) if works else "", works, G * B))
-        out.append((works_key(dp, B) if dp else "", dp, B))
-    return out
-
-
 def run_task(name, tables, world, methods, est, meter, regs, budget, batch=BATCH, ranks_per_node=None,
-             own_est=None):
+             own_est=None, keep: dict | None = None):
     """Every method planned under every regime (told the regime's network), measured once for all;
-    ``OWN`` is cubic's planner with ``own_est``, a compute model trained on this machine."""
+    ``OWN`` is cubic's planner with ``own_est``, a compute model trained on this machine; the plans
+    go into ``keep[name]`` (for the fresh re-measurement, :func:`relook`)."""
     base = topology_for(tables, world, ranks_per_node)
     out = {"task": name, "tables": len(tables), "ranks": world, "ranks_per_node": base.ranks_per_node,
            "memory_per_rank_gb": base.memory_per_rank_gb, "batch_per_rank": batch, "regimes": {}}
@@ -255,35 +242,55 @@ def run_task(name, tables, world, methods, est, meter, regs, budget, batch=BATCH
             out["regimes"][rname]["methods"][m] = {"planning_s": plan_s, "predicted_ms": plan.predicted.max_ms,
                                                   "sharding_types": sorted({s.sharding_type for s in plan.shards}),
                                                   "notes": plan.notes}
-    sets = {k: (w, b) for p in plans.values() for k, w, b in _rank_sets(p) if k}
-    meter.measure(sets)
+    meter.measure(plan_sets(plans.values()))
     for (rname, m), plan in plans.items():
-        rs = _rank_sets(plan)
-        comp = [(meter.values[rs[2 * r][0]] if rs[2 * r][0] else 0.0)
-                + (meter.values[rs[2 * r + 1][0]] if rs[2 * r + 1][0] else 0.0) for r in range(plan.group_size)]
-        judge = regs[rname][1](plan.topology.ranks_per_node)
-        g = step_ms(plan, comp, judge)
+        g = judge(plan, meter, regs[rname][1](plan.topology.ranks_per_node))
         out["regimes"][rname]["methods"][m].update({
             "measured_ms": g["total_ms"], "judge_compute_ms": g["compute_ms"], "judge_comm_ms": g["comm_ms"],
-            "measured_compute_ms": comp, "predicted_compute_ms": [r.compute_ms for r in plan.predicted.per_rank]})
+            "measured_compute_ms": g["rank_compute_ms"],
+            "predicted_compute_ms": [r.compute_ms for r in plan.predicted.per_rank]})
+    if keep is not None:
+        keep[name] = plans
     return out
 
 
-def _ms(t, r, m):
-    return t["regimes"][r]["methods"].get(m, {}).get("measured_ms")
+def _ms(t, r, m, look: int = 0):
+    """A method's judged ms in look ``look``: 0 the first (``measured_ms``), k > 0 the k-th fresh
+    re-measurement of the same plan (``relook_ms``, :func:`relook`); None where there is none."""
+    v = t["regimes"][r]["methods"].get(m, {})
+    if not look:
+        return v.get("measured_ms")
+    more = v.get("relook_ms") or []
+    return more[look - 1] if look <= len(more) else None
 
 
-def best_heuristic(t, r) -> str | None:
-    """The memory-feasible heuristic with the lowest judged cost on one task and regime."""
-    hs = [m for m in HEURISTICS if _ms(t, r, m) is not None]
-    return min(hs, key=lambda m: _ms(t, r, m)) if hs else None
+def best_heuristic(t, r, look: int = 0) -> str | None:
+    """The memory-feasible heuristic with the lowest judged cost on one task and regime (in one look)."""
+    hs = [m for m in HEURISTICS if _ms(t, r, m, look) is not None]
+    return min(hs, key=lambda m: _ms(t, r, m, look)) if hs else None
 
 
-def gap(t, r, other=None, cubic="cubic") -> float | None:
-    """cubic's (or ``OWN``'s) judged cost over the best heuristic's (or ``other``'s), minus 1."""
-    other = other or best_heuristic(t, r)
-    c, o = _ms(t, r, cubic), _ms(t, r, other) if other else None
+def gap(t, r, other=None, cubic="cubic", look: int = 0) -> float | None:
+    """cubic's (or ``OWN``'s) judged cost over the best heuristic's (or ``other``'s), minus 1 (in one look)."""
+    other = other or best_heuristic(t, r, look)
+    c, o = _ms(t, r, cubic, look), _ms(t, r, other, look) if other else None
     return c / o - 1 if c and o else None
+
+
+def relook(tasks: list[dict], kept: dict, regs: dict, looks: int) -> int:
+    """The fresh re-measurement: ``looks`` more looks at every kept plan (each a new MinOfRounds over
+    every task's rank sets, so no look reuses another's minimum), each plan judged again into its
+    method's ``relook_ms``; returns the measurements made."""
+    n = 0
+    for _ in range(looks):
+        meter = MinOfRounds()
+        meter.measure(plan_sets(p for plans in kept.values() for p in plans.values()))
+        n += meter.measurements
+        for t in tasks:
+            for (rname, m), plan in kept[t["task"]].items():
+                g = judge(plan, meter, regs[rname][1](plan.topology.ranks_per_node))
+                t["regimes"][rname]["methods"][m].setdefault("relook_ms", []).append(g["total_ms"])
+    return n
 
 
 def model_accuracy(tasks, regime, own=False):
@@ -307,9 +314,11 @@ def model_accuracy(tasks, regime, own=False):
             "median_measured_over_predicted": float(np.median(y / p))}
 
 
-def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "cubic", prefix: str = ""):
+def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "cubic", prefix: str = "",
+            look: int = 0, looks: int = 0):
     """Per regime and family: mean judged cost per method, cubic's (or ``OWN``'s: ``cubic``) paired
-    gaps; the targets (named with ``prefix``)."""
+    gaps; the targets (named with ``prefix``), from look ``look``; with ``looks`` fresh re-measurements
+    recorded, each target also judged over all looks (:func:`judge_over_looks`)."""
     out, targets = {}, {}
     for r in regs:
         out[r] = {}
@@ -319,17 +328,21 @@ def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "c
             ts = [t for t in ts if r in t["regimes"]]
             if not ts:
                 continue
-            means = {m: (float(np.mean(v)) if (v := [_ms(t, r, m) for t in ts if _ms(t, r, m) is not None]) else None)
+
+            def ms(t, m):
+                return _ms(t, r, m, look)
+
+            means = {m: (float(np.mean(v)) if (v := [ms(t, m) for t in ts if ms(t, m) is not None]) else None)
                      for m in methods}
-            failures = {m: sum(1 for t in ts if _ms(t, r, m) is None) for m in methods}
+            failures = {m: sum(1 for t in ts if ms(t, m) is None) for m in methods}
             feasible = {m: v for m, v in means.items() if m in HEURISTICS and v is not None and failures[m] == 0}
             best_h = min(feasible, key=feasible.get) if feasible else None
-            both = [t for t in ts if _ms(t, r, cubic) and best_h and _ms(t, r, best_h)]
-            g = (float(np.mean([_ms(t, r, cubic) for t in both]) / np.mean([_ms(t, r, best_h) for t in both]) - 1)
+            both = [t for t in ts if ms(t, cubic) and best_h and ms(t, best_h)]
+            g = (float(np.mean([ms(t, cubic) for t in both]) / np.mean([ms(t, best_h) for t in both]) - 1)
                  if both else None)
-            both_tr = [t for t in ts if _ms(t, r, cubic) and _ms(t, r, "torchrec")]
-            g_tr = (float(np.mean([_ms(t, r, cubic) for t in both_tr])
-                          / np.mean([_ms(t, r, "torchrec") for t in both_tr]) - 1) if both_tr else None)
+            both_tr = [t for t in ts if ms(t, cubic) and ms(t, "torchrec")]
+            g_tr = (float(np.mean([ms(t, cubic) for t in both_tr])
+                          / np.mean([ms(t, "torchrec") for t in both_tr]) - 1) if both_tr else None)
             pred = [t["regimes"][r]["methods"][cubic]["predicted_ms"] / t["regimes"][r]["methods"][best_h]["predicted_ms"]
                     - 1 for t in both]
             out[r][fname] = {"tasks": len(ts), "mean_measured_ms": means, "failures": failures,
@@ -347,9 +360,9 @@ def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "c
             if g_tr is not None:
                 targets[f"{prefix}{r}: below TorchRec's planner ({fname})"] = {"measured": g_tr, "target": 0.0, "met": bool(g_tr < 0)}
                 tr_gaps.append(g_tr)
-            per_task += [(t["task"], gap(t, r, cubic=cubic)) for t in ts if gap(t, r, cubic=cubic) is not None]
+            per_task += [(t["task"], x) for t in ts if (x := gap(t, r, cubic=cubic, look=look)) is not None]
         worst = max(per_task, key=lambda x: x[1]) if per_task else (None, None)
-        targets[f"{prefix}{r}: no task > 3% worse than its best heuristic"] = {
+        targets[f"{prefix}{r}: {WORST}"] = {
             "measured": worst[1], "worst_task": worst[0], "target": 0.03,
             "met": bool(worst[1] is not None and worst[1] <= 0.03),  # numpy's bool would be written "False"
             "tasks_over_3pct": sorted(n for n, x in per_task if x > 0.03),
@@ -360,7 +373,60 @@ def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "c
         if not v["met"] and not v.get("reason"):
             v["reason"] = ("TorchRec's planner, told the same network, found a cheaper plan under the judge on this "
                            "family" if "TorchRec" in k else "no measurement (a planner failed on every task)")
+    if looks and not look:
+        judge_over_looks(families, regs, methods, targets, looks, cubic, prefix)
     return out, targets
+
+
+WORST = "no task > 3% worse than its best heuristic"
+
+
+def judge_over_looks(families, regs, methods, targets, looks: int, cubic: str, prefix: str) -> None:
+    """Each target judged again over all 1 + ``looks`` looks (the first and the fresh re-measurements of
+    the same plans): the family and TorchRec figures per look with the mean's 95% interval; the worst
+    task by its mean gap over the looks (one look's maximum over many noisy cells is biased up). A
+    target is met only when the first look and the mean over the looks both meet it; a missed one
+    says whether its miss holds on the re-measurement."""
+    per_look = [targets] + [analyse(families, regs, methods, cubic, prefix, look=k)[1] for k in range(1, looks + 1)]
+    for key, t in targets.items():
+        if key.endswith(WORST):
+            r = key[len(prefix):-len(": " + WORST)]
+            _worst_judge_over_looks(t, [x for _, ts in families for x in ts if r in x["regimes"]], r, looks, cubic)
+            continue
+        vals = [x[key]["measured"] for x in per_look if key in x and x[key]["measured"] is not None]
+        if len(vals) < 2:
+            continue
+        mean, lo, hi = mean_interval(vals)
+        t["over_looks"] = {"looks": len(vals), "per_look": vals, "mean": mean, "ci95": [lo, hi]}
+        ok = mean < t["target"] if "TorchRec" in key else mean <= t["target"]
+        over = f"over {len(vals)} looks (fresh re-measurements of the same plans) {mean:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+        if t["met"] and not ok:
+            t["met"] = False
+            t["reason"] = f"met on the first look ({vals[0]:+.1%}) but not {over}: it does not survive a re-measurement"
+        elif not t["met"]:
+            t["reason"] += f"; {over}"
+
+
+def _worst_judge_over_looks(t: dict, tasks: list[dict], r: str, looks: int, cubic: str) -> None:
+    per = {x["task"]: g for x in tasks
+           if len(g := [v for k in range(looks + 1) if (v := gap(x, r, cubic=cubic, look=k)) is not None]) > 1}
+    if not per:
+        return
+    stats = {name: mean_interval(g) for name, g in per.items()}
+    name = max(stats, key=lambda n: stats[n][0])
+    mean, lo, hi = stats[name]
+    t["over_looks"] = {"looks": len(per[name]), "worst_task": name, "per_look": per[name], "mean": mean,
+                        "ci95": [lo, hi], "tasks_mean_over_3pct": sorted(n for n, s in stats.items() if s[0] > 0.03),
+                        "tasks_resolved_over_3pct": sorted(n for n, s in stats.items() if s[1] > 0.03)}
+    over = f"over {len(per[name])} looks the worst task is {name}, {mean:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+    if t["met"] and mean > 0.03:
+        t["met"] = False
+        t["reason"] = f"met on the first look ({t['measured']:+.1%}) but not {over}: it does not survive a re-measurement"
+    elif not t["met"]:
+        t["reason"] += "; " + over + (
+            ": the miss holds (resolved above 3%)" if lo > 0.03 else
+            ": above 3% on the mean, not resolved from measurement noise" if mean > 0.03 else
+            ": the first look's excess is within measurement noise (mean <= 3%); missed on the first look")
 
 
 def plot(fam, regs, methods, path):
@@ -458,22 +524,23 @@ def hbm_only(name: str, n_tasks: int, budget: float) -> int:
     return 0
 
 
-def run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, budget, t_start):
+def run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, budget, t_start, keep=None):
     """The small 4-rank tasks (spread over FAMILIES) and the multi-node ones, each run and judged
-    (run_task), with the load after each; progress on stdout."""
+    (run_task; their plans into ``keep``), with the load after each; progress on stdout."""
     tasks, multi, loads = [], [], []
     for i in range(n_tasks + n_multi):
         if i < n_tasks:
             lo, hi = FAMILIES[i % len(FAMILIES)][1:]
             n = int(np.random.default_rng(2024 + i).integers(lo, hi + 1))
             t = run_task(f"small-{i}", generate_tables(n, seed=1000 + i), 4, methods, est, meter, regs, budget,
-                         own_est=own_est)
+                         own_est=own_est, keep=keep)
             tasks.append(t)
         else:
             j = i - n_tasks
             n = int(np.random.default_rng(3024 + j).integers(60, 121))
             t = run_task(f"multi-node-{j}", generate_tables(n, seed=3000 + j), MULTI_NODE[0] * MULTI_NODE[1], methods,
-                         est, meter, regs, budget, batch=MULTI_BATCH, ranks_per_node=MULTI_NODE[1], own_est=own_est)
+                         est, meter, regs, budget, batch=MULTI_BATCH, ranks_per_node=MULTI_NODE[1], own_est=own_est,
+                         keep=keep)
             multi.append(t)
         loads.append(os.getloadavg()[0])
         t["loadavg_1m"] = loads[-1]
@@ -495,7 +562,12 @@ def main(argv=None) -> int:
     ap.add_argument("--own-model", metavar="PATH",
                     help="also plan with cubic's planner on a compute model trained on this machine (`cubic shard "
                          "collect && cubic shard train --out PATH`), judged on the same tasks and measurements")
+    ap.add_argument("--relooks", type=int, default=RELOOKS,
+                    help="fresh re-measurements of every plan after the first look (each target is also judged over "
+                         "all looks; 0: none)")
     args = ap.parse_args(argv)
+    if args.relooks < 0:
+        ap.error(f"--relooks {args.relooks}: a count of re-measurements, 0 or more")
     own_est = own_estimator(args.own_model) if args.own_model else None
     name = "sharding_benchmark" + ("_quick" if args.quick else "")
     if args.hbm_only:
@@ -508,21 +580,28 @@ def main(argv=None) -> int:
     regs = regimes()
     methods = ["cubic"] + ([OWN] if own_est else []) + (["torchrec"] if torchrec_available() else []) + list(HEURISTICS)
     t_start = time.perf_counter()
-    meter = MinOfRounds()
-    tasks, multi, loads = run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, args.budget, t_start)
+    meter, kept = MinOfRounds(), {}
+    tasks, multi, loads = run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, args.budget, t_start, kept)
+    looks = min(args.relooks, 1) if args.quick else args.relooks
+    t_relook = time.perf_counter()
+    relooked = relook(tasks + multi, kept, regs, looks)
+    print(f"[{time.perf_counter() - t_start:5.0f}s] {looks} fresh re-measurement(s) of every plan ({relooked} "
+          f"measurements, {time.perf_counter() - t_relook:.0f} s)", flush=True)
     families = [(f, [t for t in tasks if lo <= t["tables"] <= hi]) for f, lo, hi in FAMILIES]
     families.append((f"multi-node {MULTI_NODE[0]}x{MULTI_NODE[1]} ranks", multi))
-    fam, targets = analyse(families, list(regs), methods)
+    fam, targets = analyse(families, list(regs), methods, looks=looks)
     mismatch = machine_mismatch(getattr(est.model, "meta_", {}))
     name_foreign_model(targets, mismatch)
-    own = {"path": args.own_model, **own_look(families, list(regs), methods, own_est, targets)} if own_est else {
+    own = {"path": args.own_model, **own_look(families, list(regs), methods, own_est, targets, looks)} if own_est else {
         "not_run": "no --own-model: whether a miss is the shipped model's machine is not checked by this run"}
     payload = {
         **ctx,
         "what": ("per task and interconnect regime, every planner told the regime's network (Topology comm fields); "
                  "each plan judged by: max over ranks of MEASURED compute (FBGEMM CPU TBE, thread CPU time, min of "
                  f"{ROUNDS} interleaved rounds) + MODELLED communication by an independent synchronous plain-network "
-                 "model (experiments/_sharding_ground_truth.py), not the cost_models.comm model the planners optimise"),
+                 "model (experiments/_sharding_ground_truth.py), not the cost_models.comm model the planners optimise; "
+                 f"then {looks} fresh re-measurement(s) of the same plans (relook_ms), each target also judged over "
+                 "all looks (its over_looks; met only when the first look and the mean over the looks both meet it)"),
         "ground_truth": {"compute": "measured", "communication": "modelled: independent plain bandwidth + latency + "
                          "per-message overhead, synchronous all-to-all (per-rank max(sent, received), max over ranks)",
                          "regimes": {r: {"told": v[0], "judge": v[1](8).describe(), "how": v[2]} for r, v in regs.items()}},
@@ -531,7 +610,7 @@ def main(argv=None) -> int:
                    "planning_s": "measured"},
         "load": {"loadavg_1m_start": load_start, "loadavg_1m_per_task": loads,
                  "note": "2-core machine shared with other jobs; compute is thread CPU time, min of interleaved rounds"},
-        "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS,
+        "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS, "relooks": looks,
                      "cubic_time_budget_s": args.budget, "quick": args.quick, "target": "torchrec",
                      "comm_calibration": {k: v for k, v in calibration_origin(CALIBRATION_PATH).items()
                                           if k in ("file", "machine", "cores", "this_machine", "where", "fit_mape")},
@@ -544,7 +623,7 @@ def main(argv=None) -> int:
         "cost_model_accuracy": {r: model_accuracy(tasks + multi, r) for r in regs},
         "own_model": own,
         "targets": targets,
-        "measurements": meter.measurements,
+        "measurements": meter.measurements + relooked,
         "tasks": tasks,
         "multi_node_tasks": multi,
         "runtime_s": time.perf_counter() - t_start,
@@ -563,7 +642,9 @@ def main(argv=None) -> int:
         for r in regs:
             print(f"  {OWN} accuracy on {r}: {own['accuracy'][r]}")
     for k, v in targets.items():
-        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}")
+        sl = v.get("over_looks")
+        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}"
+              + (f" (over {sl['looks']} looks: {sl['mean']:+.3f} [{sl['ci95'][0]:+.3f}, {sl['ci95'][1]:+.3f}])" if sl else ""))
     print(f"wrote {path} and {png_path(name)} in {payload['runtime_s']:.0f} s")
     return 0
 
