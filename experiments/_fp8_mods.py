@@ -95,13 +95,15 @@ def plot_rescue(rs: dict, path) -> None:
         b.errorbar(xs, [m for m, _, _ in ne], yerr=[[m - lo for m, lo, _ in ne], [hi - m for m, _, hi in ne]],
                    fmt="o", color=color, capsize=4, label=label)
     a.axhline(rs["budget_sqnr_db"], color="k", ls="--", lw=1, label=f"SQNR budget {rs['budget_sqnr_db']:g} dB")
-    a.set_xticks(range(len(recipes)), recipes)
+    lows = [x["ci_low_db"] for _, d, _, _ in sides for x in d.values() if x["ci_low_db"] is not None]
+    a.set_ylim(min(lows + [rs["budget_sqnr_db"]]) - 4, max(lows + [rs["budget_sqnr_db"]]) + 8)  # the budget's region, room for the legend
+    a.set_xticks(range(len(recipes)), recipes, rotation=15)
     a.set_ylabel("SQNR, 95% lower bound (dB)")
     a.set_title("Forward SQNR per recipe (measured)")
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper left")
     b.axhline(100 * rs["budget_ne_rel"], color="k", ls="--", lw=1, label=f"NE budget +{100 * rs['budget_ne_rel']:g}%")
     b.axhline(0, color="k", lw=0.5)
-    b.set_xticks(range(len(recipes)), recipes)
+    b.set_xticks(range(len(recipes)), recipes, rotation=15)
     b.set_ylabel("held-out NE cost (% rel), 95% interval")
     b.set_title("NE cost per recipe (measured)")
     b.legend(fontsize=8)
