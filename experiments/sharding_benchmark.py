@@ -74,6 +74,7 @@ FAMILIES = (("10-26 tables", 10, 26), ("27-43 tables", 27, 43), ("44-60 tables",
 MULTI_NODE = (2, 8)  # nodes x ranks per node of the multi-node family
 MULTI_BATCH = 128  # per-rank batch of the multi-node family (a piece's kernel sees 16 x 128 examples)
 RELOOKS = 3  # fresh re-measurements of every plan after the first look (a worst task must survive them)
+WORST = "no task > 3% worse than its best heuristic"  # the per-task target's name, after the regime's
 # cubic's planner with a compute model trained on this machine (--own-model): the second look at
 # whether a miss is the shipped model's machine or the planner
 OWN = "cubic-own-model"
@@ -153,7 +154,7 @@ def own_look(families, regs, methods, own_est, targets, looks: int = 0) -> dict:
     tasks = [t for _, ts in families for t in ts]
     return {"what": (f"cubic's planner with the compute model of --own-model ({prefix.rstrip(': ')}), planned and "
                      "judged beside the shipped model's on the same tasks and measured rank sets"),
-            "model": getattr(own_est.model, "meta_", {}), "machine_mismatch": mismatch, "regimes": fam,
+            "model": meta, "machine_mismatch": mismatch, "regimes": fam,
             "accuracy": {r: model_accuracy(tasks, r, own=True) for r in regs}}
 
 
@@ -378,9 +379,6 @@ def analyse(families: list, regs: list[str], methods: list[str], cubic: str = "c
     return out, targets
 
 
-WORST = "no task > 3% worse than its best heuristic"
-
-
 def judge_over_looks(families, regs, methods, targets, looks: int, cubic: str, prefix: str) -> None:
     """Each target judged again over all 1 + ``looks`` looks (the first and the fresh re-measurements of
     the same plans): the family and TorchRec figures per look with the mean's 95% interval; the worst
@@ -391,7 +389,7 @@ def judge_over_looks(families, regs, methods, targets, looks: int, cubic: str, p
     for key, t in targets.items():
         if key.endswith(WORST):
             r = key[len(prefix):-len(": " + WORST)]
-            _worst_judge_over_looks(t, [x for _, ts in families for x in ts if r in x["regimes"]], r, looks, cubic)
+            _judge_worst_over_looks(t, [x for _, ts in families for x in ts if r in x["regimes"]], r, looks, cubic)
             continue
         vals = [x[key]["measured"] for x in per_look if key in x and x[key]["measured"] is not None]
         if len(vals) < 2:
@@ -407,7 +405,9 @@ def judge_over_looks(families, regs, methods, targets, looks: int, cubic: str, p
             t["reason"] += f"; {over}"
 
 
-def _worst_judge_over_looks(t: dict, tasks: list[dict], r: str, looks: int, cubic: str) -> None:
+def _judge_worst_over_looks(t: dict, tasks: list[dict], r: str, looks: int, cubic: str) -> None:
+    """The worst-task target ``t`` of regime ``r`` judged again: each task's gap per look, the worst
+    task by its mean (with the 95% interval), and what that says of the first look's verdict."""
     per = {x["task"]: g for x in tasks
            if len(g := [v for k in range(looks + 1) if (v := gap(x, r, cubic=cubic, look=k)) is not None]) > 1}
     if not per:
