@@ -39,8 +39,7 @@ def mods_rescue(budget: float, *, warmup: int, max_batches: int, ci_db: float, s
 
     def best(errors: dict) -> dict:
         fp8 = per_recipe(errors)
-        r = min(fp8, key=lambda r: fp8[r].get("ne_rel_ci_high") if fp8[r].get("ne_rel_ci_high") is not None
-                else math.inf)
+        r = min(fp8, key=lambda r: math.inf if fp8[r]["ne_rel_ci_high"] is None else fp8[r]["ne_rel_ci_high"])
         return {"recipe": r, **fp8[r]}
 
     out = {"workload": workload, "site": site, "label": "measured on this CPU (Probe: SQNR and held-out NE cost of the "
@@ -96,7 +95,8 @@ def plot_rescue(rs: dict, path) -> None:
                    fmt="o", color=color, capsize=4, label=label)
     a.axhline(rs["budget_sqnr_db"], color="k", ls="--", lw=1, label=f"SQNR budget {rs['budget_sqnr_db']:g} dB")
     lows = [x["ci_low_db"] for _, d, _, _ in sides for x in d.values() if x["ci_low_db"] is not None]
-    a.set_ylim(min(lows + [rs["budget_sqnr_db"]]) - 4, max(lows + [rs["budget_sqnr_db"]]) + 8)  # the budget's region, room for the legend
+    span = lows + [rs["budget_sqnr_db"]]
+    a.set_ylim(min(span) - 4, max(span) + 8)  # around the budget, with room for the legend
     a.set_xticks(range(len(recipes)), recipes, rotation=15)
     a.set_ylabel("SQNR, 95% lower bound (dB)")
     a.set_title("Forward SQNR per recipe (measured)")
