@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cubic.codesign.answer import PRUNER_BACKED, PRUNING_NOTE_HEAD
 from experiments._public_problems import CURVES, EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, problems, random_median
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ def campaign(arm: str, seed: int, budget: int, epoch_s: float, work: Path, curve
         raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
     runs = _runs(storage, name)
     # what the campaign told its user about the pruner (cubic.codesign.answer.pruning_note), as printed
-    note = next((ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("the pruner stopped")), None)
+    note = next((ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith(PRUNING_NOTE_HEAD)), None)
     return {"arm": arm, "seed": seed, "runs": len(runs), "campaign_wall_s": wall,
             "regret_so_far": quality_so_far([r.metrics["val_loss"] if r.ok else None for _, r in runs],
                                             regret_scale()),
@@ -148,7 +149,7 @@ def note_check(es: dict) -> dict:
         if c["arm"] == "none":
             continue
         note = c.get("pruning_note")
-        warned = note is not None and "back its early judgement" not in note
+        warned = note is not None and PRUNER_BACKED not in note
         winners = first_runs(c, len(c["kinds"]))["pruned_winners"]
         rows.append({"arm": c["arm"], "seed": c["seed"], "warned": warned, "noted": note is not None,
                      "pruned_winners": winners, "right": warned == (winners > 0)})

@@ -51,3 +51,19 @@ def test_no_note_without_a_stopped_run_and_a_warning_when_too_few_runs_finished_
     note = pruning_note(r)  # not silent: silence would read as the curves backing the pruner
     assert "too few (of 5 needed)" in note and "may have been the winner" in note and "back its" not in note
     assert early_ranking(SPACE, _history(crossing=False, completed=0))["runs"] == 0
+
+
+def test_the_search_benchmark_reads_the_note_by_the_same_words_the_answer_prints():
+    """The early-stop benchmark finds the note in the printed answer and reads whether it backs the
+    pruner: the words are one record (cubic.codesign.answer), so a reworded note cannot make the
+    benchmark's "the note told the truth" count silently wrong."""
+    from cubic.codesign.answer import PRUNING_NOTE_HEAD
+    from experiments import _search_early_stop as es
+
+    for crossing, warned in ((False, False), (True, True)):
+        note = pruning_note(early_ranking(SPACE, _history(crossing=crossing)))
+        assert note.startswith(PRUNING_NOTE_HEAD)
+        run = {"arm": "median", "seed": 0, "pruning_note": note, "kinds": ["ok", "pruned"],
+               "full_final_per_run": [1.0, 2.0], "epochs_per_run": [9, 2], "jobs_wall_s_per_run": [1.0, 0.2],
+               "regret_so_far": [0.1, 0.1]}
+        assert es.note_check({"campaigns": [run]})["campaigns"][0]["warned"] is warned

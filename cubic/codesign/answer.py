@@ -335,6 +335,12 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     return ans
 
 
+# the pruning note's opening and its words when the completed curves back the pruner: one record, which
+# the search benchmark reads in the printed answer (as a user does) to check the note told the truth
+PRUNING_NOTE_HEAD = "the pruner stopped"
+PRUNER_BACKED = "the completed curves back its early judgement"
+
+
 def pruning_note(r: dict[str, Any] | None) -> str | None:
     """What the completed runs' curves say of the pruner's early judgement (``r``:
     search.curves.early_ranking), when a pruner stopped runs: backed, or not (then a stopped run may
@@ -343,7 +349,7 @@ def pruning_note(r: dict[str, Any] | None) -> str | None:
 
     if r is None:
         return None
-    head = f"the pruner stopped {r['stopped']} runs, at step {r['step']:g} in the median"
+    head = f"{PRUNING_NOTE_HEAD} {r['stopped']} runs, at step {r['step']:g} in the median"
     if r["spearman"] is None:  # silence would read as consent
         return (f"{head}; {r['runs']} runs it let finish have a curve there, too few (of {MIN_RANKED_RUNS} needed) to "
                 "check its early judgement, so a stopped run may have been the winner; a later --prune-warmup lets "
@@ -351,7 +357,7 @@ def pruning_note(r: dict[str, Any] | None) -> str | None:
     at = (f"{head}; there the {r['runs']} runs it let finish rank at Spearman {r['spearman']:+.2f} against their "
           "final values")
     if r["spearman"] >= RANKS_WELL:
-        return at + ": the completed curves back its early judgement"
+        return f"{at}: {PRUNER_BACKED}"
     well = r["first_step_ranking_well"]
     hint = (f"--prune-warmup {well:g} (the first step ranking them at {RANKS_WELL} or better)" if well is not None
             else "a later --prune-warmup")
