@@ -12,6 +12,7 @@ piece), with per-table costs from the same estimator.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -276,3 +277,61 @@ def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Es
     traffic = [ShardTraffic(r, tot_cols / group, tot_ids / group) for r in range(group)]
     balanced_comm = rank_comm_ms(traffic, group, batch, comm)[0] if group > 1 else 0.0
     return max(fused / group, indivisible) + balanced_comm
+
+
+SCALE_TOLERANCE = 1.25  # a model within 25% of the measured lookup, either way, is taken to hold here
+
+
+@dataclass(frozen=True)
+class ComputeCheck:
+    """The second look at a plan's modelled lookup: the same ranks' shard sets measured on this CPU.
+
+    ``ratio`` is the model's scale here (sum of predicted / sum of measured lookup ms over the
+    ranks); ``holds`` when it is within ``SCALE_TOLERANCE`` either way. The rank order (Spearman,
+    from 3 ranks on) says whether the plan's choices, which rest on the model's ranking, survive
+    when its scale does not."""
+
+    ratio: float
+    rank_ratios: tuple[float, ...]
+    spearman: float | None
+    slowest_predicted: int
+    slowest_measured: int
+    tolerance: float = SCALE_TOLERANCE
+
+    @property
+    def holds(self) -> bool:
+        return 1 / self.tolerance <= self.ratio <= self.tolerance
+
+    def line(self) -> str:
+        rho = f"; rank order Spearman {self.spearman:.2f}" if self.spearman is not None else ""
+        same = ("the same" if self.slowest_predicted == self.slowest_measured
+                else f"{self.slowest_predicted} by the model, {self.slowest_measured} measured")
+        return (f"compute check (the plan's lookup MEASURED on this cpu against the model): the model predicts "
+                f"{self.ratio:.2f}x the measured lookup ms (per rank {min(self.rank_ratios):.2f}-"
+                f"{max(self.rank_ratios):.2f}x){rho}; slowest lookup rank {same}")
+
+    def warning(self) -> str | None:
+        if self.holds:
+            return None
+        return (f"the cost model's lookup ms are {self.ratio:.2f}x what this machine measures for this plan (beyond "
+                f"the {self.tolerance - 1:.0%} the check allows): its predicted ms are not this machine's, and the "
+                "plan's choices rest on its ranking alone; `cubic shard collect` then `cubic shard train` fit one "
+                f"for this machine (in {user_data_dir()})")
+
+
+def compute_check(predicted: PlanCost, measured: PlanCost) -> ComputeCheck | None:
+    """Compare a plan's modelled lookup with its measured one, rank by rank (None: nothing measured)."""
+    pairs = [(p.compute_ms, m.compute_ms) for p, m in zip(predicted.per_rank, measured.per_rank)
+             if m.compute_ms > 1e-6]
+    if not pairs:
+        return None
+    pred, meas = np.array(pairs).T
+    rho = None
+    if len(pairs) >= 3 and np.ptp(pred) > 0 and np.ptp(meas) > 0:
+        from scipy.stats import spearmanr
+
+        rho = float(spearmanr(pred, meas)[0])
+    return ComputeCheck(ratio=float(pred.sum() / meas.sum()), rank_ratios=tuple(float(x) for x in pred / meas),
+                        spearman=rho,
+                        slowest_predicted=max(predicted.per_rank, key=lambda r: r.compute_ms).rank,
+                        slowest_measured=max(measured.per_rank, key=lambda r: r.compute_ms).rank)

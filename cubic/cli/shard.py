@@ -16,6 +16,7 @@ pooling_factor, zipf_alpha[, feature_group]). Bad input raises SpecError (exit 2
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -38,6 +39,8 @@ def _estimator(path: str | None, device: str | None = None):
     est.warning = machine_mismatch(getattr(est.model, "meta_", {}) or {})  # printed once the plan is made
     return est
 
+
+CHECK_REPEATS = 3  # each rank's lookup timed 3 times at plan time (evaluate's default is 5)
 
 COMM_FLAGS = {"intra_node_bw_gbps": "--intra-node-bw-gbps", "inter_node_bw_gbps": "--inter-node-bw-gbps",
               "intra_node_latency_us": "--intra-node-latency-us", "inter_node_latency_us": "--inter-node-latency-us"}
@@ -104,13 +107,25 @@ def cmd_plan(args) -> int:
         plan = _with_tiers(plan, args.hbm_gb)
     if getattr(est, "warning", None):
         print(f"warning: {est.warning}", file=sys.stderr)
+    check, skipped = None, None
+    if getattr(args, "check", None) is not False and topo.device == "cpu" and plan.predicted is not None:
+        try:  # the second look: the plan's own ranks measured here, so its modelled ms are checked, not trusted
+            plan = plan.model_copy(update={"measured": measure(plan, CHECK_REPEATS, "--check")})
+            check = _check_lines(plan)
+        except SpecError as e:
+            skipped = f"compute check skipped: {e}"
     if args.out:
         plan.save(args.out)
     if args.json:
         print(plan.to_json())
     else:
-        print(sanitize(format_plan(plan)))
+        print(sanitize(format_plan(plan, plan.predicted)))
+        for line in (check[0] if check else None, skipped):
+            if line:
+                print(line)
         print(f"planned in {plan.planning_time_s:.2f} s" + (f"; wrote {args.out}" if args.out else ""))
+    if check and check[1]:
+        print(f"warning: {check[1]}", file=sys.stderr)
     return 0
 
 
@@ -170,25 +185,41 @@ def oversubscription(processes: int) -> dict:
     return {"processes": processes, "cores": cores, "factor": factor, "loadavg_1m": load, "line": line}
 
 
-def cmd_evaluate(args) -> int:
-    if args.backend == "torchrec":
-        return _evaluate_torchrec(args)
+def measure(plan, repeats: int, source: str):
+    """The plan's cost with each rank's lookup measured on this CPU's kernel (communication modelled
+    as the plan's topology says), and its lower bound from the device's modelled estimator."""
     from cost_models.comm import CommModel
     from sharding.estimate import MeasuredEstimator, plan_cost, table_lower_bound
     from sharding.measure import MeasurementCache
-    from sharding.types import format_plan, load_plan
 
-    plan = load_plan(args.plan)
-    _check_measurable(plan, args.plan)
-    cache = MeasurementCache(repeats=args.repeats)
+    _check_measurable(plan, source)
     comm = CommModel.from_topology(plan.topology)
-    cost = plan_cost(plan, MeasuredEstimator(cache), comm)
+    cost = plan_cost(plan, MeasuredEstimator(MeasurementCache(repeats=repeats)), comm)
     # the lower bound is a function of the tables and the topology only: the device's modelled
     # estimator (never this plan's noisy measurements, which made it move with the plan)
     lb_est = _estimator(None, plan.topology.device)
     lb = table_lower_bound(plan.tables, plan.group_size, plan.batch_size, lb_est, comm)
-    cost = cost.model_copy(update={"lower_bound_ms": lb, "details": {
-        **cost.details, "lower_bound": f"modelled: {lb_est.describe()}; comm as the columns"}})
+    return cost.model_copy(update={"lower_bound_ms": lb, "details": {
+        **cost.details, "repeats": repeats, "lower_bound": f"modelled: {lb_est.describe()}; comm as the columns"}})
+
+
+def _check_lines(plan) -> tuple[str, str | None] | None:
+    """The compute check's line and warning, where the plan carries a modelled CPU lookup and a measured one."""
+    from sharding.estimate import compute_check
+
+    if not (plan.predicted and plan.measured) or plan.topology.device != "cpu" or plan.predicted.source != "modelled":
+        return None
+    check = compute_check(plan.predicted, plan.measured)
+    return (check.line(), check.warning()) if check else None
+
+
+def cmd_evaluate(args) -> int:
+    if args.backend == "torchrec":
+        return _evaluate_torchrec(args)
+    from sharding.types import format_plan, load_plan
+
+    plan = load_plan(args.plan)
+    cost = measure(plan, args.repeats, args.plan)
     plan = plan.model_copy(update={"measured": cost})
     if args.out:
         plan.save(args.out)
@@ -198,11 +229,16 @@ def cmd_evaluate(args) -> int:
         print(sanitize(format_plan(plan, cost)))
         slow = max(cost.per_rank, key=lambda r: r.total_ms)
         print(f"of the slowest rank's {slow.total_ms:.2f} ms, {slow.compute_ms:.2f} ms lookup is MEASURED on this cpu "
-              f"and {slow.comm_ms + slow.sync_ms:.2f} ms communication is MODELLED ({comm.source})")
+              f"and {slow.comm_ms + slow.sync_ms:.2f} ms communication is MODELLED ({cost.details['comm']['kind']})")
         if plan.predicted:
             err = (plan.predicted.max_ms - cost.max_ms) / cost.max_ms
             print(f"predicted max {plan.predicted.max_ms:.2f} ms (modelled) vs {cost.max_ms:.2f} ms (measured lookup + "
                   f"modelled communication) ({err:+.1%})")
+        check = _check_lines(plan)
+        if check:
+            print(check[0])
+            if check[1]:
+                print(f"warning: {check[1]}", file=sys.stderr)
     return 0
 
 
@@ -345,6 +381,9 @@ def register(subparsers) -> None:
                          "any: cubic's free row splits too (cost studies only)")
     pl.add_argument("--model", default=None, help="cost model JSON (default: the shipped one)")
     pl.add_argument("--time-budget", type=float, default=3.0, help="cubic search budget, seconds")
+    pl.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                    help="on cpu (default there): measure each rank's lookup of the plan on this machine and say "
+                         "how far the cost model's ms are from it; --no-check skips it")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--out", default=None)
     pl.add_argument("--json", action="store_true")
