@@ -245,7 +245,7 @@ def run_task(name, tables, world, methods, est, meter, regs, budget, batch=BATCH
                                                   "notes": plan.notes}
     meter.measure(plan_sets(plans.values()))
     for (rname, m), plan in plans.items():
-        g = judge(plan, meter, regs[rname][1](plan.topology.ranks_per_node))
+        g = judge_in_regime(plan, meter, regs, rname)
         out["regimes"][rname]["methods"][m].update({
             "measured_ms": g["total_ms"], "judge_compute_ms": g["compute_ms"], "judge_comm_ms": g["comm_ms"],
             "measured_compute_ms": g["rank_compute_ms"],
@@ -253,6 +253,12 @@ def run_task(name, tables, world, methods, est, meter, regs, budget, batch=BATCH
     if keep is not None:
         keep[name] = plans
     return out
+
+
+def judge_in_regime(plan, meter, regs: dict, rname: str) -> dict:
+    """One plan judged by ``meter``'s rank costs and the regime's independent network (built for the
+    plan's ranks per node): the first look and every re-measurement judge through here."""
+    return judge(plan, meter, regs[rname][1](plan.topology.ranks_per_node))
 
 
 def _ms(t, r, m, look: int = 0):
@@ -289,7 +295,7 @@ def relook(tasks: list[dict], kept: dict, regs: dict, looks: int) -> int:
         n += meter.measurements
         for t in tasks:
             for (rname, m), plan in kept[t["task"]].items():
-                g = judge(plan, meter, regs[rname][1](plan.topology.ranks_per_node))
+                g = judge_in_regime(plan, meter, regs, rname)
                 t["regimes"][rname]["methods"][m].setdefault("relook_ms", []).append(g["total_ms"])
     return n
 
