@@ -448,6 +448,43 @@ def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp
     assert done.system_attrs["cubic_worker"] == "b"
 
 
+def test_a_worker_silent_between_its_take_and_its_params_never_claims_the_other_workers_attempt(tmp_path):
+    """The narrow window stops 40-45 carried: a worker silent after its compare-and-set, woken while
+    the other worker's attempt (after the trial was taken back) is still running. Its claim used to be
+    a separate write after the compare-and-set, so on waking it wrote itself over the other's claim:
+    both ran and only one told. The take and the claim are now one transaction (take_trial): the
+    woken worker finds the attempt is not its own, runs nothing, and the other worker tells."""
+    from cubic.codesign.storage import WORKER_ATTR
+    from cubic.testing import space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    listener, lost = _recording("lost_take")
+    storage = f"sqlite:///{tmp_path}/c.db"
+    sp = space()
+    ran: list[str] = []
+    c = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name="window",
+                 strategy="random", budget=2, storage=storage, worker="a", listener=listener)
+    other = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name="window",
+                     strategy="random", budget=2, storage=storage, worker="b", resume=True)
+    c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    claim, theirs = c._claim, {}
+
+    def silent_while_the_other_runs(t):  # the grace period passes here; b takes it and is still running
+        c._requeue(t._trial_id)
+        theirs["t"] = other._take()
+        assert theirs["t"] is not None
+        claim(t)
+
+    c._claim = silent_while_the_other_runs
+    assert c._take() is None and lost == [0] and ran == []
+    now = c.study._storage.get_trial(theirs["t"]._trial_id)
+    assert now.state == optuna.trial.TrialState.RUNNING and now.system_attrs[WORKER_ATTR] == "b"
+    assert other._still_ours(theirs["t"])  # b's attempt is intact: its run counts
+    assert other._run_one(theirs["t"])[1] is not None and ran == ["b"]
+    done = c.study._storage.get_trial(theirs["t"]._trial_id)
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.values == [2.0]
+
+
 def test_a_trial_taken_back_between_the_check_and_the_tell_is_reported_lost_not_raised(tmp_path):
     from cubic.testing import space
 

@@ -57,8 +57,8 @@ from typing import Any, Callable
 import optuna
 
 from cubic.codesign.confirm import confirm
-from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, Lease, LeaseHeld,
-                                   creation_lock, heartbeat_interval, load_meta, open_storage, pid_dead,
+from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, WORKER_ATTR, Lease, LeaseHeld,
+                                   creation_lock, heartbeat_interval, load_meta, open_storage, pid_dead, take_trial,
                                    worker_name)
 from cubic.codesign.trials import as_result, is_run, provenance, told_state, trial_attrs, trial_observation
 from cubic.core.result import Result
@@ -343,7 +343,7 @@ class Campaign:
 
     # ---- running enqueued points (coordinator threads and workers alike) ------------------
     def _take(self) -> optuna.trial.FrozenTrial | None:
-        """A WAITING trial, now RUNNING and ours (Optuna's compare-and-set), or None."""
+        """A WAITING trial, now RUNNING and ours (compare-and-set and claim at once: :func:`take_trial`), or None."""
         st = self.study._storage
         for t in self._trials(states=(_W,)):
             if heartbeat_interval(st):
@@ -351,7 +351,7 @@ class Campaign:
                 # row behind, or Optuna never sees its trial as stale (it only ages existing beats)
                 st.record_heartbeat(t._trial_id)
             try:
-                taken = st.set_trial_state_values(t._trial_id, state=_R)
+                taken = take_trial(self.storage, t._trial_id, self.worker)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another worker took it and has finished it since we listed it
             if not taken:
@@ -364,16 +364,15 @@ class Campaign:
                 self.listener.lost_take(self.name, t.number)
                 continue
             mine = st.get_trial(t._trial_id)  # as taken: its start time marks this attempt as ours
-            if mine.state != _R or mine.system_attrs.get("cubic_worker") != self.worker:
+            if mine.state != _R or mine.system_attrs.get(WORKER_ATTR) != self.worker:
                 self.listener.lost_take(self.name, t.number)  # (taken back and re-taken meanwhile)
                 continue
             return mine
         return None
 
     def _claim(self, t: optuna.trial.FrozenTrial) -> None:
-        """Mark a trial just taken as this worker's, with the params Optuna's samplers and importance read."""
+        """Give a trial just taken (and claimed, :func:`take_trial`) the params Optuna's samplers and importance read."""
         st = self.study._storage
-        st.set_trial_system_attr(t._trial_id, "cubic_worker", self.worker)
         point = dict(t.system_attrs.get("fixed_params") or t.params)
         for p in self.space.parameters:
             if p.name in point and p.name not in t.params:  # (a resumed trial has them)
@@ -385,7 +384,7 @@ class Campaign:
         worker): a stalled worker's trial is put back after the grace period and taken by another."""
         now = self.study._storage.get_trial(t._trial_id)
         return (now.state == _R and now.datetime_start == t.datetime_start
-                and now.system_attrs.get("cubic_worker") == self.worker)
+                and now.system_attrs.get(WORKER_ATTR) == self.worker)
 
     def _run_one(self, t: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], Result | None]:
         st = self.study._storage
@@ -479,7 +478,7 @@ class Campaign:
         if heartbeat_interval(st) and hasattr(st, "_get_stale_trial_ids"):
             stale = set(st._get_stale_trial_ids(self.study._study_id))  # Optuna's own staleness test
         return stale | {t._trial_id for t in self._trials(states=(_R,))
-                        if pid_dead(t.system_attrs.get("cubic_worker"))}
+                        if pid_dead(t.system_attrs.get(WORKER_ATTR))}
 
     def _tell_recorded_lost(self) -> None:
         """Tell, as recorded, a lost worker's trial whose run was recorded in full (killed between

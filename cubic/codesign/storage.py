@@ -365,6 +365,36 @@ def heartbeat_interval(storage) -> int | None:
     return get() if get is not None else None
 
 
+WORKER_ATTR = "cubic_worker"  # the trial system attribute naming the worker whose attempt it is
+
+
+def take_trial(storage: Any, trial_id: int, worker: str) -> bool:
+    """Take a WAITING trial for ``worker``: Optuna's compare-and-set to RUNNING (a new start time) and
+    the claim (``WORKER_ATTR``) in ONE transaction on a database. Apart, a worker stopped between
+    them could wake after its trial was taken back and re-taken and write its claim over the other
+    worker's: both ran, one told. In memory (one process, nothing taken back) they are two writes."""
+    engine = getattr(storage, "engine", None)
+    if engine is None:
+        if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.RUNNING):
+            return False
+        storage.set_trial_system_attr(trial_id, WORKER_ATTR, worker)
+        return True
+    import json
+    from datetime import datetime
+
+    from optuna.storages._rdb import models
+    from sqlalchemy import delete, insert, update
+
+    tm, am = models.TrialModel.__table__, models.TrialSystemAttributeModel.__table__
+    with engine.begin() as conn:
+        taken = conn.execute(update(tm).where(tm.c.trial_id == trial_id, tm.c.state == optuna.trial.TrialState.WAITING)
+                             .values(state=optuna.trial.TrialState.RUNNING, datetime_start=datetime.now())).rowcount
+        if taken:  # Optuna stores a system attribute as one JSON row per (trial, key)
+            conn.execute(delete(am).where(am.c.trial_id == trial_id, am.c.key == WORKER_ATTR))
+            conn.execute(insert(am).values(trial_id=trial_id, key=WORKER_ATTR, value_json=json.dumps(worker)))
+    return bool(taken)
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident() % 100000}"
 
