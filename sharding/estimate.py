@@ -279,7 +279,7 @@ def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Es
     return max(fused / group, indivisible) + balanced_comm
 
 
-SCALE_TOLERANCE = 1.25  # a model within 25% of the measured lookup, either way, is taken to hold here
+SCALE_TOLERANCE = 1.25  # a model between 0.8x and 1.25x the measured lookup is taken to hold here
 
 
 @dataclass(frozen=True)
@@ -313,10 +313,10 @@ class ComputeCheck:
     def warning(self) -> str | None:
         if self.holds:
             return None
-        return (f"the cost model's lookup ms are {self.ratio:.2f}x what this machine measures for this plan (beyond "
-                f"the {self.tolerance - 1:.0%} the check allows): its predicted ms are not this machine's, and the "
-                "plan's choices rest on its ranking alone; `cubic shard collect` then `cubic shard train` fit one "
-                f"for this machine (in {user_data_dir()})")
+        return (f"the cost model's lookup ms are {self.ratio:.2f}x what this machine measures for this plan (outside "
+                f"the {1 / self.tolerance:.2f}-{self.tolerance:.2f}x the check allows): its predicted ms are not this "
+                "machine's; `cubic shard collect` then `cubic shard train` fit one for this machine (in "
+                f"{user_data_dir()})")
 
 
 def compute_check(predicted: PlanCost, measured: PlanCost) -> ComputeCheck | None:
