@@ -213,3 +213,31 @@ def test_a_one_repeat_interval_takes_the_machines_noise_floor_measured_and_store
     days = store_mod.NOISE_FLOOR_MAX_AGE_DAYS + 1
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)
     assert store.noise_floor(fp, now=later) == ({}, f"the noise floor is {days} days old (> 7)")
+
+
+def test_confirm_gives_a_one_run_leader_its_second_process_before_spending_more_on_the_other():
+    """The flake make test met (stop 46): a noisy winner drew every confirm repeat by the error rule
+    while the runner-up stayed at one process, where "separated" can never hold: the whole budget
+    spent for a tie. A leader in one process now gets its second first."""
+    from cubic.codesign.confirm import confirm
+    from cubic.core.stats import estimate
+    from search.strategies import Observation
+
+    class Runs:  # a user's job's evaluate: every process's value per point, kept
+        def __init__(self):
+            self.values = {100: [100.0, 120.0], 97: [97.0]}  # the winner already noisy over 2 processes
+            self.draws = {100: iter([85.0, 118.0, 90.0, 115.0, 88.0, 119.0]), 97: iter([96.0, 97.5, 96.5, 97.2])}
+
+        def estimate(self, point, metric):
+            return estimate(self.values[point["a"]])
+
+        def add_repeat(self, point):
+            self.values[point["a"]].append(next(self.draws[point["a"]]))
+            return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [100, 97]}]})
+    obs = [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": float(a)})) for a in (100, 97)]
+    runs = Runs()
+    out = confirm(runs, space, obs, repeat_budget=3)
+    assert len(runs.values[97]) >= 2 and out["runner_up"]["repeats"] >= 2

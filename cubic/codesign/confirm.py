@@ -22,8 +22,9 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     ``repeat_budget`` extra repeats are spent ("tied within the repeat budget").
 
     Needs an evaluate that keeps repeats (``estimate``/``add_repeat``: :class:`RunnerEvaluate`,
-    a user's job's evaluate); returns None otherwise. Each step adds one repeat to whichever of
-    the two leaders contributes more to the ratio's standard error (sd^2/n), then re-ranks every
+    a user's job's evaluate); returns None otherwise. Each step adds one repeat to a leader measured
+    in one process only (separation needs two each), else to whichever of the two leaders
+    contributes more to the ratio's standard error (sd^2/n), then re-ranks every
     feasible configuration by its pooled estimate (a re-measured leader may fall behind).
     ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives
     the speedup its interval the same way (the baseline gets a second repeat when it has one,
@@ -54,8 +55,12 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
         w, r = order[0], (order[1] if len(order) > 1 else None)
         if r is None or apart(w, r) or spent >= repeat_budget:
             break
-        target = max((w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf,
-                                            -est[k].n))
+        # "separated" needs each leader in >= 2 processes: a leader with one gets its second first (by
+        # the error rule alone a noisy winner drew every repeat, and a one-run runner-up, whose
+        # spread is unknown, could never be separated from it: the whole budget spent for a tie)
+        single = [k for k in (w, r) if est[k].n < 2]
+        target = single[0] if single else max(
+            (w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf, -est[k].n))
         out = ev.add_repeat(points[target])
         spent += 1
         if not out.ok:
