@@ -280,6 +280,7 @@ def table_lower_bound(tables: list[Table], group: int, batch: int, estimator: Es
 
 
 SCALE_TOLERANCE = 1.25  # a model between 0.8x and 1.25x the measured lookup is taken to hold here
+CHECK_REPEATS = 3  # each rank's lookup timed 3 times by a plan's compute check (evaluate's default is 5)
 
 
 @dataclass(frozen=True)

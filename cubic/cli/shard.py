@@ -40,8 +40,6 @@ def _estimator(path: str | None, device: str | None = None):
     return est
 
 
-CHECK_REPEATS = 3  # each rank's lookup timed 3 times at plan time (evaluate's default is 5)
-
 COMM_FLAGS = {"intra_node_bw_gbps": "--intra-node-bw-gbps", "inter_node_bw_gbps": "--inter-node-bw-gbps",
               "intra_node_latency_us": "--intra-node-latency-us", "inter_node_latency_us": "--inter-node-latency-us"}
 
@@ -110,6 +108,8 @@ def cmd_plan(args) -> int:
     check, skipped = None, None
     if getattr(args, "check", None) is not False and topo.device == "cpu" and plan.predicted is not None:
         try:  # the second look: the plan's own ranks measured here, so its modelled ms are checked, not trusted
+            from sharding.estimate import CHECK_REPEATS
+
             plan = plan.model_copy(update={"measured": measure(plan, CHECK_REPEATS, "--check")})
             check = _check_lines(plan)
         except SpecError as e:
