@@ -416,23 +416,29 @@ def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
     assert "values" not in now.user_attrs and now.values is None
 
 
-def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp_path):
-    """The race the slow suite's SIGSTOP once hit: a worker silent past the grace period between
-    taking a trial (the compare-and-set) and writing its claim finds, on waking, the trial told by
-    another worker. It neither crashes nor runs the point: a lost take, and the worker goes on."""
+def _two_workers(tmp_path, name: str):
+    """Workers a (its lost takes recorded) and b on one SQLite campaign with one enqueued point; each
+    run appends its worker to ``ran`` (a's objective 1.0, b's 2.0): (a, b, lost takes, ran)."""
     from cubic.testing import space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     listener, lost = _recording("lost_take")
-
     storage = f"sqlite:///{tmp_path}/c.db"
     sp = space()
     ran: list[str] = []
-    c = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name="silent",
+    a = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name=name,
                  strategy="random", budget=2, storage=storage, worker="a", listener=listener)
-    other = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name="silent",
-                     strategy="random", budget=2, storage=storage, worker="b", resume=True)
-    c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    b = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name=name,
+                 strategy="random", budget=2, storage=storage, worker="b", resume=True)
+    a.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    return a, b, lost, ran
+
+
+def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp_path):
+    """The race the slow suite's SIGSTOP once hit: a worker silent past the grace period between
+    taking a trial (the compare-and-set) and writing its claim finds, on waking, the trial told by
+    another worker. It neither crashes nor runs the point: a lost take, and the worker goes on."""
+    c, other, lost, ran = _two_workers(tmp_path, "silent")
     claim = c._claim
 
     def silent_then_claim(t):  # the grace period passes here: the trial goes back, b runs and tells it
@@ -455,18 +461,8 @@ def test_a_worker_silent_between_its_take_and_its_params_never_claims_the_other_
     both ran and only one told. The take and the claim are now one transaction (take_trial): the
     woken worker finds the attempt is not its own, runs nothing, and the other worker tells."""
     from cubic.codesign.storage import WORKER_ATTR
-    from cubic.testing import space
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    listener, lost = _recording("lost_take")
-    storage = f"sqlite:///{tmp_path}/c.db"
-    sp = space()
-    ran: list[str] = []
-    c = Campaign(sp, lambda p: ran.append("a") or {o.metric: 1.0 for o in sp.objectives}, name="window",
-                 strategy="random", budget=2, storage=storage, worker="a", listener=listener)
-    other = Campaign(sp, lambda p: ran.append("b") or {o.metric: 2.0 for o in sp.objectives}, name="window",
-                     strategy="random", budget=2, storage=storage, worker="b", resume=True)
-    c.study.enqueue_trial(sp.sample(np.random.default_rng(0)))
+    c, other, lost, ran = _two_workers(tmp_path, "window")
     claim, theirs = c._claim, {}
 
     def silent_while_the_other_runs(t):  # the grace period passes here; b takes it and is still running
