@@ -35,16 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from cost_models.comm import CommModel  # noqa: E402
 from cubic.core.spec import SpecError  # noqa: E402
 from cubic.core.stats import mean_interval  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
 from experiments import sharding_benchmark as sb  # noqa: E402
 from experiments._sharding_ground_truth import MinOfRounds, plan_sets  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
-from sharding.estimate import (CHECK_REPEATS, Estimator, LearnedEstimator, MeasuredEstimator,  # noqa: E402
-                               compute_check, plan_cost)
-from sharding.measure import MeasurementCache  # noqa: E402
+from sharding.estimate import (CHECK_REPEATS, Estimator, LearnedEstimator, compute_check,  # noqa: E402
+                               measured_cost)
 from sharding.registry import make_planner  # noqa: E402
 
 NAME = "sharding_rescale"
@@ -83,8 +81,7 @@ def plan_pair(tables, topo, est: Estimator, budget: float) -> dict:
             tables, topo, sb.BATCH)
 
     first = plan(est)
-    probe = plan_cost(first, MeasuredEstimator(MeasurementCache(repeats=CHECK_REPEATS)), CommModel.from_topology(topo))
-    check = compute_check(first.predicted, probe)
+    check = compute_check(first.predicted, measured_cost(first))  # as `shard plan`'s check measures it
     return {"plan": first, "rescaled": plan(ScaledEstimator(est, 1.0 / check.ratio)), "ratio": check.ratio,
             "check_holds": check.holds, "spearman": check.spearman}
 

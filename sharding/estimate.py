@@ -320,6 +320,12 @@ class ComputeCheck:
                 f"{user_data_dir()})")
 
 
+def measured_cost(plan: Plan, repeats: int = CHECK_REPEATS) -> PlanCost:
+    """The plan's cost with each rank's lookup measured on this CPU's kernel (``repeats`` timings
+    each) and communication modelled as its topology says: the measured side of :func:`compute_check`."""
+    return plan_cost(plan, MeasuredEstimator(MeasurementCache(repeats=repeats)), CommModel.from_topology(plan.topology))
+
+
 def compute_check(predicted: PlanCost, measured: PlanCost) -> ComputeCheck | None:
     """Compare a plan's modelled lookup with its measured one, rank by rank (None: nothing measured)."""
     pairs = [(p.compute_ms, m.compute_ms) for p, m in zip(predicted.per_rank, measured.per_rank)

@@ -189,12 +189,11 @@ def measure(plan, repeats: int, source: str):
     """The plan's cost with each rank's lookup measured on this CPU's kernel (communication modelled
     as the plan's topology says), and its lower bound from the device's modelled estimator."""
     from cost_models.comm import CommModel
-    from sharding.estimate import MeasuredEstimator, plan_cost, table_lower_bound
-    from sharding.measure import MeasurementCache
+    from sharding.estimate import measured_cost, table_lower_bound
 
     _check_measurable(plan, source)
     comm = CommModel.from_topology(plan.topology)
-    cost = plan_cost(plan, MeasuredEstimator(MeasurementCache(repeats=repeats)), comm)
+    cost = measured_cost(plan, repeats)
     # the lower bound is a function of the tables and the topology only: the device's modelled
     # estimator (never this plan's noisy measurements, which made it move with the plan)
     lb_est = _estimator(None, plan.topology.device)
