@@ -65,7 +65,8 @@ def test_a_runner_evaluate_reports_ne_at_the_budget_and_the_answer_says_the_rule
                         store=TrialStore(f"sqlite:///{tmp_path}/t.db"))
     ev.budget_examples = equal_budget(space, ev.workload, 4, 1)
     storage = f"sqlite:///{tmp_path}/c.db"
-    c = Campaign(space, ev, name="nb", strategy="random", budget=3, batch_size=3, storage=storage, seed=1)
+    c = Campaign(space, ev, name="nb", strategy="random", budget=3, batch_size=3, storage=storage, seed=1,
+                 context={"workload": "dlrm-small", "runner": {"kind": "local", "steps": 4, "warmup": 1}})
     ev.attach(c)
     c.measure_baseline({"batch_size": 512}, "batch 512")
     c.run()
@@ -76,6 +77,26 @@ def test_a_runner_evaluate_reports_ne_at_the_budget_and_the_answer_says_the_rule
     write_report("nb", storage=storage, out_dir=tmp_path / "rep", store_url=f"sqlite:///{tmp_path}/t.db")
     answer = (tmp_path / "rep" / "answer.md").read_text()
     assert "ne_at_budget (lower is better)" in answer and "equal training budget: 2,560 examples" in answer
+    # the winner (batch 4096) makes 0.625 of an update within 2,560 examples: the answer says so
+    assert "(not comparable: under one update, below)" in answer
+    assert "the winner (batch 4,096) makes 0.62 of one update" in answer and "--steps 79 gives it 10" in answer
+
+
+def test_a_batch_under_one_update_at_the_budget_is_named_with_the_steps_that_fix_it(capsys):
+    from cubic.cli.campaign import _note_budget
+    from cubic.codesign.evaluate import batch_sizes, one_update_caveat
+
+    # make run's campaign: batches 256-4096, 10 steps + 2 warm-up: a budget of 3,072 examples
+    c = one_update_caveat(256 * 12, 4096, 10, 2, "the winner")
+    assert "makes 0.75 of one update" in c and "3,072 examples" in c
+    assert "--steps 158 gives it 10 updates" in c  # 256 x (158 + 2) = 10 x 4096
+    assert one_update_caveat(256 * 12, 2048, 10, 2, "the winner") is None  # one update and a half
+    assert one_update_caveat(None, 4096, 10, 2, "the winner") is None
+    assert batch_sizes(SPACE, DEFAULT_WORKLOADS["dlrm-small"]) == (512, 4096)
+    _note_budget(SPACE, DEFAULT_WORKLOADS["dlrm-small"], 4, 1)  # 2,560 examples < 4096
+    assert capsys.readouterr().err.startswith("cubic: note: the space's largest batch (batch 4,096) makes 0.62")
+    _note_budget(SPACE, DEFAULT_WORKLOADS["dlrm-small"], 78, 2)  # 40,960 examples: 10 updates of 4096
+    assert capsys.readouterr().err == ""
 
 
 def _space():

@@ -213,3 +213,12 @@ def test_timing_is_a_distribution_with_its_contention():
     assert m["examples_per_s_ci_lo"] <= m["examples_per_s"] <= m["examples_per_s_ci_hi"]
     assert m["load_avg_1m_start"] >= 0 and m["load_avg_1m_end"] >= 0
     assert 0 < m["cpu_util"] <= 1.5  # process CPU time per thread per second of wall time
+
+
+def test_a_run_evaluates_at_its_first_updates_and_then_every_fifth():
+    from cubic.runners.local import evaluated_at
+
+    # 60 steps evaluate every 12: before the first, after 1, 2, 4 and 8 steps, where a large batch's
+    # NE at a campaign's equal budget lies (cubic.codesign.evaluate)
+    assert [d for d in range(0, 61) if evaluated_at(d, 12)] == [1, 2, 4, 8, 12, 24, 36, 48, 60]
+    assert [d for d in range(0, 6) if evaluated_at(d, 1)] == [1, 2, 3, 4, 5]

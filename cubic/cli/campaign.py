@@ -120,6 +120,17 @@ def _at_equal_budget(space, kind: str):
     return space.model_copy(update={"constraints": cons})
 
 
+def _note_budget(space, workload, steps: int, warmup: int) -> None:
+    """Before the runs: say so when the space's largest batch makes less than one update within the
+    equal budget NE is compared at (the answer says it again for the winner)."""
+    from cubic.codesign.evaluate import batch_sizes, equal_budget, one_update_caveat
+
+    caveat = one_update_caveat(equal_budget(space, workload, steps, warmup), batch_sizes(space, workload)[1],
+                               steps, warmup, "the space's largest batch")
+    if caveat:
+        print(f"cubic: note: {caveat}", file=sys.stderr)
+
+
 def _base_config(kind: str):
     """What a campaign's runs start from before the space's knobs are set: the simulator's default
     config on a simulated cluster (as `cubic run --simulate`), else cubic's Config()."""
@@ -145,6 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.objective:  # a job's metrics are whatever its command prints
         check_space_fits_runner(space, kind, space_path)
         space = _at_equal_budget(space, kind)
+        if kind == "local":
+            _note_budget(space, workload, args.steps, args.warmup)
     baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
     report_dir = Path(args.report) if args.report else None
     if report_dir is not None and not report_dir.parent.is_dir():
@@ -410,7 +423,9 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
         con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({s.served} served from the trial store{stopped}), "
                   f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
         if s.proxy:
-            con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau {s.proxy.get('cv_tau')})")
+            tau = ", ".join(f"{k} {v:.2f}" if isinstance(v, (int, float)) else f"{k} {v}"
+                            for k, v in (s.proxy.get("cv_tau") or {}).items()) or "not computed yet"
+            con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau: {tau})")
         if s.pruning:
             from cubic.codesign.answer import pruning_note
 

@@ -305,17 +305,22 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.rows.append((m, "–", fmt(wm[m]), ""))
     ne = next((k for k in NE_METRICS if k in wm and (not bm or k in bm)), None) or \
         next((k for k in NE_METRICS if k in wm), None)
+    ne_caveat = None
     if ne == "ne_at_budget":
-        ans.notes.append(f"NE is compared at an equal training budget: {fmt(wm.get('examples_budget'))} examples "
+        ne_caveat = _one_update_caveat(wm, bm, ctx)
+        ans.notes.append(f"NE is compared at an equal training budget: {_examples(wm.get('examples_budget'))} examples "
                          "seen (the space's smallest batch x the run's steps), read from each run's evaluation "
                          "trajectory, so a larger batch is not credited for having seen more examples; shape "
                          "tuning's NE ceiling uses the same rule (a sanity floor stays on each run's end NE)")
+        if ne_caveat:
+            ans.notes.append(ne_caveat)
     elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
         ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
                          "larger batch saw more examples)")
     if ne:
         if ne in bm:
-            ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), _pct(wm[ne], bm[ne])))
+            change = _pct(wm[ne], bm[ne]) + (" (not comparable: under one update, below)" if ne_caveat else "")
+            ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), change))
         else:
             ans.rows.append((f"{ne} (lower is better)", "–", fmt(wm[ne]), ""))
     mem = next((k for k in MEMORY_METRICS if k in wm), None)
@@ -365,6 +370,23 @@ def pruning_note(r: dict[str, Any] | None) -> str | None:
         return (at + ": early values say little of the end here (curves that cross), so a stopped run may have "
                 f"been the winner; run again with {hint} or --prune none")
     return at + f": a partial backing; {hint} would judge on better evidence"
+
+
+def _examples(n: float | None) -> str:
+    return "?" if n is None else f"{int(round(n)):,}"
+
+
+def _one_update_caveat(wm: dict[str, float], bm: dict[str, float], ctx: dict[str, Any]) -> str | None:
+    """The caveat when the larger batch of the winner and the baseline makes less than one update
+    within the equal budget (cubic.codesign.evaluate.one_update_caveat)."""
+    from cubic.codesign.evaluate import one_update_caveat
+
+    r = ctx.get("runner") or {}
+    sides = [(b, who) for b, who in ((wm.get("batch_size"), "the winner"), (bm.get("batch_size"), "the baseline")) if b]
+    if not sides or r.get("steps") is None:
+        return None
+    batch, who = max(sides, key=lambda s: s[0])
+    return one_update_caveat(wm.get("examples_budget"), batch, int(r["steps"]), int(r.get("warmup") or 0), who)
 
 
 def run_command(ctx: dict[str, Any], config_path: str = "winner.yaml") -> str:

@@ -3,6 +3,7 @@ store and served from it (:class:`RunnerEvaluate`)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from cubic.core.result import Result
@@ -48,13 +49,43 @@ def budget_metrics(result: Result, batch_size: int | None, examples: float | Non
     return out if len(out) > 1 else {}
 
 
+def batch_sizes(space: Space, workload) -> tuple[int, int]:
+    """The smallest and largest batch the space can run (the workload's when it has no batch knob)."""
+    p = next((p for p in space.parameters if p.name == "batch_size"), None)
+    if p is None:
+        return int(workload.batch_size), int(workload.batch_size)
+    if p.type == "categorical":
+        sizes = [int(c) for c in p.choices]
+        return min(sizes), max(sizes)
+    return int(p.low), int(p.high)
+
+
 def equal_budget(space: Space, workload, steps: int, warmup: int) -> float:
     """The campaign's training budget in examples: the smallest batch the space can run x the
     steps (warm-up included)."""
-    p = next((p for p in space.parameters if p.name == "batch_size"), None)
-    sizes = [int(c) for c in p.choices] if p is not None and p.type == "categorical" else \
-        ([int(p.low)] if p is not None else [int(workload.batch_size)])
-    return float(min(sizes) * (steps + warmup))
+    return float(batch_sizes(space, workload)[0] * (steps + warmup))
+
+
+# A run whose batch is larger than the budget has not made one update within it: its NE "at the
+# budget" lies between its untrained start and its first update, which says how it starts, not
+# what it learns. The hint asks for enough steps that such a batch makes a few updates within the
+# budget (a rule of thumb, not a measured threshold).
+QUALITY_UPDATES = 10
+
+
+def one_update_caveat(examples: float | None, batch_size: float | None, steps: int, warmup: int,
+                      who: str) -> str | None:
+    """The caveat for ``who`` (batch ``batch_size``) when it makes less than one update within the
+    equal budget of ``examples`` (the smallest batch x ``steps + warmup``), with the ``--steps`` that
+    gives it QUALITY_UPDATES updates there; None when it makes at least one."""
+    if not examples or not batch_size or examples >= batch_size or steps + warmup <= 0:
+        return None
+    smallest = examples / (steps + warmup)
+    need = max(1, math.ceil(QUALITY_UPDATES * batch_size / smallest) - warmup)
+    return (f"{who} (batch {int(batch_size):,}) makes {examples / batch_size:.2f} of one update within the equal "
+            f"budget of {int(round(examples)):,} examples: its NE there lies between its untrained start and "
+            f"its first update, so NE at the budget says how the runs start, not what they learn; --steps {need} "
+            f"gives it {QUALITY_UPDATES} updates within the budget")
 
 
 def _noted(result: Result, default_metrics: dict[str, float] | None = None, **notes: Any) -> Result:

@@ -10,7 +10,8 @@ What one run does (:func:`train_and_measure`, in the child): a :class:`cubic.cor
 every config of a workload is scored on the same eval batch, model seed from ``config.seed`` -- and
 FP8 through :func:`fp8_transform`), evaluated, then ``warmup`` untimed and ``steps`` timed training
 steps on the local device -- CUDA when present and ``device="auto"``, else CPU, the same code
-either way -- evaluating every ``eval_every`` steps and at the end (outside the timed region).
+either way -- evaluating every ``eval_every`` steps, at 1, 2, 4, ... steps before the first of
+those (:func:`evaluated_at`), and at the end (outside the timed region).
 Batches are generated ahead in chunks outside the timed region, so the figures measure training,
 not data generation.
 
@@ -461,6 +462,15 @@ def _session(workload: Workload, config: Config, dev, fault: Fault | None):
     return session, inject
 
 
+def evaluated_at(done: int, every: int) -> bool:
+    """Whether a run evaluates after ``done`` training steps: every ``every`` steps and, before the
+    first of those, after 1, 2, 4, ... steps. A campaign reads a large batch's NE at its equal
+    training budget (cubic.codesign.evaluate), which falls within that batch's first few updates;
+    with evaluations only every fifth of the run it was interpolated from the untrained model across
+    many updates (the early curve is not straight there)."""
+    return done > 0 and (done % every == 0 or (done < every and done & (done - 1) == 0))
+
+
 def _evaluate(session, step: int) -> dict[str, float]:
     return {"step": float(step), **session.evaluate()}
 
@@ -518,7 +528,7 @@ def _train_timed(session, dev, meter: CpuMeter, inject: _Inject, trajectory: lis
                 session.check_losses()
         except NonFiniteLoss as e:
             return _Timings(times, preempted, phase_steps, gen_s, str(e))
-        if done % every == 0 and done < total:
+        if evaluated_at(done, every) and done < total:
             trajectory.append(_evaluate(session, done))
         now = time.monotonic()
         if progress is not None and (now - last_progress >= _PROGRESS_EVERY_S or done == total):
