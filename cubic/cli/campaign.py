@@ -424,7 +424,7 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
                   f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
         if s.proxy:
             tau = ", ".join(f"{k} {v:.2f}" if isinstance(v, (int, float)) else f"{k} {v}"
-                            for k, v in (s.proxy.get("cv_tau") or {}).items()) or "not computed yet"
+                            for k, v in (s.proxy.get("cv_tau") or {}).items()) or "not cross-validated"
             con.print(f"  proxy: {s.proxy.get('family')} (CV Kendall tau: {tau})")
         if s.pruning:
             from cubic.codesign.answer import pruning_note
