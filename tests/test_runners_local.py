@@ -222,3 +222,16 @@ def test_a_run_evaluates_at_its_first_updates_and_then_every_fifth():
     # NE at a campaign's equal budget lies (cubic.codesign.evaluate)
     assert [d for d in range(0, 61) if evaluated_at(d, 12)] == [1, 2, 4, 8, 12, 24, 36, 48, 60]
     assert [d for d in range(0, 6) if evaluated_at(d, 1)] == [1, 2, 3, 4, 5]
+    # an explicit cadence is exact (runner_overhead's 10**9: no evaluation inside the run)
+    assert [d for d in range(0, 61) if evaluated_at(d, 12, early=False)] == [12, 24, 36, 48, 60]
+    assert not any(evaluated_at(d, 10**9, early=False) for d in range(0, 100))
+
+
+
+def test_a_run_in_process_evaluates_where_evaluated_at_says():
+    from cubic.runners.local import train_and_measure
+
+    r = train_and_measure(TINY, Config(seed=1), steps=18, warmup=2, device="cpu")  # every 4 steps
+    assert [p["step"] for p in r.trajectory] == [0, 1, 2, 4, 8, 12, 16, 20]
+    r = train_and_measure(TINY, Config(seed=1), steps=18, warmup=2, device="cpu", eval_every=10)
+    assert [p["step"] for p in r.trajectory] == [0, 10, 20]

@@ -10,8 +10,9 @@ What one run does (:func:`train_and_measure`, in the child): a :class:`cubic.cor
 every config of a workload is scored on the same eval batch, model seed from ``config.seed`` -- and
 FP8 through :func:`fp8_transform`), evaluated, then ``warmup`` untimed and ``steps`` timed training
 steps on the local device -- CUDA when present and ``device="auto"``, else CPU, the same code
-either way -- evaluating every ``eval_every`` steps, at 1, 2, 4, ... steps before the first of
-those (:func:`evaluated_at`), and at the end (outside the timed region).
+either way -- evaluating every ``eval_every`` steps (by default about a fifth of the run, and then
+also at 1, 2, 4, ... steps before the first of those: :func:`evaluated_at`) and at the end (outside
+the timed region).
 Batches are generated ahead in chunks outside the timed region, so the figures measure training,
 not data generation.
 
@@ -126,7 +127,7 @@ class LocalRunner(Runner):
     ``threads`` sets the child's intra-op threads (default: torch's default); ``memory_limit_bytes``
     caps what the run may allocate beyond the child's footprint after importing torch (RLIMIT_AS
     on the address space, so virtual reservations count); ``eval_every`` (training steps) defaults
-    to about five evaluations per run.
+    to about five evaluations per run plus the early ones (:func:`evaluated_at`); set, it is exact.
     """
 
     source = "measured"
@@ -462,13 +463,13 @@ def _session(workload: Workload, config: Config, dev, fault: Fault | None):
     return session, inject
 
 
-def evaluated_at(done: int, every: int) -> bool:
-    """Whether a run evaluates after ``done`` training steps: every ``every`` steps and, before the
-    first of those, after 1, 2, 4, ... steps. A campaign reads a large batch's NE at its equal
-    training budget (cubic.codesign.evaluate), which falls within that batch's first few updates;
-    with evaluations only every fifth of the run it was interpolated from the untrained model across
-    many updates (the early curve is not straight there)."""
-    return done > 0 and (done % every == 0 or (done < every and done & (done - 1) == 0))
+def evaluated_at(done: int, every: int, early: bool = True) -> bool:
+    """Whether a run evaluates after ``done`` training steps: every ``every`` steps and, with
+    ``early`` (the default cadence), before the first of those after 1, 2, 4, ... steps. A campaign
+    reads a large batch's NE at its equal training budget (cubic.codesign.evaluate), which falls
+    within that batch's first few updates; with evaluations only every fifth of the run it was
+    interpolated from the untrained model across many updates (the early curve is not straight)."""
+    return done > 0 and (done % every == 0 or (early and done < every and done & (done - 1) == 0))
 
 
 def _evaluate(session, step: int) -> dict[str, float]:
@@ -476,7 +477,7 @@ def _evaluate(session, step: int) -> dict[str, float]:
 
 
 def _train_timed(session, dev, meter: CpuMeter, inject: _Inject, trajectory: list[dict], *, steps: int,
-                 warmup: int, every: int, progress: ProgressFn | None) -> _Timings:
+                 warmup: int, every: int, early: bool, progress: ProgressFn | None) -> _Timings:
     """``warmup`` untimed and ``steps`` timed training steps (see the module docstring), appending
     the evaluations every ``every`` steps (not the last) to ``trajectory``. Stops at a non-finite loss."""
     import torch
@@ -528,7 +529,7 @@ def _train_timed(session, dev, meter: CpuMeter, inject: _Inject, trajectory: lis
                 session.check_losses()
         except NonFiniteLoss as e:
             return _Timings(times, preempted, phase_steps, gen_s, str(e))
-        if evaluated_at(done, every) and done < total:
+        if evaluated_at(done, every, early) and done < total:
             trajectory.append(_evaluate(session, done))
         now = time.monotonic()
         if progress is not None and (now - last_progress >= _PROGRESS_EVERY_S or done == total):
@@ -579,7 +580,7 @@ def train_and_measure(workload: Workload, config: Config, *, steps: int = 50, wa
     meter = CpuMeter()
     ticks0, own0, ticks_t0 = machine_ticks(), cpu_and_preemptions()[0], time.monotonic()
     run = _train_timed(session, dev, meter, inject, trajectory, steps=steps, warmup=warmup, every=every,
-                       progress=progress)
+                       early=eval_every is None, progress=progress)
     if run.failure is not None:
         return Result.failed("nan", run.failure, trajectory=trajectory, **head)
     others, steal = _others_and_steal(ticks0, own0, ticks_t0)
