@@ -1,6 +1,7 @@
 """Live progress of a campaign: the engine tells a listener, the listener prints one line per run
 (trial, varying knobs, result, measured/served/simulated, the strategy's prediction)."""
 
+import dataclasses
 import io
 
 from cubic.codesign.campaign import Campaign, CampaignListener, RunEvent
@@ -96,3 +97,6 @@ def test_a_line_shows_the_interval_and_the_prediction():
     # constrained values shown with their limit: 7.5 GB > the space's 6 GB
     assert "INFEASIBLE: peak_mem_bytes 6.98 GiB > 5.59 GiB (memory per device)" in line
     assert line.endswith("; measured; predicted examples/s 1,100 by the proxy (gbm, P(feasible) 0.93)")
+    # NE read at the campaign's equal budget says at how many examples
+    at = ev.model_copy(update={"metrics": {**ev.metrics, "ne_at_budget": 1.8796, "examples_budget": 3072.0}})
+    assert "NE 1.8796 at 3,072 examples" in format_run(dataclasses.replace(e, evaluation=at), sp)
