@@ -8,7 +8,6 @@ from cubic.codesign.campaign import Campaign, CampaignListener, RunEvent
 from cubic.codesign.evaluate import RunnerEvaluate
 from cubic.core.result import Result
 from cubic.codesign.progress import ProgressLines, format_run
-from cubic.core.result import Result
 from cubic.core.store import TrialStore
 from cubic.testing import FastRunner, space, toy_workload
 
