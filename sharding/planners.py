@@ -526,8 +526,20 @@ class _Placement:
         return ranks
 
 
+def budget_note(seconds: float) -> str:
+    """What a plan whose search ran into its time budget says (its notes, the CLI's warning)."""
+    return (f"the search reached its time budget ({seconds:g} s): a slower or busier machine may return "
+            "another plan (--time-budget 0 plans without one, reproducibly)")
+
+
 class CubicPlanner(Planner):
-    """Learned-cost search: greedy grid placement + beam search over splits + refinement."""
+    """Learned-cost search: greedy grid placement + beam search over splits + refinement.
+
+    The search stops at its own limits (``max_rounds`` of beam search, ``kicks`` without gain) or at
+    ``time_budget_s``, whichever comes first; ``time_budget_s=0`` (or None) sets no time limit, so the
+    same inputs give the same plan on any machine. ``budget_reached_`` (set by :meth:`plan`) says
+    whether the search ran into its time budget: then a slower or busier machine may return
+    another plan, and the plan's notes say so."""
 
     name = "cubic"
 
@@ -575,7 +587,9 @@ class CubicPlanner(Planner):
         t0 = time.perf_counter()
         est = self.estimator or LearnedEstimator()
         ctx = planner_context(tables, topology, batch_size, group_size, est, self.target)
-        deadline = t0 + self.time_budget_s
+        budget = self.time_budget_s or math.inf
+        deadline = t0 + budget
+        self.budget_reached_ = False
         if not est.can_predict():
             raise SpecError(f"the cubic planner scores plans with Estimator.predict, which {type(est).__name__} "
                             "does not provide (pass a modelled estimator)", field="estimator")
@@ -590,16 +604,21 @@ class CubicPlanner(Planner):
         best, beam, rounds = self._beam_search(ctx, model, start, deadline)
         if not math.isfinite(best[0]):
             raise PlanDoesNotFit("no placement fits the memory limit", field="memory_per_rank_gb")
-        end = deadline + 0.25 * self.time_budget_s
+        end = deadline + 0.25 * budget
         first = f"{won}'s placement" if won and best[1] is sp0 else "the search's placement"
         pl, ranks, score, splits, origin = self._refine_starts(best, beam, pl0, sp0, heur_ranks, first, end)
         ranks, score, kicks, kept = self._iterated_local_search(ctx, pl, ranks, score, end)
+        # every stage checks the clock: one that ended past the deadline may have been cut by it
+        self.budget_reached_ = time.perf_counter() >= deadline
         n_split = {k: sum(1 for v in splits.values() if v[0] == k)
                    for k in ("column_wise", "row_wise", "table_row_wise", "data_parallel")}
         notes = f"target {ctx.target}; search rounds {rounds}; splits {n_split}; predicted max {score:.3f} ms"
         notes += f"; local search from {origin}, {kicks} kicks ({kept} kept)"
-        plan = to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes)
-        return self._portfolio_guard(ctx, plan, pl0, heur_ranks, t0)
+        plan = self._portfolio_guard(ctx, to_plan(ctx, self.name, pl.units, ranks, pl.dp, t0, notes), pl0,
+                                     heur_ranks, t0)
+        if self.budget_reached_:
+            plan = plan.model_copy(update={"notes": f"{plan.notes}; {budget_note(self.time_budget_s)}"})
+        return plan
 
     def _evaluate(self, ctx: Context, model, splits: dict, deadline: float) -> tuple:
         """A split decision's candidate (score, splits, placement, ranks, rank costs)."""

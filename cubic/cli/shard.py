@@ -97,10 +97,16 @@ def cmd_plan(args) -> int:
     memory_gb = args.memory_gib * GIB / GB if args.memory_gib is not None else args.memory_gb
     topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
     batch = args.batch_size or (wl.batch_size if wl else 512)
+    if args.time_budget < 0:
+        raise SpecError(f"must be >= 0 seconds (0: no time limit), got {args.time_budget:g}", field="--time-budget")
     kw = {"time_budget_s": args.time_budget} if args.planner == "cubic" else {}
     est = _estimator(args.model, topo.device)
     planner = make_planner(args.planner, seed=args.seed, estimator=est, target=args.target, **kw)
     plan = planner.plan(tables, topo, batch, args.group_size)
+    if getattr(planner, "budget_reached_", False):
+        from sharding.planners import budget_note
+
+        print(f"warning: {budget_note(args.time_budget)}", file=sys.stderr)
     if args.hbm_gb is not None:
         plan = _with_tiers(plan, args.hbm_gb)
     if getattr(est, "warning", None):
@@ -379,7 +385,9 @@ def register(subparsers) -> None:
                     help="torchrec (default): only shard shapes TorchRec executes as planned (`shard export`); "
                          "any: cubic's free row splits too (cost studies only)")
     pl.add_argument("--model", default=None, help="cost model JSON (default: the shipped one)")
-    pl.add_argument("--time-budget", type=float, default=3.0, help="cubic search budget, seconds")
+    pl.add_argument("--time-budget", type=float, default=3.0,
+                    help="cubic search budget, seconds (0: none, the search's own limits only: the same inputs "
+                         "give the same plan on any machine)")
     pl.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                     help="on cpu (default there): measure each rank's lookup of the plan on this machine and say "
                          "how far the cost model's ms are from it; --no-check skips it")
