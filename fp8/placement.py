@@ -138,6 +138,9 @@ class SitePlacement(Frozen):
                                         description="Mods applied, in order, before the site's FP8 conversion")
     mods_probe: SiteModsProbe | None = None
     reason: str | None = None
+    fast_from_batch: int | None = Field(default=None, ge=1, description=(
+        "a safe site predicted slow: the smallest power-of-two batch (up to 131,072) at which its verdict "
+        "recipe is predicted fast on the target device (MODELLED, fp8.recommend.fast_from_batch)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> "SitePlacement":

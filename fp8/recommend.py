@@ -223,6 +223,26 @@ class _SiteRules:
     dispatcher: Dispatcher
 
 
+# how far up "fast from which batch" looks (powers of two above the batch the speedups are for)
+FAST_FROM_MAX_BATCH = 1 << 17
+
+
+def fast_from_batch(s: dict, recipe: str, rules: _SiteRules) -> int | None:
+    """The smallest power-of-two batch above the one the site's speedups are for (``--target-batch``,
+    else the probe's), up to FAST_FROM_MAX_BATCH, at which ``recipe`` is predicted fast at this site
+    by the same block model (MODELLED); None when it is at none. What a user whose safe sites are
+    all too small to pay asks next: at what batch would they?"""
+    m = s["m"] or rules.batch
+    b = 1 << max(1, rules.target_batch or rules.batch).bit_length()
+    while b <= FAST_FROM_MAX_BATCH:
+        m_b = max(1, round(m * b / rules.batch))
+        if block_speedup(m_b, s["k"], s["n"], recipe, norm_before=s["norm_before"], act_after=s["act_after"],
+                         device=rules.target)["speedup"] > rules.fast_threshold:
+            return b
+        b *= 2
+    return None
+
+
 def _place_site(name: str, s: dict, rules: _SiteRules, modded: dict | None, wanted: list[dict],
                 end: str | None) -> dict:
     """One site's entry of the placement: the recipe that meets the bar with the best predicted
@@ -293,6 +313,8 @@ def _place_site(name: str, s: dict, rules: _SiteRules, modded: dict | None, want
         "applied_mods": applied,
         "mods_probe": mods_probe_doc,
         "reason": reason,
+        "fast_from_batch": (fast_from_batch(s, dec["verdict_recipe"], r)
+                            if dec["safe"] and not dec["fast"] and dec["verdict_recipe"] and end is None else None),
     }
 
 

@@ -449,3 +449,27 @@ def test_recommend_refuses_an_unknown_target_device_before_probing(monkeypatch):
     monkeypatch.setattr(rec, "probe_workload", probed)
     with pytest.raises(SpecError, match="unknown device"):
         rec.recommend(load_workload("dlrm-small"), None, target_device="h1000")
+
+
+def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_batch_bears_it_out():
+    from cubic.cli.fp8 import slow_sites_line
+    from fp8.recommend import recommend
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4))
+    probe = Probe(model, ("bf16", "rowwise"), min_batches=3, max_batches=3, ci_halfwidth_db=50.0).run(_sgd_steps(model))
+    disp = Dispatcher({k: KERNELS[k] for k in ("fp32", "emulated_rowwise")}, repeats=1)
+    p = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp)  # h100, batch 64: every site slow
+    assert p.module_filter == [] and all(s.safe and not s.fast for s in p.sites.values())
+    b = p.sites["2"].fast_from_batch  # 4096 x 4096: FP8 pays from some batch (MODELLED)
+    assert b is not None and b > 64 and (b & (b - 1)) == 0
+    # the first and last layers (K or N of 4 and 16) pay at no batch under the model
+    assert p.sites["0"].fast_from_batch is None and p.sites["4"].fast_from_batch is None
+    line = slow_sites_line(p, "h100", 64)
+    assert line.startswith("3 safe site(s) predicted slower in FP8 on h100 at batch 64")
+    assert f"2 from {b:,}" in line and "2 at no batch up to 131,072" in line
+    # the second look: planned at that batch the site is fast and placed; at half of it, not
+    at_b = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp, target_batch=b)
+    below = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp, target_batch=b // 2)
+    assert at_b.sites["2"].fast and at_b.module_filter == ["2"]
+    assert not below.sites["2"].fast and below.module_filter == []

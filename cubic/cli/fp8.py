@@ -91,6 +91,9 @@ def cmd_probe(args) -> int:
                 rows)
     counts = {v: sum(1 for s in placement.sites.values() if s.verdict == v) for v in ("safe", "inconclusive", "unsafe")}
     print("verdicts (each site alone, its recipe shown): " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    slow = slow_sites_line(placement, args.target, batch)
+    if slow:
+        print(slow)
     combined = (f"; combined SQNR lower bound {placement.model_sqnr_db:.1f} dB (modelled: noise powers add)"
                 if placement.model_sqnr_db is not None else "")
     if placement.model_ne_rel is not None:
@@ -99,6 +102,26 @@ def cmd_probe(args) -> int:
                      f"{100 * c['ci_high']:+.4f}%] (measured, forward only)")
     print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
     return 0
+
+
+def slow_sites_line(placement, target: str, batch: int | None) -> str | None:
+    """The safe sites predicted slow at the placement's batch, and the batch at which each would be
+    predicted fast (SitePlacement.fast_from_batch, MODELLED); None when there are none."""
+    from fp8.recommend import FAST_FROM_MAX_BATCH
+
+    slow = {n: s for n, s in placement.sites.items() if s.safe and not s.fast and s.verdict_recipe
+            and not (s.reason or "").startswith("keep_first_last")}
+    if not slow:
+        return None
+    later = sorted(((s.fast_from_batch, n) for n, s in slow.items() if s.fast_from_batch), key=lambda x: (x[0], x[1]))
+    head = f"{len(slow)} safe site(s) predicted slower in FP8 on {target}" + (f" at batch {batch:,}" if batch else "")
+    never = f"at no batch up to {FAST_FROM_MAX_BATCH:,} (under the model their K x N, not the batch, keeps FP8 from paying)"
+    if not later:
+        return head + f"; none is predicted faster {never} (MODELLED)"
+    shown = ", ".join(f"{n} from {b:,}" for b, n in later[:6]) + (f", ... ({len(later) - 6} more)" if len(later) > 6 else "")
+    rest = len(slow) - len(later)
+    return (head + f"; predicted faster at a larger --target-batch (MODELLED, its recipe): {shown}"
+            + (f"; {rest} {never}" if rest else ""))
 
 
 def cmd_model(args) -> int:
