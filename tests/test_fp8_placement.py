@@ -468,6 +468,8 @@ def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_ba
     line = slow_sites_line(p, "h100", 64)
     assert line.startswith("3 safe site(s) predicted slower in FP8 on h100 at batch 64")
     assert f"2 from {b:,}" in line and "2 at no batch up to 131,072" in line
+    never = p.model_copy(update={"sites": {n: s.model_copy(update={"fast_from_batch": None}) for n, s in p.sites.items()}})
+    assert "; none is predicted faster at any batch up to 131,072" in slow_sites_line(never, "h100", 64)
     # the second look: planned at that batch the site is fast and placed; at half of it, not
     at_b = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp, target_batch=b)
     below = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp, target_batch=b // 2)
