@@ -717,7 +717,9 @@ def _print_summary(results: dict) -> None:
               + f"; cubic/tpe = {s['cubic_over_tpe_runs']:.2f}"
               + (f"; held-out tau {np.mean(taus):.3f}" if taus else ""))
     for what, t in results["targets"].items():
-        print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+        # a target with nothing measured (an early-stop seed set that never reached the quality) says so
+        shown = "none" if t["measured"] is None else f"{t['measured']:.3g}"
+        print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {shown}")
 
 
 def main() -> None:

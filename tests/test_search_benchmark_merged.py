@@ -315,3 +315,15 @@ def test_public_targets_wait_for_every_method_on_every_problem():
     assert got and all(k.startswith("public:") for k in got)
     check_targets(got)
     assert merged_targets({"tune": {"problems": {}}}, "tune") == {}
+
+
+def test_the_closing_summary_prints_a_target_with_nothing_measured(capsys):
+    # a stored early-stop target whose seeds never reached the quality has measured None: the full
+    # run's last lines crashed on it after writing its JSON (stop 47)
+    from experiments.search_benchmark import _print_summary
+
+    _print_summary({"spaces": {}, "targets": {
+        "never reached": {"measured": None, "target": 0.3, "met": False},
+        "reached": {"measured": 0.442, "target": 0.3, "met": True}}})
+    out = capsys.readouterr().out
+    assert "target MISSED: never reached: measured none" in out and "target MET: reached: measured 0.442" in out
