@@ -314,7 +314,7 @@ def _place_site(name: str, s: dict, rules: _SiteRules, modded: dict | None, want
         "mods_probe": mods_probe_doc,
         "reason": reason,
         "fast_from_batch": (fast_from_batch(s, dec["verdict_recipe"], r)
-                            if dec["safe"] and not dec["fast"] and dec["verdict_recipe"] and end is None else None),
+                            if dec["safe"] and not dec["fast"] and dec["verdict_recipe"] else None),
     }
 
 
