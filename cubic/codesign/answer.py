@@ -307,8 +307,10 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         next((k for k in NE_METRICS if k in wm), None)
     ne_caveat = None
     if ne == "ne_at_budget":
+        from cubic.codesign.evaluate import examples_text
+
         ne_caveat = _one_update_caveat(wm, bm, ctx)
-        ans.notes.append(f"NE is compared at an equal training budget: {_examples(wm.get('examples_budget'))} examples "
+        ans.notes.append(f"NE is compared at an equal training budget: {examples_text(wm.get('examples_budget'))} examples "
                          "seen (the space's smallest batch x the run's steps), read from each run's evaluation "
                          "trajectory, so a larger batch is not credited for having seen more examples; shape "
                          "tuning's NE ceiling uses the same rule (a sanity floor stays on each run's end NE)")
@@ -370,10 +372,6 @@ def pruning_note(r: dict[str, Any] | None) -> str | None:
         return (at + ": early values say little of the end here (curves that cross), so a stopped run may have "
                 f"been the winner; run again with {hint} or --prune none")
     return at + f": a partial backing; {hint} would judge on better evidence"
-
-
-def _examples(n: float | None) -> str:
-    return "?" if n is None else f"{int(round(n)):,}"
 
 
 def _one_update_caveat(wm: dict[str, float], bm: dict[str, float], ctx: dict[str, Any]) -> str | None:

@@ -66,6 +66,11 @@ def equal_budget(space: Space, workload, steps: int, warmup: int) -> float:
     return float(batch_sizes(space, workload)[0] * (steps + warmup))
 
 
+def examples_text(n: float | None) -> str:
+    """A count of examples as printed (the budget, where an NE was read): a whole number."""
+    return "?" if n is None else f"{int(round(n)):,}"
+
+
 # A run whose batch is larger than the budget has not made one update within it: its NE "at the
 # budget" lies between its untrained start and its first update, which says how it starts, not
 # what it learns. The hint asks for enough steps that such a batch makes a few updates within the
@@ -83,7 +88,7 @@ def one_update_caveat(examples: float | None, batch_size: float | None, steps: i
     smallest = examples / (steps + warmup)
     need = max(1, math.ceil(QUALITY_UPDATES * batch_size / smallest) - warmup)
     return (f"{who} (batch {int(batch_size):,}) makes {examples / batch_size:.2f} of one update within the equal "
-            f"budget of {int(round(examples)):,} examples: its NE there lies between its untrained start and "
+            f"budget of {examples_text(examples)} examples: its NE there lies between its untrained start and "
             f"its first update, so NE at the budget says how the runs start, not what they learn; --steps {need} "
             f"gives it {QUALITY_UPDATES} updates within the budget")
 

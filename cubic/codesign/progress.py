@@ -87,8 +87,10 @@ def format_result(ev: Result, space: Space, violation: float = 0.0) -> str:
     parts = [p for p in (shown,) if p]
     ne = first_metric(m, NE_METRICS)
     if ne is not None and primary not in NE_METRICS:
+        from cubic.codesign.evaluate import examples_text
+
         at = m.get("examples_budget") if "ne_at_budget" in m else None
-        parts.append(f"NE {ne:.4f}" + (f" at {int(round(at)):,} examples" if at else ""))
+        parts.append(f"NE {ne:.4f}" + (f" at {examples_text(at)} examples" if at else ""))
     mem = first_metric(m, MEMORY_METRICS)
     if mem is not None:
         parts.append(f"peak memory {fmt_gib(mem)}")
