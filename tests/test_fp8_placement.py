@@ -466,7 +466,7 @@ def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_ba
     # the first and last layers (K or N of 4 and 16) pay at no batch under the model
     assert p.sites["0"].fast_from_batch is None and p.sites["4"].fast_from_batch is None
     line = slow_sites_line(p, "h100", 64)
-    assert line.startswith("3 safe site(s) predicted slower in FP8 on h100 at batch 64")
+    assert line.startswith("safe but slow: 3 site(s) predicted slower in FP8 on h100 at batch 64")
     assert f"2 from {b:,}" in line and "2 at no batch up to 131,072" in line
     never = p.model_copy(update={"sites": {n: s.model_copy(update={"fast_from_batch": None}) for n, s in p.sites.items()}})
     assert "; none is predicted faster at any batch up to 131,072" in slow_sites_line(never, "h100", 64)

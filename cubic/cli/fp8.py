@@ -113,11 +113,13 @@ def slow_sites_line(placement, target: str, batch: int | None) -> str | None:
     if not slow:
         return None
     later = sorted(((s.fast_from_batch, n) for n, s in slow.items() if s.fast_from_batch), key=lambda x: (x[0], x[1]))
-    head = f"{len(slow)} safe site(s) predicted slower in FP8 on {target}" + (f" at batch {batch:,}" if batch else "")
+    # a word first: under the table, a line that starts with a number reads as a site's row
+    head = (f"safe but slow: {len(slow)} site(s) predicted slower in FP8 on {target}"
+            + (f" at batch {batch:,}" if batch else ""))
     tail = f"batch up to {FAST_FROM_MAX_BATCH:,} (under the model their K x N, not the batch, keeps FP8 from paying)"
     if not later:
         return head + f"; none is predicted faster at any {tail} (MODELLED)"
-    shown = ", ".join(f"{n} from {b:,}" for b, n in later[:6]) + (f", ... ({len(later) - 6} more)" if len(later) > 6 else "")
+    shown = ", ".join(f"{n} from {b:,}" for b, n in later[:6]) + (f" and {len(later) - 6} more" if len(later) > 6 else "")
     rest = len(slow) - len(later)
     return (head + f"; predicted faster at a larger --target-batch (MODELLED, its recipe): {shown}"
             + (f"; {rest} at no {tail}" if rest else ""))
