@@ -320,10 +320,12 @@ class ComputeCheck:
                 f"{user_data_dir()})")
 
 
-def measured_cost(plan: Plan, repeats: int = CHECK_REPEATS) -> PlanCost:
+def measured_cost(plan: Plan, repeats: int = CHECK_REPEATS, comm: CommModel | None = None) -> PlanCost:
     """The plan's cost with each rank's lookup measured on this CPU's kernel (``repeats`` timings
-    each) and communication modelled as its topology says: the measured side of :func:`compute_check`."""
-    return plan_cost(plan, MeasuredEstimator(MeasurementCache(repeats=repeats)), CommModel.from_topology(plan.topology))
+    each) and communication modelled as its topology says (``comm``, when the caller has built it
+    already): the measured side of :func:`compute_check`."""
+    return plan_cost(plan, MeasuredEstimator(MeasurementCache(repeats=repeats)),
+                     comm or CommModel.from_topology(plan.topology))
 
 
 def compute_check(predicted: PlanCost, measured: PlanCost) -> ComputeCheck | None:

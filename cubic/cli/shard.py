@@ -199,7 +199,7 @@ def measure(plan, repeats: int, source: str):
 
     _check_measurable(plan, source)
     comm = CommModel.from_topology(plan.topology)
-    cost = measured_cost(plan, repeats)
+    cost = measured_cost(plan, repeats, comm)  # one comm model (a calibration file read once) for both
     # the lower bound is a function of the tables and the topology only: the device's modelled
     # estimator (never this plan's noisy measurements, which made it move with the plan)
     lb_est = _estimator(None, plan.topology.device)
