@@ -112,6 +112,13 @@ class SiteModsProbe(Frozen):
     chosen: bool = False
 
 
+def safe_but_slow(safe: bool, fast: bool, verdict_recipe: str | None) -> bool:
+    """The one rule for a site that FP8 would not hurt but would not speed up at the placement's batch:
+    safe under the recipe its verdict used, not predicted fast. Such a site is told from which batch it
+    would pay (fast_from_batch) and is listed under the probe table."""
+    return bool(safe and not fast and verdict_recipe)
+
+
 class SitePlacement(Frozen):
     m: int = Field(ge=0, description="M (rows of the flattened input) as probed")
     m_target: int | None = Field(default=None, ge=1, description="M at the placement's target batch "
@@ -141,6 +148,11 @@ class SitePlacement(Frozen):
     fast_from_batch: int | None = Field(default=None, ge=1, description=(
         "a safe site predicted slow: the smallest power-of-two batch (up to 131,072) at which its verdict "
         "recipe is predicted fast on the target device (MODELLED, fp8.recommend.fast_from_batch)"))
+
+    @property
+    def safe_but_slow(self) -> bool:
+        """Safe under its verdict recipe but predicted slower in FP8 (see :func:`safe_but_slow`)."""
+        return safe_but_slow(self.safe, self.fast, self.verdict_recipe)
 
     @model_validator(mode="after")
     def _consistent(self) -> "SitePlacement":

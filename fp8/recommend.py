@@ -14,7 +14,7 @@ from cubic.core.spec import SpecError, Workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
 from fp8.mods import cuda_fp8_shape_problem, site_mods, suggest_mods
-from fp8.placement import Placement, combined_sqnr_db, decide_site, noise_power, parse_placement, sqnr_of
+from fp8.placement import Placement, combined_sqnr_db, decide_site, noise_power, parse_placement, safe_but_slow, sqnr_of
 from fp8.probe import Probe
 from fp8.recipes import ALL_RECIPES, FP8_RECIPES
 
@@ -314,7 +314,7 @@ def _place_site(name: str, s: dict, rules: _SiteRules, modded: dict | None, want
         "mods_probe": mods_probe_doc,
         "reason": reason,
         "fast_from_batch": (fast_from_batch(s, dec["verdict_recipe"], r)
-                            if dec["safe"] and not dec["fast"] and dec["verdict_recipe"] else None),
+                            if safe_but_slow(dec["safe"], dec["fast"], dec["verdict_recipe"]) else None),
     }
 
 

@@ -461,6 +461,7 @@ def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_ba
     disp = Dispatcher({k: KERNELS[k] for k in ("fp32", "emulated_rowwise")}, repeats=1)
     p = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp)  # h100, batch 64: every site slow
     assert p.module_filter == [] and all(s.safe and not s.fast for s in p.sites.values())
+    assert all(s.safe_but_slow for s in p.sites.values())  # the one rule the table line and the batch use
     b = p.sites["2"].fast_from_batch  # 4096 x 4096: FP8 pays from some batch (MODELLED)
     assert b is not None and b > 64 and (b & (b - 1)) == 0
     # the first and last layers (K or N of 4 and 16) pay at no batch under the model
@@ -475,3 +476,4 @@ def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_ba
     below = recommend(None, 10.0, probe=probe, label="toy", dispatcher=disp, target_batch=b // 2)
     assert at_b.sites["2"].fast and at_b.module_filter == ["2"]
     assert not below.sites["2"].fast and below.module_filter == []
+    assert not at_b.sites["2"].safe_but_slow and at_b.sites["2"].fast_from_batch is None

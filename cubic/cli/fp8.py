@@ -109,7 +109,7 @@ def slow_sites_line(placement, target: str, batch: int | None) -> str | None:
     predicted fast (SitePlacement.fast_from_batch, MODELLED); None when there are none."""
     from fp8.recommend import FAST_FROM_MAX_BATCH
 
-    slow = {n: s for n, s in placement.sites.items() if s.safe and not s.fast and s.verdict_recipe}
+    slow = {n: s for n, s in placement.sites.items() if s.safe_but_slow}
     if not slow:
         return None
     later = sorted(((s.fast_from_batch, n) for n, s in slow.items() if s.fast_from_batch), key=lambda x: (x[0], x[1]))
