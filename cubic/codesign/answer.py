@@ -241,21 +241,52 @@ def _interval(metric: str, direction: str, win: dict[str, float], base: dict[str
 def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, importance: dict[str, float] | None = None,
                     winner_doc: dict[str, Any] | None = None, source: str = "measured") -> Answer:
     ctx = meta.get("context", {})
-    m, direction = space.primary.metric, space.primary.direction
-    ans = Answer(campaign=meta.get("name", ""), metric=m, direction=direction, source=source, runs=len(trials))
+    m = space.primary.metric
+    ans = Answer(campaign=meta.get("name", ""), metric=m, direction=space.primary.direction, source=source,
+                 runs=len(trials))
     best = feasible_best(space, trials, ctx)
     base = _baseline(space, study, trials, ctx)
     ans.baseline = base
     if best is None:
-        kinds: dict[str, int] = {}
-        for t in trials:
-            k = t.user_attrs.get("failure_kind") or ("infeasible" if t.user_attrs.get("ok") else "failed")
-            kinds[k] = kinds.get(k, 0) + 1
-        ans.notes.append("runs by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        ans.notes.append(_outcomes(trials))
         return ans
+    best, wm = _winner(ans, space, study, trials, best, winner_doc, ctx)
+    bm = _speedup(ans, space, base, wm, ctx)
+    _quality_rows(ans, wm, bm, ctx)
+    mem = next((k for k in MEMORY_METRICS if k in wm), None)
+    if mem:
+        b = bm.get(mem)
+        ans.rows.append((f"peak memory (GiB, {mem})", "–" if b is None else fmt(b / GIB), fmt(wm[mem] / GIB),
+                         "" if b is None else _pct(wm[mem], b)))
+    # completed runs: a PRUNED trial has values too (Optuna gives it its last report)
+    _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(t.state.name == "COMPLETE" for t in trials))
+    if ctx.get("workload") and ans.config is not None:
+        ans.run_command = run_command(ctx)
+    from search.curves import early_ranking
+
+    pruning = pruning_note(early_ranking(space, [trial_observation(t, ctx) for t in trials]))
+    if pruning:
+        ans.notes.append(pruning)
+    return ans
+
+
+def _outcomes(trials) -> str:
+    """Without a feasible winner: how the runs ended, by kind."""
+    kinds: dict[str, int] = {}
+    for t in trials:
+        k = t.user_attrs.get("failure_kind") or ("infeasible" if t.user_attrs.get("ok") else "failed")
+        kinds[k] = kinds.get(k, 0) + 1
+    return "runs by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+
+
+def _winner(ans: Answer, space: Space, study, trials, best, winner_doc: dict[str, Any] | None,
+            ctx: dict[str, Any]) -> tuple[Any, dict[str, float]]:
+    """The winning trial and its metrics into ``ans`` (the confirm step's winner and interval when it
+    ran: it re-ranked on re-measured estimates), with its runnable config or job command."""
+    m = space.primary.metric
     confirm = study.user_attrs.get("confirm") if study is not None else None
     ans.confirm = confirm if confirm and confirm.get("winner") else None
-    if ans.confirm:  # the confirm step re-ranked on re-measured estimates: its winner is the answer's
+    if ans.confirm:
         key = space.key(confirm["winner"]["point"])
         best = next((t for t in trials if space.key(dict(t.params)) == key), best)
     wm = dict(best.user_attrs.get("metrics") or {})
@@ -272,6 +303,15 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         from cubic.runners.command import render
 
         ans.command = render(job["objective"], dict(best.params), job.get("launcher"), job.get("nproc", 1))
+    return best, wm
+
+
+def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[str, float],
+             ctx: dict[str, Any]) -> dict[str, float]:
+    """The primary metric's row: the winner against the baseline, with the confirm step's
+    between-process interval, else a conservative one from the two runs' intervals; the baseline is
+    kept when the evidence does not show the winner better. Returns the baseline's metrics."""
+    m, direction = space.primary.metric, space.primary.direction
     if base is None:
         ans.notes.append("no baseline was measured (campaign run measures one unless it is given "
                          "--no-baseline), so no speedup is shown")
@@ -279,7 +319,8 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.notes.append(f"the baseline run failed ({base.get('failure_kind')}: {base.get('reason')}), so no "
                          "speedup is shown")
     bm = dict(base.get("metrics") or {}) if base and base.get("ok") else {}
-    sp = (ans.confirm or {}).get("speedup")
+    confirm = ans.confirm or {}
+    sp = confirm.get("speedup")
     if sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
         bm[m] = sp["baseline_value"]
         ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
@@ -303,6 +344,12 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         ans.rows.append((m, fmt(bm[m]), fmt(wm[m]), f"{fmt(ans.ratio)}× {'better' if ans.ratio >= 1 else 'worse'}"))
     elif wm.get(m) is not None:
         ans.rows.append((m, "–", fmt(wm[m]), ""))
+    return bm
+
+
+def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: dict[str, Any]) -> None:
+    """The NE row: at the equal training budget where the runs have it (with the one-update caveat),
+    else at the end, saying when equal steps are not an equal budget."""
     ne = next((k for k in NE_METRICS if k in wm and (not bm or k in bm)), None) or \
         next((k for k in NE_METRICS if k in wm), None)
     ne_caveat = None
@@ -325,21 +372,6 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
             ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), change))
         else:
             ans.rows.append((f"{ne} (lower is better)", "–", fmt(wm[ne]), ""))
-    mem = next((k for k in MEMORY_METRICS if k in wm), None)
-    if mem:
-        b = bm.get(mem)
-        ans.rows.append((f"peak memory (GiB, {mem})", "–" if b is None else fmt(b / GIB), fmt(wm[mem] / GIB),
-                         "" if b is None else _pct(wm[mem], b)))
-    # completed runs: a PRUNED trial has values too (Optuna gives it its last report)
-    _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(t.state.name == "COMPLETE" for t in trials))
-    if ctx.get("workload") and ans.config is not None:
-        ans.run_command = run_command(ctx)
-    from search.curves import early_ranking
-
-    pruning = pruning_note(early_ranking(space, [trial_observation(t, ctx) for t in trials]))
-    if pruning:
-        ans.notes.append(pruning)
-    return ans
 
 
 # the pruning note's opening and its words when the completed curves back the pruner: one record, which
