@@ -102,6 +102,19 @@ def _noted(result: Result, default_metrics: dict[str, float] | None = None, **no
     return result.model_copy(update={"metrics": metrics, "extra": {**result.extra, **notes}})
 
 
+def attach_campaign(store, campaign: "Campaign", workload: str) -> None:
+    """The campaign's row in ``store`` (none: nothing), created once so trials can carry its id; a
+    replaced campaign of the same name takes its new settings, not the old ones."""
+    if store is None:
+        return
+    spec = campaign.study.user_attrs.get(META_KEY, {})
+    row = store.get_campaign(campaign.name)
+    if row is None:
+        store.create_campaign(campaign.name, spec=spec, workload=workload)
+    elif row.spec != spec:
+        store.update_campaign(campaign.name, spec=spec, workload=workload, status="running")
+
+
 class RunnerEvaluate:
     """cubic's evaluate: point -> Config -> runs on ``runner`` (local, Ray, simulated) -> metrics.
 
@@ -137,14 +150,7 @@ class RunnerEvaluate:
     def attach(self, campaign: "Campaign") -> None:
         """Create the campaign's row in the trial store (once) so trials can carry its id."""
         self.campaign = campaign.name
-        if self.store is None:
-            return
-        spec = campaign.study.user_attrs.get(META_KEY, {})
-        row = self.store.get_campaign(campaign.name)
-        if row is None:
-            self.store.create_campaign(campaign.name, spec=spec, workload=self.workload.name)
-        elif row.spec != spec:  # a replaced campaign of the same name: its settings, not the old ones
-            self.store.update_campaign(campaign.name, spec=spec, workload=self.workload.name, status="running")
+        attach_campaign(self.store, campaign, self.workload.name)
 
     # ---- keys and what is stored ----------------------------------------------------------------
     def _fingerprint(self) -> str | None:
@@ -326,14 +332,7 @@ class JobEvaluate:
     def attach(self, campaign: "Campaign") -> None:
         """The campaign's row in the trial store (once), as :meth:`RunnerEvaluate.attach`."""
         self.campaign = campaign.name
-        if self.store is None:
-            return
-        spec = campaign.study.user_attrs.get(META_KEY, {})
-        row = self.store.get_campaign(campaign.name)
-        if row is None:
-            self.store.create_campaign(campaign.name, spec=spec, workload=self.label)
-        elif row.spec != spec:
-            self.store.update_campaign(campaign.name, spec=spec, workload=self.label, status="running")
+        attach_campaign(self.store, campaign, self.label)
 
     def __call__(self, point: dict[str, Any]) -> Result:
         from cubic.core.result import RunInterrupted
