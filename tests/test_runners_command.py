@@ -200,17 +200,17 @@ def test_the_example_runs_under_torchrun(tmp_path):
 
 
 def test_metric_and_direction_flags_set_the_primary_objective():
-    from cubic.cli.campaign import _with_objective
+    from cubic.cli.campaign_job import with_objective
     from search.space import Space
 
     space = Space.model_validate({"parameters": [{"name": "x", "type": "float", "low": 0, "high": 1}],
                                   "objectives": [{"metric": "qps"}, {"metric": "ne", "direction": "minimize"}]})
-    assert _with_objective(space, None, None) is space
-    s = _with_objective(space, "ne", None)
+    assert with_objective(space, None, None) is space
+    s = with_objective(space, "ne", None)
     assert [(o.metric, o.direction) for o in s.objectives] == [("ne", "minimize")]  # replaces the primary
-    s = _with_objective(space, None, "minimize")
+    s = with_objective(space, None, "minimize")
     assert (s.primary.metric, s.primary.direction) == ("qps", "minimize")
-    assert _with_objective(space, "loss", "minimize").primary.metric == "loss"
+    assert with_objective(space, "loss", "minimize").primary.metric == "loss"
 
 
 def test_a_misspelled_script_is_refused_before_any_run(tmp_path, monkeypatch, capsys):

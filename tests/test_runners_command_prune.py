@@ -210,7 +210,7 @@ def test_prune_warmup_reaches_the_pruner_and_needs_a_pruner(tmp_path, monkeypatc
     SuccessiveHalvingPruner's min_resource), kept in the campaign's job context; alone it is a
     one-line error naming the flag."""
     from cubic.cli.app import main
-    from cubic.cli.campaign import _job_runner
+    from cubic.cli.campaign_job import job_runner
     from search.space import load_space
 
     monkeypatch.chdir(tmp_path)
@@ -219,9 +219,9 @@ def test_prune_warmup_reaches_the_pruner_and_needs_a_pruner(tmp_path, monkeypatc
     (tmp_path / "train.py").write_text(SCRIPT)
     space = load_space(str(tmp_path / "space.yaml"))
     job = {"objective": f"{sys.executable} train.py {{lr}}", "prune": "median", "prune_warmup": 5}
-    assert _job_runner(job, space, None, None).curves.pruner._n_warmup_steps == 5
-    assert _job_runner({**job, "prune": "halving"}, space, None, None).curves.pruner._min_resource == 5
-    assert _job_runner({**job, "prune_warmup": None}, space, None, None).curves.pruner._n_warmup_steps == 1
+    assert job_runner(job, space, None, None).curves.pruner._n_warmup_steps == 5
+    assert job_runner({**job, "prune": "halving"}, space, None, None).curves.pruner._min_resource == 5
+    assert job_runner({**job, "prune_warmup": None}, space, None, None).curves.pruner._n_warmup_steps == 1
     rc = main(["campaign", "run", "--objective", f"{sys.executable} train.py {{lr}}", "--space", "space.yaml",
                "--name", "w", "--prune-warmup", "3",
                "--storage", f"sqlite:///{tmp_path}/c.db", "--store", f"sqlite:///{tmp_path}/t.db"])
