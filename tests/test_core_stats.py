@@ -133,3 +133,21 @@ def test_the_machines_noise_is_pooled_into_a_configs_few_repeats():
     one = estimate([100.0], within=(99.0, 101.0), noise=m)  # one repeat: the machine's spread, not the run's
     assert one.lo < 99.0 and one.hi > 101.0 and one.basis.startswith("1 repeat + this machine")
     assert noise_model([[1.0], [2.0]]) is None
+
+
+def test_a_rate_over_a_few_campaigns_has_an_exact_interval_and_says_what_would_resolve_it():
+    """cubic.core.stats.rate_interval / trials_to_resolve: a benchmark's "0 wrong of 15" or "19 of 20
+    covered" is a rate with an interval; a target is resolved only when it lies on the target's side."""
+    from cubic.core.stats import rate_interval, trials_to_resolve
+
+    r, lo, hi = rate_interval(0, 15)
+    assert r == 0 and lo == 0 and hi == pytest.approx(1 - 0.025 ** (1 / 15))  # the exact bound for 0 of n
+    r, lo, hi = rate_interval(19, 20)
+    assert r == 0.95 and 0.70 < lo < 0.9 < hi < 1  # "met" at 90%, not resolved
+    assert all(math.isnan(x) for x in rate_interval(0, 0))
+    # 0 of n below 5%: n with (1 - 0.05)^n <= 0.025, i.e. 72; and the interval there does resolve it
+    n = trials_to_resolve(0.0, 0.05, above=False)
+    assert n == 72 and rate_interval(0, n)[2] < 0.05 <= rate_interval(0, n - 1)[2]
+    n = trials_to_resolve(0.975, 0.9, above=True)
+    assert rate_interval(round(0.975 * n), n)[1] > 0.9
+    assert trials_to_resolve(0.9, 0.9, above=True) is None and trials_to_resolve(0.1, 0.05, above=False) is None
