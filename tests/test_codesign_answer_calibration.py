@@ -20,6 +20,15 @@ def test_one_objective_campaign_is_confirmed_and_re_measured(tmp_path):
     assert len(re["winner"]["values"]) == 4 and re["winner"]["true"] in (100.0, 80.0, 75.0, 70.0)
     assert row["covered"] == (c["winner"]["lo"] <= re["winner"]["median"] <= c["winner"]["hi"])
     assert isinstance(row["flipped_and_apart"], bool) and row["confirm_wall_s"] >= 0
+    # the headline speedup's second look: the baseline (the space's default point, a=1) re-measured, the
+    # fresh ratio with its own interval, and the claimed interval against the job's true ratio
+    sp, fresh = c["speedup"], row["speedup_remeasured"]
+    assert re["baseline"]["point"] == {"a": 1} and len(re["baseline"]["values"]) == 4
+    assert fresh["lo"] <= fresh["ratio"] <= fresh["hi"]
+    assert row["speedup_covered"] == (sp["lo"] <= fresh["ratio"] <= sp["hi"])
+    assert row["speedup_true"] == re["winner"]["true"] / 60.0
+    assert row["speedup_covered_true"] == (sp["lo"] <= row["speedup_true"] <= sp["hi"])
+    assert isinstance(row["speedup_contradicted"], bool)
 
 
 def test_the_committed_result_follows_the_benchmark_convention():
