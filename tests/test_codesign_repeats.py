@@ -241,3 +241,39 @@ def test_confirm_gives_a_one_run_leader_its_second_process_before_spending_more_
     runs = Runs()
     out = confirm(runs, space, obs, repeat_budget=3)
     assert len(runs.values[97]) >= 2 and out["runner_up"]["repeats"] >= 2
+
+
+def test_the_baseline_is_measured_again_at_the_end_so_the_speedup_spans_the_campaign():
+    """answer_calibration (stop 48): the speedup's interval from the baseline's back-to-back repeats
+    before the campaign was contradicted by a later re-measurement in 5 of 36 dlrm-small campaigns.
+    The confirm step re-measures the baseline BASELINE_END_REPEATS times: a drift between the start and
+    the end widens the interval and moves its centre; with --confirm-repeats 0 nothing extra is run."""
+    from cubic.codesign.confirm import BASELINE_END_REPEATS, confirm
+    from cubic.core.stats import estimate
+    from search.strategies import Observation
+
+    class Runs:  # every process's value per point, kept; the baseline (a=1) drifted 15% since the start
+        def __init__(self):
+            self.values = {1: [50.0, 50.4, 49.8, 50.2, 50.1], 2: [100.0, 101.0]}
+            self.later = {1: 57.5, 2: 100.5}
+
+        def estimate(self, point, metric):
+            return estimate(self.values[point["a"]])
+
+        def add_repeat(self, point):
+            self.values[point["a"]].append(self.later[point["a"]])
+            return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
+    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
+    before = estimate([50.0, 50.4, 49.8, 50.2, 50.1])
+    runs = Runs()
+    sp = confirm(runs, space, obs, repeat_budget=2, baseline=(runs, {"a": 1}))["speedup"]
+    assert BASELINE_END_REPEATS >= 2 and len(runs.values[1]) == 5 + BASELINE_END_REPEATS
+    assert sp["baseline_repeats"] == 5 + BASELINE_END_REPEATS and sp["baseline_end_repeats"] == BASELINE_END_REPEATS
+    assert sp["baseline_value"] > before.value and (sp["baseline_hi"] - sp["baseline_lo"]) > (before.hi - before.lo)
+    assert "after it" in sp["method"]
+    runs = Runs()  # --confirm-repeats 0: no extra runs (the baseline has its two processes already)
+    sp0 = confirm(runs, space, obs, repeat_budget=0, baseline=(runs, {"a": 1}))["speedup"]
+    assert len(runs.values[1]) == 5 and sp0["baseline_end_repeats"] == 0 and "after it" not in sp0["method"]
