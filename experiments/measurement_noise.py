@@ -400,6 +400,10 @@ def main() -> None:
         from experiments.common import RESULTS
 
         res = json.loads((RESULTS / f"{name}.json").read_text())
+        # the runs are the stored ones (code_version: theirs); the analysis and targets are this code's
+        from cubic.core.fingerprint import code_version
+
+        res["reanalysed"] = {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         finish(res, res["passes"], res["settings"]["repeats"], name)
         return
     repeats = args.repeats or 2
