@@ -28,7 +28,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     feasible configuration by its pooled estimate (a re-measured leader may fall behind).
     ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives
     the speedup its interval the same way, the baseline re-measured BASELINE_END_REPEATS times at the
-    end (outside the budget; with a budget of 0 only a second repeat when it has one). :meth:`Campaign.confirm` stores the outcome with the campaign."""
+    end (outside the budget; with a budget of 0 only a second repeat when it has one).
+    :meth:`Campaign.confirm` stores the outcome with the campaign."""
     ev = evaluate
     if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
         return None
