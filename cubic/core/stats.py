@@ -416,8 +416,7 @@ def trials_to_resolve(rate: float, bound: float, above: bool, confidence: float 
 
     if not resolved(cap):
         return None
-    lo, hi = 1, cap  # doubling then bisection: the interval narrows (near enough) monotonically in n
-    n = 1
+    lo = n = 1  # doubling then bisection: the interval narrows (near enough) monotonically in n
     while not resolved(n):
         lo, n = n, min(cap, 2 * n)
     hi = n
