@@ -100,6 +100,8 @@ def test_an_objective_campaign_is_confirmed_by_the_same_rule(tmp_path, monkeypat
     assert c["winner"]["point"]["a"] in (4, 5) and "single sample" not in answer
     assert c["verdict"].startswith(("separated after", "tied within the repeat budget"))
     assert c["speedup"]["lo"] < c["speedup"]["ratio"] < c["speedup"]["hi"] and c["speedup"]["baseline_repeats"] >= 2
+    assert c["speedup"]["paired"] and c["speedup"]["pairs"] >= 2  # the job's runs give each run's value
+    assert "back-to-back pairs with the baseline" in answer
     assert "Confirm step:" in answer and "95% CI" in answer
     assert "measured the job's noise floor" in out.err  # the baseline repeated before the campaign
 

@@ -243,37 +243,92 @@ def test_confirm_gives_a_one_run_leader_its_second_process_before_spending_more_
     assert len(runs.values[97]) >= 2 and out["runner_up"]["repeats"] >= 2
 
 
-def test_the_baseline_is_measured_again_at_the_end_so_the_speedup_spans_the_campaign():
-    """answer_calibration (stop 48): the speedup's interval from the baseline's back-to-back repeats
-    before the campaign was contradicted by a later re-measurement in 5 of 36 dlrm-small campaigns.
-    The confirm step re-measures the baseline BASELINE_END_REPEATS times: a drift between the start and
-    the end widens the interval and moves its centre; with --confirm-repeats 0 nothing extra is run."""
-    from cubic.codesign.confirm import BASELINE_END_REPEATS, confirm
+def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine_cancels():
+    """answer_calibration (stops 47-48): the speedup from the baseline's repeats before the campaign and
+    the winner's during it was contradicted by a later re-measurement in 3-5 of 36 dlrm-small campaigns:
+    the machine's speed drifts between them. The confirm step measures SPEEDUP_PAIRS pairs back to back
+    at the end; a drift common to both cancels in each pair. With --confirm-repeats 0 nothing extra is
+    run and the speedup says it is unpaired."""
+    import math
+
+    from cubic.codesign.confirm import SPEEDUP_PAIRS, confirm
     from cubic.core.stats import estimate
     from search.strategies import Observation
 
-    class Runs:  # every process's value per point, kept; the baseline (a=1) drifted 15% since the start
+    class Runs:  # every process's value per point, kept; the machine is 15% faster by the end, for both alike
         def __init__(self):
             self.values = {1: [50.0, 50.4, 49.8, 50.2, 50.1], 2: [100.0, 101.0]}
-            self.later = {1: 57.5, 2: 100.5}
+            self.speed = iter([1.15, 1.16, 1.14, 1.15, 1.16, 1.15, 1.14, 1.15])
 
         def estimate(self, point, metric):
             return estimate(self.values[point["a"]])
 
         def add_repeat(self, point):
-            self.values[point["a"]].append(self.later[point["a"]])
+            self.values[point["a"]].append(50.0 * point["a"] * next(self.speed))
             return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+        def run_value(self, point, metric):
+            return self.values[point["a"]][-1]
 
     space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
                                   "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
     obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
-    before = estimate([50.0, 50.4, 49.8, 50.2, 50.1])
     runs = Runs()
     sp = confirm(runs, space, obs, repeat_budget=2, baseline=(runs, {"a": 1}))["speedup"]
-    assert BASELINE_END_REPEATS >= 2 and len(runs.values[1]) == 5 + BASELINE_END_REPEATS
-    assert sp["baseline_repeats"] == 5 + BASELINE_END_REPEATS and sp["baseline_end_repeats"] == BASELINE_END_REPEATS
-    assert sp["baseline_value"] > before.value and (sp["baseline_hi"] - sp["baseline_lo"]) > (before.hi - before.lo)
-    assert "after it" in sp["method"]
-    runs = Runs()  # --confirm-repeats 0: no extra runs (the baseline has its two processes already)
+    assert SPEEDUP_PAIRS >= 3 and len(runs.values[1]) == 5 + SPEEDUP_PAIRS and len(runs.values[2]) == 2 + SPEEDUP_PAIRS
+    assert sp["paired"] and sp["pairs"] == SPEEDUP_PAIRS and "back to back" in sp["method"]
+    assert sp["lo"] < 2.0 < sp["hi"] and math.isclose(sp["ratio"], 2.0, rel_tol=0.02)
+    # the same runs unpaired: the drift lands in the ratio (the baseline's early repeats, the winner's late)
+    unpaired = estimate(runs.values[2]).mean_log - estimate(runs.values[1]).mean_log
+    assert math.exp(unpaired) > 2.05
+    runs = Runs()  # --confirm-repeats 0: no extra runs (the baseline has its two processes already), labelled
     sp0 = confirm(runs, space, obs, repeat_budget=0, baseline=(runs, {"a": 1}))["speedup"]
-    assert len(runs.values[1]) == 5 and sp0["baseline_end_repeats"] == 0 and "after it" not in sp0["method"]
+    assert len(runs.values[1]) == 5 and not sp0["paired"] and sp0["method"].startswith("UNPAIRED")
+
+
+def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():
+    from cubic.codesign.confirm import SPEEDUP_PAIRS, confirm
+    from cubic.core.stats import estimate
+    from search.strategies import Observation
+
+    class Runs:  # the winner fails every run after the campaign: no pair succeeds
+        def __init__(self):
+            self.values = {1: [50.0, 51.0], 2: [100.0, 102.0]}
+
+        def estimate(self, point, metric):
+            return estimate(self.values[point["a"]])
+
+        def add_repeat(self, point):
+            if point["a"] == 2:
+                return Result.failed("error", "boom")
+            self.values[1].append(50.5)
+            return Result(status="ok", metrics={"qps": 50.5})
+
+        def run_value(self, point, metric):
+            return self.values[point["a"]][-1]
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
+    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
+    runs = Runs()
+    sp = confirm(runs, space, obs, repeat_budget=2, baseline=(runs, {"a": 1}))["speedup"]
+    assert sp["pairs"] == 0 and not sp["paired"] and f"0 of {SPEEDUP_PAIRS} pairs" in sp["method"]
+
+
+def test_run_value_is_the_latest_runs_figure_and_none_for_a_contended_or_failed_run(store):
+    """One side of a speedup pair is one run's figure (not the pooled median), and only an
+    uncontended successful run counts: contention only slows a run, so it would bias its pair."""
+    busy = Result(status="ok", metrics={"examples_per_s": 10.0, "step_time_median_ms": 1.0, "load_avg_1m": 99.0},
+                  fingerprint={"cpu_count": 2}, fingerprint_hash="fp", wall_time_s=0.5)
+    runner = Fake(script={128: [busy, Result.failed("error", "boom")]})
+    ev = RunnerEvaluate(W, runner, SPACE, steps=3, warmup=1, store=store)
+    assert ev.run_value({"batch_size": 256}, "examples_per_s") is None  # never run
+    for want in (100.0, 104.0, 96.0):
+        ev.add_repeat({"batch_size": 256})
+        assert ev.run_value({"batch_size": 256}, "examples_per_s") == pytest.approx(want)
+    ev.add_repeat({"batch_size": 128})
+    assert ev.run_value({"batch_size": 128}, "examples_per_s") is None  # contended
+    ev.add_repeat({"batch_size": 128})
+    assert ev.run_value({"batch_size": 128}, "examples_per_s") is None  # failed
+    ev.add_repeat({"batch_size": 128})
+    assert ev.run_value({"batch_size": 128}, "examples_per_s") == pytest.approx(90.0)

@@ -178,13 +178,14 @@ def test_cli_tunes_the_example_job_end_to_end(tmp_path, monkeypatch, capsys):
 
         assert read_baseline_point(str(rep / "winner.yaml"), load_space(EXAMPLE / "space.yaml"))
     # the job's logs are kept per run: the baseline, its 4 repeats for the job's noise floor, the 3
-    # runs, the confirm step's repeats and the baseline's again at the end (BASELINE_END_REPEATS)
-    from cubic.codesign.confirm import BASELINE_END_REPEATS
+    # runs, the confirm step's repeats and the speedup's pairs at the end (baseline and winner: SPEEDUP_PAIRS)
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
 
     confirm = study.user_attrs.get("confirm") or {}
     spent = confirm.get("repeats_spent", 0)
-    end = confirm["speedup"]["baseline_end_repeats"] if confirm.get("speedup") else 0
-    assert end in (0, BASELINE_END_REPEATS)
+    planned = confirm["speedup"]["pairs_planned"] if confirm.get("speedup") else 0
+    assert planned in (0, SPEEDUP_PAIRS)
+    end = 2 * planned
     assert len(list((tmp_path / ".cubic" / "jobs" / "own").iterdir())) == 1 + 4 + 3 + spent + end
     # bad input: a placeholder that is not a parameter, refused before any run
     assert main(["campaign", "run", "--objective", "python x.py --lr {lrr}", "--space", str(EXAMPLE / "space.yaml"),

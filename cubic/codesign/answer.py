@@ -92,9 +92,10 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
                           if lead else ""))
     sp = c.get("speedup")
     if sp:
-        out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; baseline "
-                   f"{sp['baseline_repeats']} repeats)" + ("" if sp["beats_baseline"] else
-                                                           ": does NOT beat the baseline by the evidence"))
+        how = (f"{sp['pairs']} back-to-back pairs with the baseline" if sp.get("paired") else
+               f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
+        out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; {how})"
+                   + ("" if sp["beats_baseline"] else ": does NOT beat the baseline by the evidence"))
     return out
 
 
@@ -324,9 +325,8 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     if sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
         bm[m] = sp["baseline_value"]
         ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
-        ans.notes.append(f"the speedup is the ratio of typical {m} (geometric means over repeats in fresh "
-                         f"processes: winner {confirm['winner']['repeats']}, baseline {sp['baseline_repeats']}); "
-                         f"its 95% CI: {sp['method']}")
+        ans.notes.append(f"the speedup is the ratio of typical {m}, every run in a fresh process; its 95% CI: "
+                         f"{sp['method']}")
         if not sp["beats_baseline"]:
             _keep_baseline(ans, space, base, ctx)
     elif bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:

@@ -26,9 +26,9 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     in one process only (separation needs two each), else to whichever of the two leaders
     contributes more to the ratio's standard error (sd^2/n), then re-ranks every
     feasible configuration by its pooled estimate (a re-measured leader may fall behind).
-    ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives
-    the speedup its interval the same way, the baseline re-measured BASELINE_END_REPEATS times at the
-    end (outside the budget; with a budget of 0 only a second repeat when it has one).
+    ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives the
+    speedup over it, measured in SPEEDUP_PAIRS back-to-back pairs of the baseline and the winner at the
+    end (outside the budget; with a budget of 0 unpaired, from the repeats already taken, labelled so).
     :meth:`Campaign.confirm` stores the outcome with the campaign."""
     ev = evaluate
     if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
@@ -96,43 +96,70 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
            "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
            "lead": lead, "failed_repeats": failed}
     if w is not None and baseline is not None:
-        out["speedup"] = _speedup(baseline, est[w], metric, maximize, BASELINE_END_REPEATS if repeat_budget else 0)
+        out["speedup"] = _speedup(baseline, ev, points[w], est[w], metric, maximize, SPEEDUP_PAIRS if repeat_budget else 0)
     out["wall_s"] = time.monotonic() - t0
     return out
 
 
-# The baseline's repeats are all taken before the campaign (its noise floor: back-to-back), and this
-# machine's throughput drifts between sessions more than between back-to-back repeats (measurement_noise:
-# pass to pass about twice repeat to repeat). answer_calibration found the speedup's interval from those
-# repeats alone contradicted by a later re-measurement in 5 of 36 dlrm-small campaigns (14%, both ways),
-# so the confirm step measures the baseline again at the end: its repeats span the campaign, their
-# spread includes the drift, and their centre is not one moment's.
-BASELINE_END_REPEATS = 2
+# The speedup is measured in PAIRS: the baseline and the winner run back to back, SPEEDUP_PAIRS times, at
+# the campaign's end. Measured apart (the baseline's repeats before the campaign, the winner's during it),
+# the machine's drift lies between them: between two passes minutes apart this machine's throughput moved
+# 11.7% for every configuration alike, while configurations moved against each other by less than repeat
+# noise (measurement_noise), and answer_calibration found the unpaired ratio contradicted by a later
+# re-measurement in 3 of 36 dlrm-small campaigns even with the baseline measured again at the end. A pair
+# shares its moment, so a drift common to both cancels in its ratio (dlrm-small, 10 pairs: sd of one
+# pair's log ratio 0.064 against 0.086 for two unpaired runs).
+SPEEDUP_PAIRS = 4
 
 
-def _speedup(baseline: tuple[Any, dict[str, Any]], win, metric: str, maximize: bool,
-             end_repeats: int = 0) -> dict[str, Any] | None:
-    """The winner over the baseline: the ratio of their typical values with its 95% interval
-    (cubic.core.stats.ratio_interval); the baseline gets ``end_repeats`` fresh processes now (outside
-    the repeat budget; at least a second one when it has one)."""
+def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], win, metric: str, maximize: bool,
+             pairs: int = 0) -> dict[str, Any] | None:
+    """The winner over the baseline with its 95% confidence interval: from ``pairs`` back-to-back pairs
+    (the geometric mean of the pairs' ratios, a t-interval over their log ratios) when both evaluates
+    give each run's value (``run_value``) and two pairs or more succeed; else unpaired, the ratio of
+    the typical values (cubic.core.stats.ratio_interval, the baseline given a second repeat when it
+    has one), labelled so. The pairs' runs are stored repeats of both like any other."""
     bev, bpoint = baseline
     if not callable(getattr(bev, "estimate", None)):
         return None
+    logs = _pairs(bev, bpoint, ev, wpoint, metric, pairs) if pairs else []
     be = bev.estimate(bpoint, metric)
-    if be is not None and callable(getattr(bev, "add_repeat", None)):
-        for _ in range(max(end_repeats, 2 - be.n)):
-            if bev.add_repeat(bpoint).ok:
-                be = bev.estimate(bpoint, metric) or be
+    if be is not None and be.n < 2 and len(logs) < 2 and callable(getattr(bev, "add_repeat", None)):
+        if bev.add_repeat(bpoint).ok:
+            be = bev.estimate(bpoint, metric) or be
     if be is None:
         return None
-    iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
+    if len(logs) >= 2:
+        from cubic.core.stats import mean_interval
+
+        mid, lo, hi = mean_interval([x if maximize else -x for x in logs])
+        iv = (math.exp(mid), math.exp(lo), math.exp(hi))
+        method = (f"{len(logs)} pairs, the baseline and the winner run back to back at the campaign's end: the "
+                  "geometric mean of the pairs' ratios, a t-interval over their log ratios (a drift of the machine "
+                  "common to both cancels in each pair)")
+    else:
+        iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
+        method = ("UNPAIRED: exp(difference of log-means), Welch interval on logs, each side's between-process "
+                  "variance (its repeats pooled with the machine's); the baseline was measured before the campaign "
+                  "and the winner during it, so a drift of the machine between them is not in the interval"
+                  + (f" ({len(logs)} of {pairs} pairs succeeded)" if pairs else ""))
     if iv is None:
         return None
-    return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "baseline_repeats": be.n, "baseline_value": be.value,
+    return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": len(logs) >= 2, "pairs": len(logs),
+            "pairs_planned": pairs, "baseline_repeats": be.n, "baseline_value": be.value,
             "baseline_lo": be.lo, "baseline_hi": be.hi, "baseline_basis": be.basis,
-            "beats_baseline": iv[1] > 1.0,
-            "baseline_end_repeats": end_repeats,
-            "method": "exp(difference of log-means), Welch interval on logs, each side's between-process "
-                      "variance (its repeats pooled with the machine's)"
-                      + (f"; the baseline measured before the campaign and {end_repeats} times after it, so its "
-                         "spread includes the machine's drift between them" if end_repeats else "")}
+            "beats_baseline": iv[1] > 1.0, "method": method}
+
+
+def _pairs(bev, bpoint: dict[str, Any], ev, wpoint: dict[str, Any], metric: str, pairs: int) -> list[float]:
+    """log(winner / baseline) of each pair whose two runs both succeeded uncontended; [] when an
+    evaluate cannot give one run's value."""
+    if not all(callable(getattr(e, n, None)) for e in (bev, ev) for n in ("add_repeat", "run_value")):
+        return []
+    logs = []
+    for _ in range(pairs):
+        b = bev.run_value(bpoint, metric) if bev.add_repeat(bpoint).ok else None
+        w = ev.run_value(wpoint, metric) if ev.add_repeat(wpoint).ok else None
+        if b is not None and w is not None:
+            logs.append(math.log(w / b))
+    return logs

@@ -146,6 +146,7 @@ class RunnerEvaluate:
         self.runs = 0  # repeats run
         self._fp: tuple[str | None] | None = None
         self._local: dict[str, list] = {}  # ok repeats per config when nothing is stored
+        self._last: dict[str, Result] = {}  # each config's latest run, for a paired comparison
 
     def attach(self, campaign: "Campaign") -> None:
         """Create the campaign's row in the trial store (once) so trials can carry its id."""
@@ -219,6 +220,11 @@ class RunnerEvaluate:
         m = served.result.metrics
         within = (m[lo], m[hi]) if len(vals) == 1 and lo in m and hi in m else None
         return estimate(vals, within)
+
+    def run_value(self, point: dict[str, Any], metric: str) -> float | None:
+        """``metric`` of ``point``'s latest run in this process (None when it failed, was contended or
+        has no such figure): one side of a pair measured back to back (the confirm step's speedup)."""
+        return _run_value(self._last.get(self._config(point).content_hash()), metric)
 
     def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
         """Measure this machine's noise floor when it has none that is fresh (the store's
@@ -295,6 +301,7 @@ class RunnerEvaluate:
             self._record(config, e.result, attempt)
             raise
         self.runs += 1
+        self._last[config.content_hash()] = result
         tid = self._record(config, result, attempt)
         if result.ok and (self.store is None or key[2] is None):
             self._local.setdefault(config.content_hash(), []).append(result)
@@ -448,6 +455,10 @@ class KeptRepeats:
             out = self(point)
         return out
 
+    def run_value(self, point: dict[str, Any], metric: str) -> float | None:
+        runs = self._reps.get(self._key(point))
+        return _run_value(runs[-1] if runs else None, metric)
+
     def estimate(self, point: dict[str, Any], metric: str):
         groups = {k: [r.metrics for r in g] for k, g in self._reps.items()}
         return job_estimate(groups, self._key(point), metric, self._floor)
@@ -471,3 +482,16 @@ class KeptRepeats:
                 m.label = "this job's noise floor on this machine"
                 self._floor[metric] = m
         return f"measured the job's noise floor: its baseline run {len(runs)} times in fresh processes"
+
+
+def _run_value(result: Result | None, metric: str) -> float | None:
+    """One run's figure for a paired comparison: None for a failed or contended run (contention only
+    slows a run, so it would bias its pair) or a missing or non-finite figure."""
+    import math
+
+    from cubic.core.stats import contention
+
+    if result is None or not result.ok or contention(result.metrics, result.extra):
+        return None
+    v = result.metrics.get(metric)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
