@@ -22,13 +22,15 @@ and on dlrm-small's training campaigns alone as well as pooled):
 - wrong "separated": a campaign claimed separated and the re-measured order flips with the
   re-measured evidence separated the other way (cubic.core.stats.separated on the re-measured
   repeats; target <= 5% of claims); plain flips are reported too;
-- the speedup over the baseline: the baseline re-measured too, the fresh ratio and its interval set
+- the speedup over the baseline: the winner's fresh runs each back to back with one of the baseline's
+  (the pairs the confirm step measures, at a later moment), the fresh ratio and its interval set
   against the claimed one (contradicted in <= 5%); for the known-noise job, the claimed interval
   against the true ratio (covered in >= 90%);
 - the cost of that honesty: the wall time of the confirm step and of the noise floor, against the
   campaign's.
 
-Writes results/answer_calibration.json and .png. ``--quick``: fewer campaigns (a smoke run).
+Writes results/answer_calibration.json and .png. ``--quick``: 3 campaigns (a smoke run), written to
+answer_calibration_quick.json and .png.
 """
 
 from __future__ import annotations
@@ -81,19 +83,18 @@ def _table(seed: int) -> str:
     return "default" if seed % 2 == 0 else "clear"
 
 
-def _remeasure_job(point: dict, n: int, table: str) -> list[float]:
-    from cubic.runners.command import CommandRunner
+def _fresh_runner(kind: str, seed: int, steps: int, warmup: int, d: Path):
+    """One fresh process of a point per call, its throughput (None when it failed, or for dlrm-small was
+    contended): the second look's measuring instrument, with the campaign's own run settings."""
+    if kind == "objective":
+        from cubic.runners.command import CommandRunner
 
-    r = CommandRunner(_job_command(table), ["a"], metric="qps")
-    out = []
-    for _ in range(n):
-        res = r(point)
-        if res.ok:
-            out.append(res.metrics["qps"])
-    return out
+        r = CommandRunner(_job_command(_table(seed)), ["a"], metric="qps")
 
-
-def _remeasure_dlrm(point: dict, n: int, steps: int, warmup: int, tmp: Path) -> list[float]:
+        def one(point: dict) -> float | None:
+            res = r(point)
+            return res.metrics["qps"] if res.ok else None
+        return one
     from cubic.codesign.evaluate import RunnerEvaluate
     from cubic.core.store import TrialStore
     from cubic.core.workloads import load_workload
@@ -107,11 +108,12 @@ def _remeasure_dlrm(point: dict, n: int, steps: int, warmup: int, tmp: Path) -> 
     # the campaign's run settings, threads included: a re-measurement with torch's default threads measured a
     # different job (1.3x faster on 2 cores) and read as a miss of the claimed interval
     ev = RunnerEvaluate(w, LocalRunner(threads=THREADS), space, steps=steps, warmup=warmup,
-                        store=TrialStore(f"sqlite:///{tmp}/remeasure.db"))
-    ev.add_repeat(point, n)
-    served = ev._stored(ev._config(point))
-    used = set(served.pooled.trial_ids) if served.pooled else set()
-    return [t.result.metrics["examples_per_s"] for t in served.trials if t.id in used]
+                        store=TrialStore(f"sqlite:///{d}/remeasure.db"))
+
+    def one(point: dict) -> float | None:
+        ev.add_repeat(point)
+        return ev.run_value(point, "examples_per_s")
+    return one
 
 
 def _runs(path: Path) -> list[dict]:
@@ -124,7 +126,7 @@ def _runs(path: Path) -> list[dict]:
 
 
 def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmup: int) -> dict:
-    from cubic.core.stats import estimate, separated
+    from cubic.core.stats import separated
 
     d = tmp / f"{kind}-{seed}"
     d.mkdir(parents=True)
@@ -155,16 +157,13 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
         return row
     re = {}
     row["load_1m_remeasure_start"] = os.getloadavg()[0]
+    one = _fresh_runner(kind, seed, steps, warmup, d)
+    sp = c.get("speedup")
+    _remeasure_with_baseline(re, c["winner"]["point"], one, kind, d if sp else None)
+    re["runner_up"] = _measured(c["runner_up"]["point"], [one(c["runner_up"]["point"]) for _ in range(REMEASURE)])
     for who in ("winner", "runner_up"):
-        point = c[who]["point"]
-        t0 = time.monotonic()
-        vals = (_remeasure_job(point, REMEASURE, _table(seed)) if kind == "objective"
-                else _remeasure_dlrm(point, REMEASURE, steps, warmup, d))
-        e = estimate(vals) if vals else None
-        re[who] = {"point": point, "values": vals, "median": e.value if e else None, "lo": e.lo if e else None,
-                   "hi": e.hi if e else None, "wall_s": time.monotonic() - t0, "_e": e,
-                   "true": true_qps(point["a"], _table(seed)) if kind == "objective" else None}
-    _remeasure_speedup(row, c.get("speedup"), re, kind, seed, steps, warmup, d)
+        re[who]["true"] = true_qps(re[who]["point"]["a"], _table(seed)) if kind == "objective" else None
+    _remeasure_speedup(row, sp, re, kind, seed)
     row["load_1m_remeasure_end"] = os.getloadavg()[0]
     w = c["winner"]
     ew, er = re["winner"].pop("_e"), re["runner_up"].pop("_e")
@@ -191,34 +190,55 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
     return row
 
 
-def _remeasure_speedup(row: dict, sp: dict | None, re: dict, kind: str, seed: int, steps: int, warmup: int,
-                       d: Path) -> None:
-    """The answer's headline, the speedup over the baseline with its 95% CI, against a second look:
-    the baseline re-measured in REMEASURE fresh processes and the re-measured ratio of geometric means
-    (winner / baseline) set against the claimed interval; for the known-noise job also the TRUE ratio,
-    which a 95% confidence interval of the ratio should cover about 95% of the time."""
-    if not sp or not re["winner"]["values"]:
-        return
+def _measured(point, vals: list) -> dict:
+    from cubic.core.stats import estimate
+
+    vals = [v for v in vals if v is not None]
+    e = estimate(vals) if vals else None
+    return {"point": point, "values": vals, "median": e.value if e else None, "lo": e.lo if e else None,
+            "hi": e.hi if e else None, "_e": e}
+
+
+def _remeasure_with_baseline(re: dict, point: dict, one, kind: str, d: Path | None) -> None:
+    """The winner re-measured in REMEASURE fresh processes, each back to back with one of the
+    baseline's when the campaign claimed a speedup (``d``: its directory, for the space's default):
+    the second look measures the ratio as a pair measures it, at the same moments, so the machine's
+    drift between the campaign and now moves both sides alike instead of landing in the ratio."""
     from cubic.codesign.answer import default_point
     from search.space import load_space
 
-    point = default_point(load_space(d / "space.yaml")) if kind == "objective" else {}
     t0 = time.monotonic()
-    vals = (_remeasure_job(point, REMEASURE, _table(seed)) if kind == "objective"
-            else _remeasure_dlrm(point, REMEASURE, steps, warmup, d))
-    re["baseline"] = {"point": point or "the workload's defaults (cubic Config())", "values": vals,
-                      "wall_s": time.monotonic() - t0}
+    base = None if d is None else (default_point(load_space(d / "space.yaml")) if kind == "objective" else {})
+    w, b, pairs = [], [], []
+    for _ in range(REMEASURE):
+        w.append(one(point))
+        if base is not None:
+            b.append(one(base))
+            if w[-1] is not None and b[-1] is not None:
+                pairs.append(math.log(w[-1] / b[-1]))
+    re["winner"] = {**_measured(point, w), "wall_s": time.monotonic() - t0}
+    if base is not None:
+        re["baseline"] = {"point": base or "the workload's defaults (cubic Config())",
+                          "values": [v for v in b if v is not None], "pair_log_ratios": pairs}
+
+
+def _remeasure_speedup(row: dict, sp: dict | None, re: dict, kind: str, seed: int) -> None:
+    """The answer's headline, the speedup over the baseline with its 95% CI, against a second look:
+    REMEASURE fresh pairs (winner, baseline) back to back after the campaign, their ratio's geometric
+    mean with its t-interval (the estimator of the claim, on new runs at a later moment), set against
+    the claimed interval; for the known-noise job also the TRUE ratio, which a 95% confidence interval
+    of the ratio should cover about 95% of the time."""
+    if not sp or "baseline" not in re:
+        return
+    from cubic.core.stats import mean_interval
+
     row["speedup_claim"] = {k: sp[k] for k in ("ratio", "lo", "hi")}
-    if not vals:
+    row["speedup_claim_paired"] = bool(sp.get("paired"))
+    pairs = re["baseline"]["pair_log_ratios"]
+    if len(pairs) < 2:
         return
-
-    from cubic.core.stats import estimate, ratio_interval
-
-    fresh = ratio_interval(estimate(re["winner"]["values"]), estimate(vals)) if len(vals) > 1 else None
-    if fresh is None:
-        return
-    ratio, lo, hi = fresh
-    row["speedup_remeasured"] = {"ratio": ratio, "lo": lo, "hi": hi}
+    ratio, lo, hi = (math.exp(x) for x in mean_interval(pairs))
+    row["speedup_remeasured"] = {"ratio": ratio, "lo": lo, "hi": hi, "pairs": len(pairs)}
     row["speedup_covered"] = sp["lo"] <= ratio <= sp["hi"]
     # contradicted: the two log-ratios further apart than both intervals' half-widths combined (about a
     # 95% test of "the same ratio"); a fresh ratio outside the claimed interval alone is expected more
@@ -226,7 +246,8 @@ def _remeasure_speedup(row: dict, sp: dict | None, re: dict, kind: str, seed: in
     h_claim, h_fresh = math.log(sp["hi"] / sp["ratio"]), math.log(hi / ratio)
     row["speedup_contradicted"] = abs(math.log(sp["ratio"] / ratio)) > math.hypot(h_claim, h_fresh)
     if kind == "objective":
-        true = true_qps(re["winner"]["point"]["a"], _table(seed)) / true_qps(point["a"], _table(seed))
+        base = re["baseline"]["point"]
+        true = true_qps(re["winner"]["point"]["a"], _table(seed)) / true_qps(base["a"], _table(seed))
         row["speedup_true"] = true
         row["speedup_covered_true"] = sp["lo"] <= true <= sp["hi"]
 
@@ -306,8 +327,10 @@ def main() -> None:
                   "measured in >= 2 processes (cubic.core.stats.separated); a wrong claim = the re-measured "
                   "runner-up separated above the re-measured winner by the same test.",
                   "The speedup over the baseline (the answer's headline) is a 95% confidence interval of the "
-                  "ratio of typical throughputs; the second look re-measures the baseline too and computes the "
-                  "fresh ratio with its own interval; 'contradicted' = the two log-ratios further apart than "
+                  "ratio of typical throughputs, measured in back-to-back pairs of the baseline and the winner at "
+                  "the campaign's end (cubic.codesign.confirm.SPEEDUP_PAIRS); the second look re-measures "
+                  f"{REMEASURE} fresh pairs the same way after the campaign and computes the fresh ratio with its "
+                  "own interval; 'contradicted' = the two log-ratios further apart than "
                   "both half-widths combined. For the known-noise job the true ratio is known, and the claimed "
                   "interval should cover it about 95% of the time.",
                   "Every rate here is a count over a few campaigns: each target gives its exact (Clopper-Pearson) "
@@ -328,23 +351,21 @@ def main() -> None:
     }
     # the headline speedup against a second look (when any campaign claimed one), and the rates on real
     # training runs alone (the claim a user acts on) beside the pooled ones
-    for name, r, key, count, bound, above, why in (
-            ("speedup_claims_contradicted_by_remeasurement", rates, "speedup_contradicted", "speedups_remeasured",
-             0.05, False, "the claimed speedup and the re-measured one disagree beyond their intervals more often "
-                          "than 5%"),
-            ("speedup_interval_covers_true_ratio_known_noise_job", rates, "speedup_covers_true",
-             "speedups_with_true_ratio", 0.9, True, "the speedup's 95% CI missed the known-noise job's true ratio "
-                                                    "more often than 10%"),
-            ("dlrm_winner_interval_covers_remeasured_median", dl, "coverage", "campaigns", 0.9, True,
+    for name, r, key, bound, above, why in (
+            ("speedup_claims_contradicted_by_remeasurement", rates, "speedup_contradicted", 0.05, False,
+             "the claimed speedup and the re-measured one disagree beyond their intervals more often than 5%"),
+            ("speedup_interval_covers_true_ratio_known_noise_job", rates, "speedup_covers_true", 0.9, True,
+             "the speedup's 95% CI missed the known-noise job's true ratio more often than 10%"),
+            ("dlrm_winner_interval_covers_remeasured_median", dl, "coverage", 0.9, True,
              "on dlrm-small training campaigns alone"),
-            ("dlrm_wrong_separated_claims", dl, "wrong_rate", "separated_claims", 0.05, False,
-             "on dlrm-small training campaigns alone"),
-            ("dlrm_speedup_claims_contradicted_by_remeasurement", dl, "speedup_contradicted", "speedups_remeasured",
-             0.05, False, "on dlrm-small training campaigns alone")):
-        if r[count]:
+            ("dlrm_wrong_separated_claims", dl, "wrong_rate", 0.05, False, "on dlrm-small training campaigns alone"),
+            ("dlrm_speedup_claims_contradicted_by_remeasurement", dl, "speedup_contradicted", 0.05, False,
+             "on dlrm-small training campaigns alone")):
+        if r[RATE_OVER[key][0]]:
             payload["targets"][name] = _rate_target(r, key, bound, above, why)
-    path = write_result("answer_calibration", payload)
-    _plot(done)
+    name = "answer_calibration_quick" if args.quick else "answer_calibration"
+    path = write_result(name, payload)
+    _plot(done, name)
     print(f"wrote {path}: coverage {coverage:.2f}, wrong separated {wrong:.2f} of {len(claims)} claims, "
           f"confirm {confirm_s:.0f} s of {campaign_s:.0f} s", file=sys.stderr)
     for name, t in payload["targets"].items():
@@ -352,6 +373,13 @@ def main() -> None:
             print(f"  {name}: {t['measured']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] vs {t['target']}: "
                   f"{'met' if t['met'] else 'MISSED'}, {'resolved' if t['resolved'] else 'not resolved'}",
                   file=sys.stderr)
+
+
+# each rate of _rates -> the count it is over, and that count in words (one table for the targets and
+# their resolution)
+RATE_OVER = {"coverage": ("campaigns", "campaigns"), "wrong_rate": ("separated_claims", "separated claims"),
+             "speedup_contradicted": ("speedups_remeasured", "re-measured speedups"),
+             "speedup_covers_true": ("speedups_with_true_ratio", "known-noise speedups")}
 
 
 def _rates(rows: list[dict]) -> dict:
@@ -393,9 +421,8 @@ def _resolution(rates: dict, key: str, bound: float, above: bool) -> dict:
     lo, hi = rates[f"{key}_ci95"]
     if not math.isfinite(lo):
         return {"ci95": None, "resolved": False}
-    n, what = {"coverage": (rates["campaigns"], "campaigns"), "wrong_rate": (rates["separated_claims"], "separated claims"),
-               "speedup_contradicted": (rates["speedups_remeasured"], "re-measured speedups"),
-               "speedup_covers_true": (rates["speedups_with_true_ratio"], "known-noise speedups")}[key]
+    count, what = RATE_OVER[key]
+    n = rates[count]
     resolved = lo > bound if above else hi < bound
     out = {"ci95": [lo, hi], "resolved": bool(resolved), "over": n}
     if not resolved:
@@ -405,7 +432,7 @@ def _resolution(rates: dict, key: str, bound: float, above: bool) -> dict:
     return out
 
 
-def _plot(done: list[dict]) -> None:
+def _plot(done: list[dict], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -429,7 +456,7 @@ def _plot(done: list[dict]) -> None:
     ax.set_title("MEASURED: claimed 95% intervals of the winners vs a second look")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png_path("answer_calibration"), dpi=120)
+    fig.savefig(png_path(name), dpi=120)
 
 
 if __name__ == "__main__":
