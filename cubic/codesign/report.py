@@ -528,7 +528,6 @@ STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:auto;pad
 
 def _page(name, ctx, label, answer, out: Path, figures, skipped, summary, runs, space, mem) -> str:
     e = html.escape
-    m = space.primary.metric
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>campaign {e(name)}</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>Campaign {e(name)}</h1><p class='note'>"
