@@ -38,6 +38,7 @@ where contended runs are re-taken. Run it on a quiet machine:
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import sys
@@ -197,6 +198,40 @@ def machine_speed(passes: list[dict], keys: list[str], repeats: int) -> dict:
             else None}
 
 
+def pass_shift(passes: list[dict], keys: list[str], repeats: int) -> dict:
+    """What moved between the passes: each configuration's pass-to-pass difference of its mean log
+    throughput over ``repeats`` repeats, split into the shift common to every configuration (the
+    machine's speed: it cancels in a ratio of two configurations measured together) and the spread
+    of configurations against each other, beside what repeat noise alone would give that spread
+    (sqrt(2 s^2 / R), s the within-pass sd of one run's log throughput). The speedup's pairs
+    (cubic.codesign.confirm.SPEEDUP_PAIRS) rest on the second being small."""
+    d, ss, df = [], 0.0, 0
+    for k in keys:
+        means = []
+        for p in passes:
+            xs = [math.log(r["examples_per_s"]) for r in p["configs"][k]["repeats"][:repeats] if r.get("examples_per_s")]
+            if len(xs) >= 2:
+                m = sum(xs) / len(xs)
+                ss += sum((x - m) ** 2 for x in xs)
+                df += len(xs) - 1
+            means.append(sum(xs) / len(xs) if xs else None)
+        if None not in means:
+            d.append(means[0] - means[1])
+    if len(d) < 3 or not df:
+        return {}
+    inside = []  # pass 2, its common shift taken out, inside pass 1's interval (and vice versa)
+    at_a, at_b = estimates_at(passes[0], repeats), estimates_at(passes[1], repeats)
+    shift = float(np.mean(d))
+    for k in keys:
+        x, y = at_a[k], at_b[k]
+        if x and y:
+            inside += [x["lo"] <= y["value"] * math.exp(shift) <= x["hi"], y["lo"] <= x["value"] / math.exp(shift) <= y["hi"]]
+    return {"common_shift_log": shift, "common_shift": math.expm1(abs(shift)),
+            "configs_against_each_other_sd_log": float(np.std(d, ddof=1)),
+            "repeat_noise_alone_sd_log": math.sqrt(2 * (ss / df) / repeats), "configs": len(d),
+            "other_pass_inside_interval_common_shift_removed": float(np.mean(inside)) if inside else None}
+
+
 def analyse(passes: list[dict], repeats: int) -> dict:
     a, b = passes
     keys = [k for k in a["configs"] if a["configs"][k]["ok"] and b["configs"][k]["ok"]]
@@ -234,6 +269,7 @@ def analyse(passes: list[dict], repeats: int) -> dict:
             "steps_preempted_frac_p90": float(np.percentile(pre, 90)) if pre else None,
             "timing_steps_dropped_median": float(np.median(dropped)) if dropped else None,
             "machine_speed": machine_speed(passes, keys, repeats),
+            "pass_shift": pass_shift(passes, keys, repeats),
             "runs": runs, "wall_s": wall, "seconds_per_run": wall / runs if runs else None,
             "wall_s_per_pass_at_1_repeat_est": (wall / runs) * len(a["configs"]) if runs else None,
             "wall_s_per_pass_at_R_repeats": wall / 2}
@@ -316,6 +352,14 @@ def _other_pass_target(an: dict, repeats: int) -> dict:
                          + "): the interval is one for a fresh run in the same session, and a later session can "
                            "fall outside it; more repeats narrow it and lower this figure "
                          + f"({', '.join(f'{k}: {x:.2f}' for k, x in sorted(cov.items(), key=lambda t: int(t[0])))})")
+        sh = an.get("pass_shift") or {}
+        if sh:
+            out["reason"] += (f". The move was common to every configuration: a shift of {sh['common_shift']:.1%}, "
+                              f"while configurations moved against each other by sd {sh['configs_against_each_other_sd_log']:.3f} "
+                              f"(log; repeat noise alone: {sh['repeat_noise_alone_sd_log']:.3f}); with the shift taken "
+                              f"out {sh['other_pass_inside_interval_common_shift_removed']:.2f} fall inside, so "
+                              "comparisons measured together survive it (the speedup's pairs) where an absolute "
+                              "figure does not")
     return out
 
 
@@ -354,7 +398,13 @@ def finish(res: dict, passes: list[dict], repeats: int, name: str) -> None:
                   "machine_speed": "Spearman correlation, over runs, of the throughput's deviation from its "
                                    "configuration's mean against the speed probe's deviation from its median "
                                    "(strongly negative: the machine itself was slow during those runs); tau with "
-                                   "every repeat scaled by its probe is exploratory, not the target"},
+                                   "every repeat scaled by its probe is exploratory, not the target",
+                  "pass_shift": "each configuration's pass-to-pass change of its mean log throughput, split into the "
+                                "shift common to all (the machine's speed; it cancels in a ratio of configurations "
+                                "measured together, as the speedup's back-to-back pairs are) and the spread of "
+                                "configurations against each other, beside what repeat noise alone gives; and the "
+                                "other-pass coverage with the common shift taken out (informational, not a target: "
+                                "the interval's claim is about a fresh run, shift included)"},
         "passes": passes,
         "informational": {"kendall_tau_over_separated_pairs": {
             "measured": sep.get("kendall_tau_separated"), "separated_pairs": sep.get("separated_pairs"),

@@ -104,7 +104,7 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
 # The speedup is measured in PAIRS: the baseline and the winner run back to back, SPEEDUP_PAIRS times, at
 # the campaign's end. Measured apart (the baseline's repeats before the campaign, the winner's during it),
 # the machine's drift lies between them: between two passes minutes apart this machine's throughput moved
-# 11.7% for every configuration alike, while configurations moved against each other by less than repeat
+# 12.4% for every configuration alike, while configurations moved against each other by less than repeat
 # noise (measurement_noise), and answer_calibration found the unpaired ratio contradicted by a later
 # re-measurement in 3 of 36 dlrm-small campaigns even with the baseline measured again at the end. A pair
 # shares its moment, so a drift common to both cancels in its ratio (dlrm-small, 10 pairs: sd of one
