@@ -72,7 +72,8 @@ def stored_result(name: str, empty: dict[str, Any] | None = None) -> dict[str, A
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Writes results/<name>.json; a targets object that breaks the convention is refused before
-    anything is written (a benchmark's --quick test then fails instead of a full run's JSON lying)."""
+    anything is written (a benchmark's --quick test then fails instead of a full run's JSON lying).
+    Paths inside this checkout are written relative to it."""
     bad = target_defects(payload.get("targets"))
     if bad:
         raise ValueError(f"results/{name}.json: targets break the benchmark convention: " + "; ".join(bad))
@@ -80,7 +81,9 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     payload.setdefault("finished_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     payload.setdefault("loadavg_1m_at_end", os.getloadavg()[0])
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    text = json.dumps(payload, indent=2, sort_keys=False, default=str)
+    # a file of this checkout by its path in the repository: a result names no one's worktree
+    path.write_text(text.replace(str(REPO) + "/", "") + "\n")
     return path
 
 

@@ -30,3 +30,16 @@ def test_write_result_refuses_a_target_that_breaks_it(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # nothing written
     common.write_result("bench", {"targets": {"x": {"measured": 1, "target": 2, "met": False, "reason": "r"}}})
     assert (tmp_path / "bench.json").exists()
+
+
+def test_write_result_names_a_file_of_the_checkout_by_its_path_in_the_repository(tmp_path, monkeypatch):
+    """two_d.json and sharding_benchmark.json recorded /work/bench/cost_models/...: the benchmark
+    worktree's path, which no reader has."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    inside, outside = str(common.REPO / "cost_models" / "data" / "c.json"), "/home/u/.cubic/c.json"
+    common.write_result("bench", {"targets": {"x": {"measured": 1, "target": 1, "met": True}},
+                                  "sources": {"a": f"gloo calibration {inside} (this machine: True)", "b": outside}})
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert out["sources"] == {"a": "gloo calibration cost_models/data/c.json (this machine: True)", "b": outside}
