@@ -516,9 +516,12 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--remeasure", action="store_true",
                      help="run R fresh repeats of every config even when the trial store holds it (pooled with "
                           "the stored ones)")
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
+
     run.add_argument("--confirm-repeats", type=nonnegative_int, default=4, metavar="N",
                      help="at the end, up to N extra repeats of the two leading configs until the winner's 95%% "
-                          "interval separates from the runner-up's (default 4; 0: no confirm phase)")
+                          f"interval separates from the runner-up's, then {SPEEDUP_PAIRS} back-to-back pairs of the "
+                          "baseline and the winner for the speedup (default 4; 0: neither, the speedup UNPAIRED)")
     run.add_argument("--simulate", metavar="CLUSTERxN", help="runs on the simulated cluster, e.g. h100x64, or a cluster file "
                      "(docs/clusters.md) (SIMULATED)")
     run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")
