@@ -209,7 +209,8 @@ def pass_shift(passes: list[dict], keys: list[str], repeats: int) -> dict:
     for k in keys:
         means = []
         for p in passes:
-            xs = [math.log(r["examples_per_s"]) for r in p["configs"][k]["repeats"][:repeats] if r.get("examples_per_s")]
+            xs = [math.log(r["examples_per_s"]) for r in p["configs"][k]["repeats"][:repeats]
+                  if r.get("examples_per_s")]
             if len(xs) >= 2:
                 m = sum(xs) / len(xs)
                 ss += sum((x - m) ** 2 for x in xs)
@@ -225,7 +226,8 @@ def pass_shift(passes: list[dict], keys: list[str], repeats: int) -> dict:
     for k in keys:
         x, y = at_a[k], at_b[k]
         if x and y:
-            inside += [x["lo"] <= y["value"] * math.exp(shift) <= x["hi"], y["lo"] <= x["value"] / math.exp(shift) <= y["hi"]]
+            inside += [x["lo"] <= y["value"] * math.exp(shift) <= x["hi"],
+                       y["lo"] <= x["value"] / math.exp(shift) <= y["hi"]]
     return {"common_shift_log": shift, "common_shift": math.expm1(abs(shift)),
             "configs_against_each_other_sd_log": float(np.std(d, ddof=1)),
             "repeat_noise_alone_sd_log": math.sqrt(2 * (ss / df) / repeats), "configs": len(d),
@@ -355,7 +357,8 @@ def _other_pass_target(an: dict, repeats: int) -> dict:
         sh = an.get("pass_shift") or {}
         if sh:
             out["reason"] += (f". The move was common to every configuration: a shift of {sh['common_shift']:.1%}, "
-                              f"while configurations moved against each other by sd {sh['configs_against_each_other_sd_log']:.3f} "
+                              "while configurations moved against each other by sd "
+                              f"{sh['configs_against_each_other_sd_log']:.3f} "
                               f"(log; repeat noise alone: {sh['repeat_noise_alone_sd_log']:.3f}); with the shift taken "
                               f"out {sh['other_pass_inside_interval_common_shift_removed']:.2f} fall inside, so "
                               "comparisons measured together survive it (the speedup's pairs) where an absolute "

@@ -96,7 +96,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
            "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
            "lead": lead, "failed_repeats": failed}
     if w is not None and baseline is not None:
-        out["speedup"] = _speedup(baseline, ev, points[w], est[w], metric, maximize, SPEEDUP_PAIRS if repeat_budget else 0)
+        out["speedup"] = _speedup(baseline, ev, points[w], est[w], metric, maximize,
+                                  SPEEDUP_PAIRS if repeat_budget else 0)
     out["wall_s"] = time.monotonic() - t0
     return out
 
