@@ -243,6 +243,32 @@ def test_confirm_gives_a_one_run_leader_its_second_process_before_spending_more_
     assert len(runs.values[97]) >= 2 and out["runner_up"]["repeats"] >= 2
 
 
+class _KeptRuns:
+    """A user's job's evaluate for the speedup's tests: every process's value per point (a: 1 the
+    baseline, 2 the winner), kept; a subclass says what a new run measures."""
+
+    values: dict
+
+    def estimate(self, point, metric):
+        from cubic.core.stats import estimate
+
+        return estimate(self.values[point["a"]])
+
+    def run_value(self, point, metric):
+        return self.values[point["a"]][-1]
+
+
+def _speedup_over_baseline(runs: _KeptRuns, repeat_budget: int) -> dict:
+    """The confirm step's speedup of the winner (a=2, one run seen by the search) over the baseline (a=1)."""
+    from cubic.codesign.confirm import confirm
+    from search.strategies import Observation
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
+    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
+    return confirm(runs, space, obs, repeat_budget=repeat_budget, baseline=(runs, {"a": 1}))["speedup"]
+
+
 def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine_cancels():
     """answer_calibration (stops 47-48): the speedup from the baseline's repeats before the campaign and
     the winner's during it was contradicted by a later re-measurement in 3-5 of 36 dlrm-small campaigns:
@@ -251,30 +277,20 @@ def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine
     run and the speedup says it is unpaired."""
     import math
 
-    from cubic.codesign.confirm import SPEEDUP_PAIRS, confirm
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
     from cubic.core.stats import estimate
-    from search.strategies import Observation
 
-    class Runs:  # every process's value per point, kept; the machine is 15% faster by the end, for both alike
+    class Runs(_KeptRuns):  # the machine is 15% faster by the end, for both alike
         def __init__(self):
             self.values = {1: [50.0, 50.4, 49.8, 50.2, 50.1], 2: [100.0, 101.0]}
             self.speed = iter([1.15, 1.16, 1.14, 1.15, 1.16, 1.15, 1.14, 1.15])
-
-        def estimate(self, point, metric):
-            return estimate(self.values[point["a"]])
 
         def add_repeat(self, point):
             self.values[point["a"]].append(50.0 * point["a"] * next(self.speed))
             return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
 
-        def run_value(self, point, metric):
-            return self.values[point["a"]][-1]
-
-    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
-                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
-    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
     runs = Runs()
-    sp = confirm(runs, space, obs, repeat_budget=2, baseline=(runs, {"a": 1}))["speedup"]
+    sp = _speedup_over_baseline(runs, repeat_budget=2)
     assert SPEEDUP_PAIRS >= 3 and len(runs.values[1]) == 5 + SPEEDUP_PAIRS and len(runs.values[2]) == 2 + SPEEDUP_PAIRS
     assert sp["paired"] and sp["pairs"] == SPEEDUP_PAIRS and "back to back" in sp["method"]
     assert sp["lo"] < 2.0 < sp["hi"] and math.isclose(sp["ratio"], 2.0, rel_tol=0.02)
@@ -282,21 +298,16 @@ def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine
     unpaired = estimate(runs.values[2]).mean_log - estimate(runs.values[1]).mean_log
     assert math.exp(unpaired) > 2.05
     runs = Runs()  # --confirm-repeats 0: no extra runs (the baseline has its two processes already), labelled
-    sp0 = confirm(runs, space, obs, repeat_budget=0, baseline=(runs, {"a": 1}))["speedup"]
+    sp0 = _speedup_over_baseline(runs, repeat_budget=0)
     assert len(runs.values[1]) == 5 and not sp0["paired"] and sp0["method"].startswith("UNPAIRED")
 
 
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():
-    from cubic.codesign.confirm import SPEEDUP_PAIRS, confirm
-    from cubic.core.stats import estimate
-    from search.strategies import Observation
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
 
-    class Runs:  # the winner fails every run after the campaign: no pair succeeds
+    class Runs(_KeptRuns):  # the winner fails every run after the campaign: no pair succeeds
         def __init__(self):
             self.values = {1: [50.0, 51.0], 2: [100.0, 102.0]}
-
-        def estimate(self, point, metric):
-            return estimate(self.values[point["a"]])
 
         def add_repeat(self, point):
             if point["a"] == 2:
@@ -304,14 +315,7 @@ def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unp
             self.values[1].append(50.5)
             return Result(status="ok", metrics={"qps": 50.5})
 
-        def run_value(self, point, metric):
-            return self.values[point["a"]][-1]
-
-    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
-                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
-    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
-    runs = Runs()
-    sp = confirm(runs, space, obs, repeat_budget=2, baseline=(runs, {"a": 1}))["speedup"]
+    sp = _speedup_over_baseline(Runs(), repeat_budget=2)
     assert sp["pairs"] == 0 and not sp["paired"] and f"0 of {SPEEDUP_PAIRS} pairs" in sp["method"]
 
 
