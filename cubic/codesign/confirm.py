@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from cubic.core.stats import ratio_interval, separated
-from search.space import Space
-from search.strategies import Observation
+
+if TYPE_CHECKING:  # annotations only: the CLI reads SPEEDUP_PAIRS while building its parser, before any search
+    from search.space import Space
+    from search.strategies import Observation
 
 
 def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observations: Sequence[Observation],
