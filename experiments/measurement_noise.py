@@ -205,20 +205,13 @@ def pass_shift(passes: list[dict], keys: list[str], repeats: int) -> dict:
     of configurations against each other, beside what repeat noise alone would give that spread
     (sqrt(2 s^2 / R), s the within-pass sd of one run's log throughput). The speedup's pairs
     (cubic.codesign.confirm.SPEEDUP_PAIRS) rest on the second being small."""
-    d, ss, df = [], 0.0, 0
-    for k in keys:
-        means = []
-        for p in passes:
-            xs = [math.log(r["examples_per_s"]) for r in p["configs"][k]["repeats"][:repeats]
-                  if r.get("examples_per_s")]
-            if len(xs) >= 2:
-                m = sum(xs) / len(xs)
-                ss += sum((x - m) ** 2 for x in xs)
-                df += len(xs) - 1
-            means.append(sum(xs) / len(xs) if xs else None)
-        if None not in means:
-            d.append(means[0] - means[1])
-    if len(d) < 3 or not df:
+    from cubic.core.stats import noise_model
+
+    runs = {k: [[r["examples_per_s"] for r in p["configs"][k]["repeats"][:repeats] if r.get("examples_per_s")]
+                for p in passes] for k in keys}
+    d = [np.mean(np.log(a)) - np.mean(np.log(b)) for a, b in runs.values() if a and b]
+    noise = noise_model(g for pair in runs.values() for g in pair)  # within-pass, pooled over configurations
+    if len(d) < 3 or noise is None:
         return {}
     inside = []  # pass 2, its common shift taken out, inside pass 1's interval (and vice versa)
     at_a, at_b = estimates_at(passes[0], repeats), estimates_at(passes[1], repeats)
@@ -230,7 +223,7 @@ def pass_shift(passes: list[dict], keys: list[str], repeats: int) -> dict:
                        y["lo"] <= x["value"] / math.exp(shift) <= y["hi"]]
     return {"common_shift_log": shift, "common_shift": math.expm1(abs(shift)),
             "configs_against_each_other_sd_log": float(np.std(d, ddof=1)),
-            "repeat_noise_alone_sd_log": math.sqrt(2 * (ss / df) / repeats), "configs": len(d),
+            "repeat_noise_alone_sd_log": noise.sd * math.sqrt(2 / repeats), "configs": len(d),
             "other_pass_inside_interval_common_shift_removed": float(np.mean(inside)) if inside else None}
 
 
