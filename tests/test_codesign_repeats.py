@@ -302,6 +302,47 @@ def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine
     assert len(runs.values[1]) == 5 and not sp0["paired"] and sp0["method"].startswith("UNPAIRED")
 
 
+def _confirm_with_baseline(runs: _KeptRuns, seen: dict[int, float], repeat_budget: int) -> dict:
+    """The confirm step over the configurations the search ``seen`` (a -> its one run), the baseline a=1."""
+    from cubic.codesign.confirm import confirm
+    from search.strategies import Observation
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2, 3]}]})
+    obs = [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": v})) for a, v in seen.items()]
+    return confirm(runs, space, obs, repeat_budget=repeat_budget, baseline=(runs, {"a": 1}))
+
+
+def test_the_winners_row_pools_its_runs_in_the_speedup_pairs_as_cubic_run_serves_that_trial():
+    """The pairs' runs are stored repeats of the winner, and `cubic run --config winner.yaml` serves the
+    trial pooled over all of them: the answer's winner row pools them too, so one trial shows one
+    interval (issue 22: the same trial showed two). "Separated" is judged on the same runs, and says so
+    when the pairs' runs undo what the repeat budget had separated."""
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
+    from cubic.core.stats import estimate
+
+    class Runs(_KeptRuns):
+        def __init__(self, late: float):  # the winner's speed in the runs after the campaign
+            self.values = {1: [50.0, 50.4, 49.8], 2: [100.0, 101.0, 100.5], 3: [90.0, 90.5, 89.5]}
+            self.late, self.wiggle = late, iter([1.0, 1.01, 0.99, 1.0] * 10)
+
+        def add_repeat(self, point):
+            a = point["a"]
+            self.values[a].append({1: 50.0, 2: self.late, 3: 90.0}[a] * next(self.wiggle))
+            return Result(status="ok", metrics={"qps": self.values[a][-1]})
+
+    for late, separated in ((100.0, True), (70.0, False)):  # as fast after the campaign; 30% slower
+        runs = Runs(late)
+        out = _confirm_with_baseline(runs, {2: 100.0, 3: 90.0}, repeat_budget=2)
+        w, e = out["winner"], estimate(runs.values[2])
+        assert w["point"] == {"a": 2} and w["repeats"] == len(runs.values[2]) == 3 + SPEEDUP_PAIRS
+        assert (w["value"], w["lo"], w["hi"]) == (e.value, e.lo, e.hi)
+        assert out["repeats_spent"] == 0 and out["separated"] is separated  # three repeats each separated them
+        assert out["verdict"] == ("separated after 0 of 2 extra repeats" if separated else
+                                  "tied: separated after 0 of 2 extra repeats, no longer with the winner's runs "
+                                  "in the speedup pairs")
+
+
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():
     from cubic.codesign.confirm import SPEEDUP_PAIRS
 

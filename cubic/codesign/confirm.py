@@ -9,7 +9,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from cubic.core.stats import ratio_interval, separated
+from cubic.core.stats import paired_ratio, ratio_interval, separated
 
 if TYPE_CHECKING:  # annotations only: the CLI reads SPEEDUP_PAIRS while building its parser, before any search
     from search.space import Space
@@ -30,7 +30,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     feasible configuration by its pooled estimate (a re-measured leader may fall behind).
     ``baseline`` (an evaluate with ``estimate``/``add_repeat`` and the baseline's point) gives the
     speedup over it, measured in SPEEDUP_PAIRS back-to-back pairs of the baseline and the winner at the
-    end (outside the budget; with a budget of 0 unpaired, from the repeats already taken, labelled so).
+    end (outside the budget; with a budget of 0 unpaired, from the repeats already taken, labelled so);
+    the pairs' runs are the winner's stored repeats, and its row and "separated" pool them.
     :meth:`Campaign.confirm` stores the outcome with the campaign."""
     ev = evaluate
     if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
@@ -82,13 +83,22 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     order = ranked() if est else []
     w = order[0] if order else None
     r = order[1] if len(order) > 1 else None
+    sep_budget = apart(w, r) if w is not None else None
+    speedup = None
+    if w is not None and baseline is not None:
+        speedup = _speedup(baseline, ev, points[w], est[w], metric, maximize, SPEEDUP_PAIRS if repeat_budget else 0)
+        # the pairs' runs are stored repeats of the winner: its row pools them, as `cubic run --config
+        # winner.yaml` serves that trial (one interval for one trial, not one per command)
+        est[w] = ev.estimate(points[w], metric) or est[w]
     sep = apart(w, r) if w is not None else None
     lead = None
     if w is not None and r is not None:
         iv = ratio_interval(est[w], est[r]) if maximize else ratio_interval(est[r], est[w])
         lead = None if iv is None else {"ratio": iv[0], "lo": iv[1], "hi": iv[2]}
+    after = f"after {spent} of {repeat_budget} extra repeats"
     verdict = ("only one feasible configuration" if r is None else
-               f"separated after {spent} of {repeat_budget} extra repeats" if sep else
+               f"separated {after}" + ("" if sep_budget else " and the winner's runs in the speedup pairs") if sep else
+               f"tied: separated {after}, no longer with the winner's runs in the speedup pairs" if sep_budget else
                "not confirmed (--confirm-repeats 0)" if repeat_budget == 0 else
                f"tied within the repeat budget ({spent} of {repeat_budget} extra repeats)")
     out = {"metric": metric, "direction": space.primary.direction, "confidence": 0.95,
@@ -98,8 +108,7 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
            "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
            "lead": lead, "failed_repeats": failed}
     if w is not None and baseline is not None:
-        out["speedup"] = _speedup(baseline, ev, points[w], est[w], metric, maximize,
-                                  SPEEDUP_PAIRS if repeat_budget else 0)
+        out["speedup"] = speedup
     out["wall_s"] = time.monotonic() - t0
     return out
 
@@ -133,10 +142,7 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     if be is None:
         return None
     if len(logs) >= 2:
-        from cubic.core.stats import mean_interval
-
-        mid, lo, hi = mean_interval([x if maximize else -x for x in logs])
-        iv = (math.exp(mid), math.exp(lo), math.exp(hi))
+        iv = paired_ratio([x if maximize else -x for x in logs])
         method = (f"{len(logs)} pairs, the baseline and the winner run back to back at the campaign's end: the "
                   "geometric mean of the pairs' ratios, a t-interval over their log ratios (a drift of the machine "
                   "common to both cancels in each pair)")

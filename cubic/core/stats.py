@@ -370,6 +370,17 @@ def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> tu
     return mean, mean - h, mean + h
 
 
+def paired_ratio(log_ratios: Iterable[float], confidence: float = CONFIDENCE) -> tuple[float, float, float] | None:
+    """(ratio, low, high) from pairs measured back to back: the geometric mean of the pairs' ratios and
+    the Student-t interval over their log ratios, exponentiated (a drift common to both sides of a pair
+    cancels in its ratio). None with fewer than two pairs, whose spread is unknown."""
+    xs = [float(v) for v in log_ratios]
+    if len(xs) < 2:
+        return None
+    mid, lo, hi = mean_interval(xs, confidence)
+    return math.exp(mid), math.exp(lo), math.exp(hi)
+
+
 def samples_to_resolve(sd: float, half_width: float, confidence: float = CONFIDENCE, cap: int = 100_000) -> int:
     """Samples a Student-t interval of half-width ``half_width`` would take if the spread stayed ``sd``
     (the smallest such n, at most ``cap``)."""
