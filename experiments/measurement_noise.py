@@ -344,8 +344,9 @@ def _other_pass_target(an: dict, repeats: int) -> dict:
                          f"ratio| pass to pass {an['pass_noise_median_abs_log_ratio']:.1%}, repeat to repeat "
                          f"{an['repeat_noise_median_abs_log_ratio']:.1%}"
                          + (f"; a fixed speed probe's 10th-90th percentile {p10:.2f}-{p90:.2f} ms" if p10 else "")
-                         + "): the interval is one for a fresh run in the same session, and a later session can "
-                           "fall outside it; more repeats narrow it and lower this figure "
+                         + "): the interval covers a fresh run close in time to the repeats it pools (as the confirm "
+                           "step's repeats and pairs are), and a pass about 10 minutes later, its figure moved by the "
+                           "machine's drift, can fall outside it; more repeats narrow it and lower this figure "
                          + f"({', '.join(f'{k}: {x:.2f}' for k, x in sorted(cov.items(), key=lambda t: int(t[0])))})")
         sh = an.get("pass_shift") or {}
         if sh:
