@@ -259,6 +259,26 @@ def _say(what: str, row: dict) -> None:
     print(f"{what}: {json.dumps(shown)}", file=sys.stderr, flush=True)
 
 
+# what every figure of the file means, in its notes (one place: the payload cites it)
+NOTES = ["The claimed interval is a 95% interval for what ONE fresh run measures; the re-measured "
+         f"median of {REMEASURE} fresh runs varies less than one run, so coverage above 95% is expected "
+         "when the noise is stationary; the winner's curse (the best of several noisy runs is biased "
+         "up) and load that changes between the campaign and the re-measurement lower it.",
+         "'Separated' = the 95% CI of the winner/runner-up ratio of geometric means above 1 with each "
+         "measured in >= 2 processes (cubic.core.stats.separated); a wrong claim = the re-measured "
+         "runner-up separated above the re-measured winner by the same test.",
+         "The speedup over the baseline (the answer's headline) is a 95% confidence interval of the "
+         "ratio of typical throughputs, measured in back-to-back pairs of the baseline and the winner at "
+         "the campaign's end (cubic.codesign.confirm.SPEEDUP_PAIRS); the second look re-measures "
+         f"{REMEASURE} fresh pairs the same way after the campaign and computes the fresh ratio with its "
+         "own interval; 'contradicted' = the two log-ratios further apart than "
+         "both half-widths combined. For the known-noise job the true ratio is known, and the claimed "
+         "interval should cover it about 95% of the time.",
+         "Every rate here is a count over a few campaigns: each target gives its exact (Clopper-Pearson) "
+         "95% interval; 'met' is the point estimate, 'resolved' says whether the interval lies on the "
+         "target's side, and 'to_resolve' how many campaigns or claims would at the rate seen."]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -287,72 +307,73 @@ def main() -> None:
             rows.append(one_campaign("dlrm", 200 + i, Path(tmp), budget=3, steps=args.steps, warmup=args.warmup))
             _say(f"dlrm {i}", rows[-1])
     done = [r for r in rows if "covered" in r]
-    claims = [r for r in done if r["claimed_separated"]]
-    coverage = sum(r["covered"] for r in done) / len(done) if done else math.nan
-    by_kind = {k: _rates([r for r in done if r["kind"] == k]) for k in ("objective", "dlrm")}
-    rates = _rates(done)
-    wrong = rates["wrong_rate"] if claims else 0.0
-    confirm_s = sum(r.get("confirm_wall_s") or 0 for r in done)
-    campaign_s = sum(r["campaign_wall_s"] for r in done)
-    loads = [x for r in rows for x in (r["load_1m_start"], r["load_1m_end"])]
-    busy = max(loads) > (os.cpu_count() or 1) if loads else False
-    cov_reason = None
-    if done and coverage < 0.9:
-        missed = [r for r in done if not r["covered"]]
-        cov_reason = (f"{len(missed)} of {len(done)} winners' intervals missed the re-measured median"
-                      + (f"; the machine was busy (1-min load up to {max(loads):.1f} on {os.cpu_count()} cores): "
-                         "a re-measurement under a different load is a different distribution" if busy else ""))
     payload.update({
         "label": "MEASURED: every figure from real runs on this machine (objective: a known-noise job; dlrm: "
                  "dlrm-small training runs)",
-        "campaigns": rows,
-        "analysis": {
-            "campaigns_completed": len(done), "campaigns_failed": len(rows) - len(done),
-            "coverage_of_remeasured_median": coverage, "by_kind": by_kind,
-            "misses": [r.get("miss_reason") for r in done if not r["covered"]],
-            "coverage_of_true_median_objective": (sum(r["covered_true"] for r in done if r["kind"] == "objective")
-                                                   / max(1, sum(r["kind"] == "objective" for r in done))),
-            "separated_claims": len(claims), "wrong_separated_claims": sum(r["flipped_and_apart"] for r in claims),
-            "plain_flips_among_claims": sum(r["flipped"] for r in claims),
-            "ties_declared": sum(1 for r in done if not r["claimed_separated"]),
-            "confirm_wall_s_total": confirm_s, "campaign_wall_s_total": campaign_s,
-            "confirm_share_of_campaign_wall": confirm_s / campaign_s if campaign_s else math.nan,
-            "confirm_repeats_total": sum((r.get("confirm") or {}).get("repeats_spent", 0) for r in done),
-            "machine_busy": busy, "load_1m_max": max(loads) if loads else None,
-            "benchmark_wall_s": time.monotonic() - t0,
-        },
-        "notes": ["The claimed interval is a 95% interval for what ONE fresh run measures; the re-measured "
-                  f"median of {REMEASURE} fresh runs varies less than one run, so coverage above 95% is expected "
-                  "when the noise is stationary; the winner's curse (the best of several noisy runs is biased "
-                  "up) and load that changes between the campaign and the re-measurement lower it.",
-                  "'Separated' = the 95% CI of the winner/runner-up ratio of geometric means above 1 with each "
-                  "measured in >= 2 processes (cubic.core.stats.separated); a wrong claim = the re-measured "
-                  "runner-up separated above the re-measured winner by the same test.",
-                  "The speedup over the baseline (the answer's headline) is a 95% confidence interval of the "
-                  "ratio of typical throughputs, measured in back-to-back pairs of the baseline and the winner at "
-                  "the campaign's end (cubic.codesign.confirm.SPEEDUP_PAIRS); the second look re-measures "
-                  f"{REMEASURE} fresh pairs the same way after the campaign and computes the fresh ratio with its "
-                  "own interval; 'contradicted' = the two log-ratios further apart than "
-                  "both half-widths combined. For the known-noise job the true ratio is known, and the claimed "
-                  "interval should cover it about 95% of the time.",
-                  "Every rate here is a count over a few campaigns: each target gives its exact (Clopper-Pearson) "
-                  "95% interval; 'met' is the point estimate, 'resolved' says whether the interval lies on the "
-                  "target's side, and 'to_resolve' how many campaigns or claims would at the rate seen."],
-    })
-    dl = by_kind["dlrm"]
-    payload["targets"] = {
+        "campaigns": rows, "analysis": _analysis(rows, done, time.monotonic() - t0), "notes": NOTES})
+    payload["targets"] = _targets(done, rows, payload["analysis"], args.quick)
+    result = "answer_calibration_quick" if args.quick else "answer_calibration"
+    path = write_result(result, payload)
+    _plot(done, result)
+    an = payload["analysis"]
+    print(f"wrote {path}: coverage {an['coverage_of_remeasured_median']:.2f}, wrong separated "
+          f"{an['wrong_separated_claims']} of {an['separated_claims']} claims, confirm {an['confirm_wall_s_total']:.0f} s "
+          f"of {an['campaign_wall_s_total']:.0f} s", file=sys.stderr)
+    for name, t in payload["targets"].items():
+        if t.get("ci95"):
+            print(f"  {name}: {t['measured']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] vs {t['target']}: "
+                  f"{'met' if t['met'] else 'MISSED'}, {'resolved' if t['resolved'] else 'not resolved'}",
+                  file=sys.stderr)
+
+
+def _analysis(rows: list[dict], done: list[dict], wall_s: float) -> dict:
+    """The file's analysis: coverage, claims, ties and what the confirm step cost, pooled and by kind."""
+    claims = [r for r in done if r["claimed_separated"]]
+    confirm_s = sum(r.get("confirm_wall_s") or 0 for r in done)
+    campaign_s = sum(r["campaign_wall_s"] for r in done)
+    loads = [x for r in rows for x in (r["load_1m_start"], r["load_1m_end"])]
+    return {
+        "campaigns_completed": len(done), "campaigns_failed": len(rows) - len(done),
+        "coverage_of_remeasured_median": sum(r["covered"] for r in done) / len(done) if done else math.nan,
+        "by_kind": {k: _rates([r for r in done if r["kind"] == k]) for k in ("objective", "dlrm")},
+        "misses": [r.get("miss_reason") for r in done if not r["covered"]],
+        "coverage_of_true_median_objective": (sum(r["covered_true"] for r in done if r["kind"] == "objective")
+                                               / max(1, sum(r["kind"] == "objective" for r in done))),
+        "separated_claims": len(claims), "wrong_separated_claims": sum(r["flipped_and_apart"] for r in claims),
+        "plain_flips_among_claims": sum(r["flipped"] for r in claims),
+        "ties_declared": sum(1 for r in done if not r["claimed_separated"]),
+        "confirm_wall_s_total": confirm_s, "campaign_wall_s_total": campaign_s,
+        "confirm_share_of_campaign_wall": confirm_s / campaign_s if campaign_s else math.nan,
+        "confirm_repeats_total": sum((r.get("confirm") or {}).get("repeats_spent", 0) for r in done),
+        "machine_busy": max(loads) > (os.cpu_count() or 1) if loads else False,
+        "load_1m_max": max(loads) if loads else None,
+        "benchmark_wall_s": wall_s,
+    }
+
+
+def _targets(done: list[dict], rows: list[dict], an: dict, quick: bool) -> dict:
+    """Each target with its exact interval (_rate_target): pooled over both kinds, and on the dlrm-small
+    training campaigns alone (the claim a user acts on), the speedup's only when a campaign claimed one."""
+    rates = _rates(done)
+    cov_reason = None
+    if done and an["coverage_of_remeasured_median"] < 0.9:
+        cov_reason = (f"{len(an['misses'])} of {len(done)} winners' intervals missed the re-measured median"
+                      + (f"; the machine was busy (1-min load up to {an['load_1m_max']:.1f} on {os.cpu_count()} "
+                         "cores): a re-measurement under a different load is a different distribution"
+                         if an["machine_busy"] else ""))
+    targets = {
         "winner_interval_covers_remeasured_median": _rate_target(
             rates, "coverage", 0.9, True, cov_reason or "the winners' intervals missed the re-measured median "
                                                         "in more than 10% of campaigns"),
         "wrong_separated_claims": (_rate_target(rates, "wrong_rate", 0.05, False, "more than 5% of the separated "
-                                                "claims flipped, apart, when re-measured") if claims else
-                                   {"measured": 0.0, "target": 0.05, "met": True, "reason": "no separated claim was made"}),
+                                                "claims flipped, apart, when re-measured") if an["separated_claims"]
+                                   else {"measured": 0.0, "target": 0.05, "met": True,
+                                         "reason": "no separated claim was made"}),
         "campaigns": {"measured": len(done), "target": 10, "met": len(done) >= 10,
-                      **({} if len(done) >= 10 else {"reason": ("a --quick smoke run" if args.quick else
+                      **({} if len(done) >= 10 else {"reason": ("a --quick smoke run" if quick else
                                                                 f"{len(rows) - len(done)} campaigns failed")})},
     }
-    # the headline speedup against a second look (when any campaign claimed one), and the rates on real
-    # training runs alone (the claim a user acts on) beside the pooled ones
+    dl = an["by_kind"]["dlrm"]
     for name, r, key, bound, above, why in (
             ("speedup_claims_contradicted_by_remeasurement", rates, "speedup_contradicted", 0.05, False,
              "the claimed speedup and the re-measured one disagree beyond their intervals more often than 5%"),
@@ -364,17 +385,8 @@ def main() -> None:
             ("dlrm_speedup_claims_contradicted_by_remeasurement", dl, "speedup_contradicted", 0.05, False,
              "on dlrm-small training campaigns alone")):
         if r[RATE_OVER[key][0]]:
-            payload["targets"][name] = _rate_target(r, key, bound, above, why)
-    result = "answer_calibration_quick" if args.quick else "answer_calibration"
-    path = write_result(result, payload)
-    _plot(done, result)
-    print(f"wrote {path}: coverage {coverage:.2f}, wrong separated {wrong:.2f} of {len(claims)} claims, "
-          f"confirm {confirm_s:.0f} s of {campaign_s:.0f} s", file=sys.stderr)
-    for name, t in payload["targets"].items():
-        if t.get("ci95"):
-            print(f"  {name}: {t['measured']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] vs {t['target']}: "
-                  f"{'met' if t['met'] else 'MISSED'}, {'resolved' if t['resolved'] else 'not resolved'}",
-                  file=sys.stderr)
+            targets[name] = _rate_target(r, key, bound, above, why)
+    return targets
 
 
 # each rate of _rates -> the count it is over, and that count in words (one table for the targets and
