@@ -151,3 +151,19 @@ def test_a_rate_over_a_few_campaigns_has_an_exact_interval_and_says_what_would_r
     n = trials_to_resolve(0.975, 0.9, above=True)
     assert rate_interval(round(0.975 * n), n)[1] > 0.9
     assert trials_to_resolve(0.9, 0.9, above=True) is None and trials_to_resolve(0.1, 0.05, above=False) is None
+
+
+def test_a_paired_ratio_is_the_geometric_mean_of_the_pairs_with_a_t_interval_on_their_logs():
+    """cubic.core.stats.paired_ratio: the confirm step's speedup and answer_calibration's second look
+    both use it. A drift common to both sides of each pair is gone before it is called (the pairs' log
+    ratios), so only the pairs' own spread widens it; one pair has no spread, hence no interval."""
+    from cubic.core.stats import paired_ratio
+
+    logs = [math.log(2.0) + d for d in (0.05, -0.05, 0.02, -0.02)]
+    ratio, lo, hi = paired_ratio(logs)
+    sd = sps.tstd(logs)
+    half = sps.t.ppf(0.975, 3) * sd / 2
+    assert math.isclose(ratio, 2.0)
+    assert math.isclose(lo, 2.0 * math.exp(-half)) and math.isclose(hi, 2.0 * math.exp(half))
+    assert paired_ratio(logs[:1]) is None and paired_ratio([]) is None
+    assert paired_ratio([math.log(1.5)] * 3) == pytest.approx((1.5, 1.5, 1.5))  # no spread: a zero-width interval
