@@ -317,8 +317,8 @@ def main() -> None:
     _plot(done, result)
     an = payload["analysis"]
     print(f"wrote {path}: coverage {an['coverage_of_remeasured_median']:.2f}, wrong separated "
-          f"{an['wrong_separated_claims']} of {an['separated_claims']} claims, confirm {an['confirm_wall_s_total']:.0f} s "
-          f"of {an['campaign_wall_s_total']:.0f} s", file=sys.stderr)
+          f"{an['wrong_separated_claims']} of {an['separated_claims']} claims, "
+          f"confirm {an['confirm_wall_s_total']:.0f} s of {an['campaign_wall_s_total']:.0f} s", file=sys.stderr)
     for name, t in payload["targets"].items():
         if t.get("ci95"):
             print(f"  {name}: {t['measured']:.3f} [{t['ci95'][0]:.3f}, {t['ci95'][1]:.3f}] vs {t['target']}: "
