@@ -15,7 +15,7 @@ def test_the_other_pass_inside_the_interval_is_a_target_with_its_reason():
     assert missed["met"] is False and missed["target"] == 0.9 and missed["over"] == 120
     lo, hi = missed["ci95_approx"]
     assert lo < 0.6333 < hi < 0.9
-    assert "12.2%" in missed["reason"] and "6.1%" in missed["reason"] and "same session" in missed["reason"]
+    assert "12.2%" in missed["reason"] and "6.1%" in missed["reason"] and "close in time" in missed["reason"]
     assert "2: 0.96, 3: 0.82, 4: 0.63" in missed["reason"]
     met = _other_pass_target(_analysis(0.95), 4)
     assert met["met"] is True and "reason" not in met
