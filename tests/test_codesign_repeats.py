@@ -258,15 +258,20 @@ class _KeptRuns:
         return self.values[point["a"]][-1]
 
 
-def _speedup_over_baseline(runs: _KeptRuns, repeat_budget: int) -> dict:
-    """The confirm step's speedup of the winner (a=2, one run seen by the search) over the baseline (a=1)."""
+def _confirm_with_baseline(runs: _KeptRuns, seen: dict[int, float], repeat_budget: int) -> dict:
+    """The confirm step over the configurations the search ``seen`` (a -> its one run), the baseline a=1."""
     from cubic.codesign.confirm import confirm
     from search.strategies import Observation
 
     space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
-                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2]}]})
-    obs = [Observation(point={"a": 2}, result=Result(status="ok", metrics={"qps": 100.0}))]
-    return confirm(runs, space, obs, repeat_budget=repeat_budget, baseline=(runs, {"a": 1}))["speedup"]
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2, 3]}]})
+    obs = [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": v})) for a, v in seen.items()]
+    return confirm(runs, space, obs, repeat_budget=repeat_budget, baseline=(runs, {"a": 1}))
+
+
+def _speedup_over_baseline(runs: _KeptRuns, repeat_budget: int) -> dict:
+    """The confirm step's speedup of the winner (a=2, one run seen by the search) over the baseline (a=1)."""
+    return _confirm_with_baseline(runs, {2: 100.0}, repeat_budget)["speedup"]
 
 
 def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine_cancels():
@@ -300,17 +305,6 @@ def test_the_speedup_is_measured_in_back_to_back_pairs_so_a_drift_of_the_machine
     runs = Runs()  # --confirm-repeats 0: no extra runs (the baseline has its two processes already), labelled
     sp0 = _speedup_over_baseline(runs, repeat_budget=0)
     assert len(runs.values[1]) == 5 and not sp0["paired"] and sp0["method"].startswith("UNPAIRED")
-
-
-def _confirm_with_baseline(runs: _KeptRuns, seen: dict[int, float], repeat_budget: int) -> dict:
-    """The confirm step over the configurations the search ``seen`` (a -> its one run), the baseline a=1."""
-    from cubic.codesign.confirm import confirm
-    from search.strategies import Observation
-
-    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
-                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2, 3]}]})
-    obs = [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": v})) for a, v in seen.items()]
-    return confirm(runs, space, obs, repeat_budget=repeat_budget, baseline=(runs, {"a": 1}))
 
 
 def test_the_winners_row_pools_its_runs_in_the_speedup_pairs_as_cubic_run_serves_that_trial():
