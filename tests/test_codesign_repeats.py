@@ -371,3 +371,29 @@ def test_run_value_is_the_latest_runs_figure_and_none_for_a_contended_or_failed_
     assert ev.run_value({"batch_size": 128}, "examples_per_s") is None  # failed
     ev.add_repeat({"batch_size": 128})
     assert ev.run_value({"batch_size": 128}, "examples_per_s") == pytest.approx(90.0)
+
+
+def test_a_winner_that_is_the_baseline_has_a_ratio_of_one_and_runs_no_pairs():
+    """When the confirm step's winner is the baseline configuration itself, pairs would measure one
+    configuration against itself: noise, whose 95% interval excludes 1 one time in twenty (the
+    `--objective` keep-the-baseline test once read "1.04x better than the baseline" for the baseline).
+    Its ratio is 1 by definition; nothing is run; the answer keeps the baseline."""
+    from cubic.codesign.answer import confirm_lines
+
+    class Runs(_KeptRuns):
+        def __init__(self):
+            self.values = {1: [100.0, 101.0, 99.0], 2: [80.0, 81.0, 79.5], 3: [70.0]}
+            self.added = 0
+
+        def add_repeat(self, point):
+            self.added += 1
+            self.values[point["a"]].append(self.values[point["a"]][0])
+            return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+    runs = Runs()
+    out = _confirm_with_baseline(runs, {1: 100.0, 2: 80.0}, repeat_budget=2)
+    sp = out["speedup"]
+    assert out["winner"]["point"] == {"a": 1} and runs.added == 0
+    assert sp["winner_is_baseline"] and (sp["ratio"], sp["lo"], sp["hi"]) == (1.0, 1.0, 1.0)
+    assert not sp["beats_baseline"] and not sp["paired"] and sp["baseline_repeats"] == 3
+    assert "the winner is the baseline configuration" in confirm_lines(out)[-1]

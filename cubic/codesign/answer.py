@@ -95,7 +95,9 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
     verdict = c.get("verdict") or {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
     out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, 95% CI {fmt(lead['lo'])}-{fmt(lead['hi'])}x)"
                           if lead else ""))
-    if sp:
+    if sp and sp.get("winner_is_baseline"):
+        out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")
+    elif sp:
         how = (f"{sp['pairs']} back-to-back pairs with the baseline" if sp.get("paired") else
                f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
         out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; {how})"
@@ -131,6 +133,9 @@ class Answer:
     def headline(self) -> str:
         if self.winner is None:
             return f"No run of {self.runs} met the space's constraints, so there is no winner."
+        if self.keep_baseline and ((self.confirm or {}).get("speedup") or {}).get("winner_is_baseline"):
+            return (f"Keep the baseline: it is the best configuration the campaign measured on {self.metric}; "
+                    f"winner.yaml is the baseline, {self.source}.")
         if self.keep_baseline:
             best = (f"the best, {fmt(self.ratio)}× (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)"
                     if self.ratio is not None and self.interval else "the best")
@@ -326,7 +331,10 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     bm = dict(base.get("metrics") or {}) if base and base.get("ok") else {}
     confirm = ans.confirm or {}
     sp = confirm.get("speedup")
-    if sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
+    if sp and sp.get("winner_is_baseline") and base is not None and base.get("ok"):  # a ratio of 1 by definition
+        bm[m], ans.ratio = sp["baseline_value"], 1.0
+        _keep_baseline(ans, space, base, ctx)
+    elif sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
         bm[m] = sp["baseline_value"]
         ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
         ans.notes.append(f"the speedup is the ratio of typical {m}, every run in a fresh process; its 95% CI: "

@@ -85,7 +85,9 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     r = order[1] if len(order) > 1 else None
     sep_budget = apart(w, r) if w is not None else None
     speedup = None
-    if w is not None and baseline is not None:
+    if w is not None and baseline is not None and baseline[1] and space.key(points[w]) == space.key(baseline[1]):
+        speedup = _itself(baseline, metric)
+    elif w is not None and baseline is not None:
         speedup = _speedup(baseline, ev, points[w], est[w], metric, maximize, SPEEDUP_PAIRS if repeat_budget else 0)
         # the pairs' runs are stored repeats of the winner: its row pools them, as `cubic run --config
         # winner.yaml` serves that trial (one interval for one trial, not one per command)
@@ -155,9 +157,25 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     if iv is None:
         return None
     return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": len(logs) >= 2, "pairs": len(logs),
-            "pairs_planned": pairs, "baseline_repeats": be.n, "baseline_value": be.value,
-            "baseline_lo": be.lo, "baseline_hi": be.hi, "baseline_basis": be.basis,
-            "beats_baseline": iv[1] > 1.0, "method": method}
+            "pairs_planned": pairs, **_baseline_fields(be), "beats_baseline": iv[1] > 1.0, "method": method}
+
+
+def _itself(baseline: tuple[Any, dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The winner IS the baseline configuration: its ratio to itself is 1 by definition, so nothing is
+    run (pairs of one configuration measure only noise, and their 95% interval excludes 1 one time in
+    twenty: a test of the answer saw "1.04x better than the baseline" for the baseline itself)."""
+    bev, bpoint = baseline
+    be = bev.estimate(bpoint, metric) if callable(getattr(bev, "estimate", None)) else None
+    if be is None:
+        return None
+    return {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "paired": False, "pairs": 0, "pairs_planned": 0,
+            **_baseline_fields(be), "beats_baseline": False, "winner_is_baseline": True,
+            "method": "the winner is the baseline configuration: its ratio to itself is 1, nothing measured"}
+
+
+def _baseline_fields(be) -> dict[str, Any]:
+    return {"baseline_repeats": be.n, "baseline_value": be.value, "baseline_lo": be.lo, "baseline_hi": be.hi,
+            "baseline_basis": be.basis}
 
 
 def _pairs(bev, bpoint: dict[str, Any], ev, wpoint: dict[str, Any], metric: str, pairs: int) -> list[float]:
