@@ -85,13 +85,15 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     r = order[1] if len(order) > 1 else None
     sep_budget = apart(w, r) if w is not None else None
     speedup = None
-    if w is not None and baseline is not None and baseline[1] and space.key(points[w]) == space.key(baseline[1]):
-        speedup = _itself(baseline, metric)
-    elif w is not None and baseline is not None:
-        speedup = _speedup(baseline, ev, points[w], est[w], metric, maximize, SPEEDUP_PAIRS if repeat_budget else 0)
-        # the pairs' runs are stored repeats of the winner: its row pools them, as `cubic run --config
-        # winner.yaml` serves that trial (one interval for one trial, not one per command)
-        est[w] = ev.estimate(points[w], metric) or est[w]
+    if w is not None and baseline is not None:
+        if baseline[1] and space.key(points[w]) == space.key(baseline[1]):
+            speedup = _itself(baseline, metric)
+        else:
+            speedup = _speedup(baseline, ev, points[w], est[w], metric, maximize,
+                               SPEEDUP_PAIRS if repeat_budget else 0)
+            # the pairs' runs are stored repeats of the winner: its row pools them, as `cubic run --config
+            # winner.yaml` serves that trial (one interval for one trial, not one per command)
+            est[w] = ev.estimate(points[w], metric) or est[w]
     sep = apart(w, r) if w is not None else None
     lead = None
     if w is not None and r is not None:
