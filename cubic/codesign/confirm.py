@@ -53,28 +53,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
             return None
         return separated(est[w], est[r]) if maximize else separated(est[r], est[w])
 
-    spent, failed, t0 = 0, [], time.monotonic()
-    while True:
-        order = ranked()
-        w, r = order[0], (order[1] if len(order) > 1 else None)
-        if r is None or apart(w, r) or spent >= repeat_budget:
-            break
-        # "separated" needs each leader in >= 2 processes: a leader with one gets its second first (by
-        # the error rule alone a noisy winner drew every repeat, and a one-run runner-up, whose
-        # spread is unknown, could never be separated from it: the whole budget spent for a tie)
-        single = [k for k in (w, r) if est[k].n < 2]
-        target = single[0] if single else max(
-            (w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf, -est[k].n))
-        out = ev.add_repeat(points[target])
-        spent += 1
-        if not out.ok:
-            failed.append({"point": points[target], "failure_kind": out.failure_kind, "reason": out.reason})
-            if not out.transient:  # it fails now where it once ran: no longer a candidate
-                est.pop(target)
-                if not est:
-                    break
-            continue
-        est[target] = ev.estimate(points[target], metric) or est[target]
+    t0 = time.monotonic()
+    spent, failed = _repeat_leaders(ev, points, est, ranked, apart, metric, repeat_budget)
 
     def row(e) -> dict[str, Any]:
         return {"value": e.value, "lo": e.lo, "hi": e.hi, "repeats": e.n, "basis": e.basis,
@@ -115,6 +95,36 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
         out["speedup"] = speedup
     out["wall_s"] = time.monotonic() - t0
     return out
+
+
+def _repeat_leaders(ev, points: dict[str, dict[str, Any]], est: dict[str, Any], ranked: Callable[[], list[str]],
+                    apart: Callable[[str, str | None], bool | None], metric: str,
+                    repeat_budget: int) -> tuple[int, list[dict[str, Any]]]:
+    """The repeat loop of :func:`confirm`: adds repeats to the two leaders (updating ``est`` in place,
+    dropping a configuration that now fails for good) until they are apart or the budget is spent;
+    returns (repeats spent, the failed repeats)."""
+    spent, failed = 0, []
+    while True:
+        order = ranked()
+        w, r = order[0], (order[1] if len(order) > 1 else None)
+        if r is None or apart(w, r) or spent >= repeat_budget:
+            return spent, failed
+        # "separated" needs each leader in >= 2 processes: a leader with one gets its second first (by
+        # the error rule alone a noisy winner drew every repeat, and a one-run runner-up, whose
+        # spread is unknown, could never be separated from it: the whole budget spent for a tie)
+        single = [k for k in (w, r) if est[k].n < 2]
+        target = single[0] if single else max(
+            (w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf, -est[k].n))
+        out = ev.add_repeat(points[target])
+        spent += 1
+        if not out.ok:
+            failed.append({"point": points[target], "failure_kind": out.failure_kind, "reason": out.reason})
+            if not out.transient:  # it fails now where it once ran: no longer a candidate
+                est.pop(target)
+                if not est:
+                    return spent, failed
+            continue
+        est[target] = ev.estimate(points[target], metric) or est[target]
 
 
 # The speedup is measured in PAIRS: the baseline and the winner run back to back, SPEEDUP_PAIRS times, at
