@@ -32,8 +32,15 @@ Writes results/two_d.json (or results/two_d_quick.json) with ``targets``, a PNG,
 cost_models/data/two_d_quality.json (the NE cost table the simulator cites; a --quick run writes it
 labelled quick).
 
+Resolution seeds: the two NE targets (gradient sync inside +-0.1%, averaging every 100 steps resolved)
+need more seeds than the six every variant gets: 1D and 2D part by float rounding, so one seed's NE
+cost has an sd of ~0.4% (gradient sync) and ~1% (averaging every 100), and a 95% half-width of 0.1%
+needs ~65 paired seeds. The full run adds seeds 6..RESOLVE_SEEDS-1 for the three variants those
+targets compare (1d, grad, avg-100 with row-wise AdaGrad); their runs keep the first EARLY_STEPS losses.
+
     python experiments/two_d.py --quick    # 3 seeds x 300 steps, speed 30 steps (~12 min on 2 idle cores)
-    python experiments/two_d.py            # 6 seeds x 800 steps, speed 60 steps (~45 min on 2 idle cores)
+    python experiments/two_d.py            # 6 seeds (80 for the resolved targets) x 800 steps, speed 60 steps
+                                           # (~50 min on 2 idle cores)
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ VARIANTS = [  # (name, optimizer, sync, interval); group size 1 for 2D, full sha
     ("avg-10", "ms_rowwise_adagrad", "weights", 10),
     ("avg-100", "ms_rowwise_adagrad", "weights", 100),
 ]
+RESOLVE_SEEDS = 80  # paired seeds for the two resolved NE targets (see the module docstring)
+RESOLVE_VARIANTS = [v for v in VARIANTS if v[1] == "rowwise_adagrad" and v[0] in ("1d", "grad", "avg-100")]
 QUALITY_FILE = Path(__file__).resolve().parent.parent / "cost_models" / "data" / "two_d_quality.json"
 
 
@@ -107,7 +116,10 @@ def variant_config(plan, seed: int, optimizer: str, sync: str | None, interval: 
     return Config.model_validate({"seed": seed, "sharding": sharding, "optimizers": {"embedding": optimizer}})
 
 
-def run_quality(seeds, steps, log=print):
+def run_quality(seeds, steps, log=print, variants=VARIANTS, keep_losses: int | None = None):
+    """Every variant on every seed; ``keep_losses`` keeps only that many of each run's per-step losses
+    (the resolution seeds: the early-loss check reads EARLY_STEPS, and 800 losses a run would make the
+    result file megabytes)."""
     from cubic.runners.distributed import DistributedRunner
 
     runner = DistributedRunner(world_size=2, timeout_s=3600, verify=False, threads=1)
@@ -115,7 +127,7 @@ def run_quality(seeds, steps, log=print):
     for seed in seeds:
         wl = study_workload(seed)
         plans = {1: make_plan(wl, 2, 1), 2: make_plan(wl, 2, 2)}
-        for name, opt, sync, interval in VARIANTS:
+        for name, opt, sync, interval in variants:
             cfg = variant_config(plans[2 if name == "1d" else 1], seed, opt, sync, interval)
             t0 = time.perf_counter()
             res = runner.run(wl, cfg, steps=steps, warmup=0)
@@ -124,7 +136,7 @@ def run_quality(seeds, steps, log=print):
             m = res.metrics
             runs.append({"variant": name, "optimizer": opt, "seed": seed, "ne": m["ne_end"], "ne_start": m["ne_start"],
                          "replica_ne": res.extra.get("two_d", {}).get("replica_ne_end", [m["ne_end"]]),
-                         "losses": res.extra["train_losses"], "step_ms_median": m["step_time_median_ms"],
+                         "losses": res.extra["train_losses"][:keep_losses], "step_ms_median": m["step_time_median_ms"],
                          "step_ms_ci": [m["step_time_ci_lo_ms"], m["step_time_ci_hi_ms"]],
                          "sync_ms_mean": m["sync_time_mean_ms"], "wall_s": time.perf_counter() - t0})
             log(f"seed {seed} {name:>7} {opt:>18}: NE {m['ne_end']:.4f} (start {m['ne_start']:.4f}), "
@@ -250,7 +262,7 @@ def quality_doc(summary, payload) -> dict:
             "date": payload["started_at"], "code_version": payload["code_version"],
             "measured_on": (f"CPU gloo, 2 processes (2D: 2 groups x 1 rank), cubic's DistributedRunner, workload "
                             f"{payload['workload']} (DLRM, 8 tables <= 1,000 rows, batch 256/rank), "
-                            f"{payload['steps']} steps, {len(payload['seeds'])} seeds, 1D end NE "
+                            f"{payload['steps']} steps, the seeds in each entry, 1D end NE "
                             f"{payload['ne_end_1d_mean']:.3f}"),
             "quick": q,
         },
@@ -271,7 +283,7 @@ def plot(summary, speed, path, quick: bool = False) -> None:
             if var == "1d":
                 continue
             st = s["ne_cost_rel"]
-            labels.append(f"{var}\n{'ms-' if opt.startswith('ms') else ''}rw-adagrad")
+            labels.append(f"{var}\n{'ms-' if opt.startswith('ms') else ''}rw-adagrad\n{st['seeds']} seeds")
             means.append(100 * st["mean"])
             errs.append(100 * st["half_width"] if st["seeds"] > 1 else 0.0)
     a.bar(range(len(means)), means, yerr=errs, capsize=4, color="tab:blue")
@@ -303,6 +315,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 seeds x 300 steps, speed 30 steps (labelled quick)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--resolve-seeds", type=int, default=None,
+                    help=f"paired seeds for the two resolved NE targets (default {RESOLVE_SEEDS}; --quick: none beyond --seeds)")
     ap.add_argument("--speed-steps", type=int, default=None)
     ap.add_argument("--no-quality-file", action="store_true",
                     help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
@@ -312,6 +326,12 @@ def main(argv=None) -> int:
     ctx = run_context("measured")
     t0 = time.perf_counter()
     runs = run_quality(seeds, steps, log=lambda s: print(s, flush=True))
+    from cubic.runners.distributed import EARLY_STEPS
+
+    resolve = list(range(len(seeds), args.resolve_seeds if args.resolve_seeds is not None else
+                         (0 if args.quick else RESOLVE_SEEDS)))
+    runs += run_quality(resolve, steps, log=lambda s: print(s, flush=True), variants=RESOLVE_VARIANTS,
+                        keep_losses=EARLY_STEPS)
     summary = summarise(runs)
     speed = run_speed(args.speed_steps or (30 if args.quick else 60), log=lambda s: print(s, flush=True))
     ra = summary["rowwise_adagrad"]
@@ -320,10 +340,13 @@ def main(argv=None) -> int:
     resolved = a100["half_width"] <= PARITY or a100["ci95"][0] > PARITY or a100["ci95"][1] < -PARITY
     name = "two_d" + ("_quick" if args.quick else "")
     payload = {**ctx, "what": "2D sparse parallelism through cubic's DistributedRunner (this CPU, gloo): NE and step time",
-               "quick": args.quick, "steps": steps, "seeds": seeds, "workload": study_workload(0).name,
+               "quick": args.quick, "steps": steps, "seeds": seeds, "resolve_seeds": resolve,
+               "resolve_variants": [f"{n}/{o}" for n, o, _, _ in RESOLVE_VARIANTS], "workload": study_workload(0).name,
                "workload_spec": study_workload(0).model_dump(mode="json"),
                "quality_layout": "2 processes: 1D = full sharding over 2 ranks; 2D = 2 groups x 1 rank (2 replicas)",
                "labels": {"ne": "measured (eval batch, end of run; 2D: mean of the replicas)",
+                          "runs": (f"every variant on seeds {seeds[0]}..{seeds[-1]}; the resolution seeds (resolve_seeds) "
+                                   f"run only resolve_variants and keep their first {EARLY_STEPS} losses"),
                           "step time": "measured (median of windows, 95% order-statistics CI)",
                           "predicted_step_ms": "modelled (cubic.runners.step_model)"},
                "optimizers": {"rowwise_adagrad": "row-wise AdaGrad (FBGEMM EXACT_ROWWISE_ADAGRAD's rule)",
@@ -344,18 +367,18 @@ def main(argv=None) -> int:
             "measured": g["ne_cost_rel"]["mean"], "ci95": g["ne_cost_rel"]["ci95"], "target": PARITY,
             "met": bool(g["ne_cost_rel"]["ci_inside_target"]),
             **({} if g["ne_cost_rel"]["ci_inside_target"] else {
-                "reason": f"{len(seeds)} seeds leave a half-width of {100 * g['ne_cost_rel']['half_width']:.3f}%; about "
+                "reason": f"{g['ne_cost_rel']['seeds']} seeds leave a half-width of {100 * g['ne_cost_rel']['half_width']:.3f}%; about "
                           f"{g['ne_cost_rel']['seeds_to_resolve']} would resolve it (the trajectories of 1D and 2D "
                           "part by float rounding, see the early-loss target)"})},
         "averaging every 100 steps: NE cost resolved within +-0.1% or shown to exceed it (measured, 95% CI)": {
             "measured": a100["mean"], "ci95": a100["ci95"], "half_width": a100["half_width"], "target": PARITY,
-            "met": bool(resolved), **({} if resolved else {"reason": f"{len(seeds)} seeds leave a half-width of "
+            "met": bool(resolved), **({} if resolved else {"reason": f"{a100['seeds']} seeds leave a half-width of "
                                                                        f"{100 * a100['half_width']:.3f}%; about "
                                                                        f"{a100['seeds_to_resolve']} would resolve it"})},
         "averaging every 100 steps: NE cost <= +0.5% (measured, mean)": {
             "measured": a100["mean"], "target": AVG100_BOUND, "met": bool(a100["mean"] <= AVG100_BOUND),
             **({} if a100["mean"] <= AVG100_BOUND else {"reason": f"mean NE cost {100 * a100['mean']:+.2f}% over "
-                                                                  f"{len(seeds)} paired seeds"})},
+                                                                  f"{a100['seeds']} paired seeds"})},
     }
     payload["targets"].update(speed_target(speed))
     path = write_result(name, payload)

@@ -54,16 +54,21 @@ def test_study_plans_and_configs_are_1d_and_2d():
     assert cfg.apply(wl).optimizers.embedding == "ms_rowwise_adagrad"
 
 
-@pytest.mark.slow  # 9 DistributedRunner runs (2 and 4 gloo processes), a few steps each: minutes on 2 cores
+@pytest.mark.slow  # 12 DistributedRunner runs (2 and 4 gloo processes), a few steps each: minutes on 2 cores
 def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, monkeypatch):
     import experiments.common as common
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     monkeypatch.setattr(two_d, "QUALITY_FILE", tmp_path / "q.json")
-    assert two_d.main(["--quick", "--steps", "4", "--seeds", "1", "--speed-steps", "3"]) == 0
+    assert two_d.main(["--quick", "--steps", "12", "--seeds", "1", "--resolve-seeds", "2", "--speed-steps", "3"]) == 0
     out = json.loads((tmp_path / "two_d_quick.json").read_text())
     assert out["targets"] and (tmp_path / "two_d_quick.png").exists()
-    grad = out["summary"]["rowwise_adagrad"]["grad"]
+    # the resolution seed runs only the resolved targets' variants and keeps its first EARLY_STEPS losses
+    extra = [(r["variant"], r["optimizer"], len(r["losses"])) for r in out["runs"] if r["seed"] == 1]
+    assert extra == [("1d", "rowwise_adagrad", 10), ("grad", "rowwise_adagrad", 10), ("avg-100", "rowwise_adagrad", 10)]
+    ra = out["summary"]["rowwise_adagrad"]
+    assert ra["grad"]["ne_cost_rel"]["seeds"] == 2 and ra["avg-10"]["ne_cost_rel"]["seeds"] == 1
+    grad = ra["grad"]
     assert grad["early_loss_max_rel_diff_vs_1d"] <= 1e-4
     assert len(out["speed"]["rows"]) == 3 and all(r["predicted_step_ms"] > 0 for r in out["speed"]["rows"])
     # whose machine the model's links were measured on is said, not assumed to be this one
