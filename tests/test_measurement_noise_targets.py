@@ -41,3 +41,38 @@ def test_the_pass_to_pass_move_splits_into_a_common_shift_and_configs_against_ea
     assert sh["other_pass_inside_interval_common_shift_removed"] == 1.0
     missed = _other_pass_target({**_analysis(0.63), "pass_shift": sh}, 4)
     assert "common to every configuration" in missed["reason"] and "11.1%" in missed["reason"]
+
+
+def test_probe_scaling_takes_out_a_drift_the_probe_saw():
+    """Pass 2 runs 10% slower for every configuration and its speed probe takes 10% longer: in the
+    machine's speed units (throughput x probe / median probe) the passes agree, the shift is gone and
+    the probe-scaled interval holds the other pass, while the examples/s interval does not."""
+    import math
+
+    from experiments.measurement_noise import _probe_scaled_target, analyse, probe_scaled
+
+    vals = {"a": [100.0, 104.0, 96.0, 101.0], "b": [200.0, 190.0, 210.0, 204.0], "c": [50.0, 52.0, 49.0, 51.0],
+            "d": [80.0, 79.0, 82.0, 81.0]}
+
+    def rep(v, probe):
+        return {"examples_per_s": v, "contended": False, "speed_probe_ms": probe}
+
+    passes = [{"runs": 16, "wall_s": 10.0,
+               "configs": {k: {"ok": True, "repeats": [rep(v / f, f) for v in vs]} for k, vs in vals.items()}}
+              for f in (1.0, 1.1)]
+    scaled = probe_scaled(passes)
+    # the median probe of all runs is 1.05 ms: pass 1's runs (probe 1.0) scale by 1 / 1.05
+    assert all(math.isclose(x["examples_per_s"] * 1.05, v) for x, v in zip(scaled[0]["configs"]["a"]["repeats"], vals["a"]))
+    an = analyse(passes, 4)
+    assert an["pass_shift"]["common_shift"] > 0.09 and an["other_pass_inside_interval_by_repeats"][4] < 0.5
+    ps = an["probe_scaled"]
+    assert ps["common_shift"] < 1e-9 and ps["other_pass_inside_interval_by_repeats"][4] == 1.0
+    t = _probe_scaled_target(an, 4)
+    assert t["met"] is True and t["examples_per_s_measured"] < 0.5 and "found_on" in t
+    # runs without a probe (a GPU's) leave nothing to scale: the target says so instead of passing
+    for p in passes:
+        for c in p["configs"].values():
+            for r in c["repeats"]:
+                r.pop("speed_probe_ms")
+    t = _probe_scaled_target(analyse(passes, 4), 4)
+    assert t["met"] is False and "no speed probe" in t["reason"]
