@@ -360,21 +360,29 @@ def _why_tau_missed(an: dict, repeats: int) -> str:
             f"{repeats} repeats cannot resolve the near-ties")
 
 
+def _coverage(cov: dict, configs: int, repeats: int) -> dict | None:
+    """How often the other pass fell inside the interval at ``repeats`` repeats, as a 0.9 target with an
+    approximate interval (each configuration counted both ways: the comparisons are not independent)."""
+    from cubic.core.stats import rate_interval
+
+    v = cov.get(repeats, cov.get(str(repeats)))
+    if v is None:
+        return None
+    n = 2 * configs
+    _, lo, hi = rate_interval(round(v * n), n)
+    return {"measured": v, "target": 0.9, "met": bool(v >= 0.9), "ci95_approx": [lo, hi], "over": n}
+
+
 def _other_pass_target(an: dict, repeats: int) -> dict:
     """A second look at the interval itself: cubic's 95% interval from a pass's R repeats (pooled with
     the pass's noise model, as a campaign's) is meant for what a fresh run measures; how often does the
     other pass, minutes later, fall inside it? Each configuration is counted both ways, so the exact
     interval over the comparisons is approximate (pairs are not independent)."""
-    from cubic.core.stats import rate_interval
-
     cov = an["other_pass_inside_interval_by_repeats"]
-    v = cov.get(repeats, cov.get(str(repeats)))
-    if v is None:
+    out = _coverage(cov, an["configs_compared"], repeats)
+    if out is None:
         return {"measured": None, "target": 0.9, "met": False, "reason": f"fewer than 2 repeats ({repeats})"}
-    n = 2 * an["configs_compared"]
-    _, lo, hi = rate_interval(round(v * n), n)
-    out = {"measured": v, "target": 0.9, "met": bool(v >= 0.9), "ci95_approx": [lo, hi], "over": n}
-    if v < 0.9:
+    if not out["met"]:
         speed = an.get("machine_speed") or {}
         p10, _, p90 = speed.get("speed_probe_ms_p10_p50_p90") or [None] * 3
         out["reason"] = (f"the machine drifts between passes more than between back-to-back repeats (median |log "
@@ -401,24 +409,19 @@ def _probe_scaled_target(an: dict, repeats: int) -> dict:
     """The same second look on probe-scaled throughputs: does an interval in the machine's speed units
     hold a pass minutes later? Found on stop 48's passes (reanalysed in stop 51: 0.98 at 4 repeats where
     examples/s gave 0.63); a run after that is its check on passes it was not found on."""
-    from cubic.core.stats import rate_interval
-
     ps = an.get("probe_scaled") or {}
-    cov = ps.get("other_pass_inside_interval_by_repeats") or {}
-    v = cov.get(repeats, cov.get(str(repeats)))
-    if v is None:
+    out = _coverage(ps.get("other_pass_inside_interval_by_repeats") or {}, ps.get("configs_compared", 0), repeats)
+    if out is None:
         return {"measured": None, "target": 0.9, "met": False,
                 "reason": "no speed probe in the runs (a non-CPU device) or fewer than 2 repeats"}
-    n = 2 * ps["configs_compared"]
-    _, lo, hi = rate_interval(round(v * n), n)
-    out = {"measured": v, "target": 0.9, "met": bool(v >= 0.9), "ci95_approx": [lo, hi], "over": n,
-           "found_on": ("stop 48's passes (started 2026-11-29T06:05Z, code b063e65), reanalysed in stop 51: there the "
-                        "rule was found, not checked; passes measured after it are its check"),
-           "shift_left": ps.get("common_shift"), "examples_per_s_measured": (an["other_pass_inside_interval_by_repeats"]
-                                                                              .get(repeats))}
-    if v < 0.9:
+    out.update({"found_on": ("stop 48's passes (started 2026-11-29T06:05Z, code b063e65), reanalysed in stop 51: "
+                             "there the rule was found, not checked; passes measured after it are its check"),
+                "shift_left": ps.get("common_shift"),
+                "examples_per_s_measured": an["other_pass_inside_interval_by_repeats"].get(repeats)})
+    if not out["met"]:
         raw, left = (an.get("pass_shift") or {}).get("common_shift"), ps.get("common_shift")
-        moved = f" (the shift between the passes {raw:.1%} in examples/s, {left:.1%} probe-scaled)" if raw and left else ""
+        moved = (f" (the shift between the passes {raw:.1%} in examples/s, {left:.1%} probe-scaled)"
+                 if raw and left else "")
         out["reason"] = ("the probe does not take the machine's drift away" + moved + ": the drift is not only in what "
                          "the probe times (one core's arithmetic), e.g. memory or cache pressure from a neighbour")
     return out

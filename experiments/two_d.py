@@ -316,7 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--resolve-seeds", type=int, default=None,
-                    help=f"paired seeds for the two resolved NE targets (default {RESOLVE_SEEDS}; --quick: none beyond --seeds)")
+                    help=f"paired seeds for the two resolved NE targets (default {RESOLVE_SEEDS}; "
+                         "--quick: none beyond --seeds)")
     ap.add_argument("--speed-steps", type=int, default=None)
     ap.add_argument("--no-quality-file", action="store_true",
                     help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
@@ -345,8 +346,9 @@ def main(argv=None) -> int:
                "workload_spec": study_workload(0).model_dump(mode="json"),
                "quality_layout": "2 processes: 1D = full sharding over 2 ranks; 2D = 2 groups x 1 rank (2 replicas)",
                "labels": {"ne": "measured (eval batch, end of run; 2D: mean of the replicas)",
-                          "runs": (f"every variant on seeds {seeds[0]}..{seeds[-1]}; the resolution seeds (resolve_seeds) "
-                                   f"run only resolve_variants and keep their first {EARLY_STEPS} losses"),
+                          "runs": (f"every variant on seeds {seeds[0]}..{seeds[-1]}; the resolution seeds "
+                                   f"(resolve_seeds) run only resolve_variants and keep their first {EARLY_STEPS} "
+                                   "losses"),
                           "step time": "measured (median of windows, 95% order-statistics CI)",
                           "predicted_step_ms": "modelled (cubic.runners.step_model)"},
                "optimizers": {"rowwise_adagrad": "row-wise AdaGrad (FBGEMM EXACT_ROWWISE_ADAGRAD's rule)",
@@ -367,7 +369,8 @@ def main(argv=None) -> int:
             "measured": g["ne_cost_rel"]["mean"], "ci95": g["ne_cost_rel"]["ci95"], "target": PARITY,
             "met": bool(g["ne_cost_rel"]["ci_inside_target"]),
             **({} if g["ne_cost_rel"]["ci_inside_target"] else {
-                "reason": f"{g['ne_cost_rel']['seeds']} seeds leave a half-width of {100 * g['ne_cost_rel']['half_width']:.3f}%; about "
+                "reason": f"{g['ne_cost_rel']['seeds']} seeds leave a half-width of "
+                          f"{100 * g['ne_cost_rel']['half_width']:.3f}%; about "
                           f"{g['ne_cost_rel']['seeds_to_resolve']} would resolve it (the trajectories of 1D and 2D "
                           "part by float rounding, see the early-loss target)"})},
         "averaging every 100 steps: NE cost resolved within +-0.1% or shown to exceed it (measured, 95% CI)": {

@@ -62,7 +62,8 @@ def test_probe_scaling_takes_out_a_drift_the_probe_saw():
               for f in (1.0, 1.1)]
     scaled = probe_scaled(passes)
     # the median probe of all runs is 1.05 ms: pass 1's runs (probe 1.0) scale by 1 / 1.05
-    assert all(math.isclose(x["examples_per_s"] * 1.05, v) for x, v in zip(scaled[0]["configs"]["a"]["repeats"], vals["a"]))
+    assert all(math.isclose(x["examples_per_s"] * 1.05, v)
+               for x, v in zip(scaled[0]["configs"]["a"]["repeats"], vals["a"]))
     an = analyse(passes, 4)
     assert an["pass_shift"]["common_shift"] > 0.09 and an["other_pass_inside_interval_by_repeats"][4] < 0.5
     ps = an["probe_scaled"]
