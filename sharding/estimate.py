@@ -192,6 +192,31 @@ class MeasuredEstimator(Estimator):
         return "measured on this CPU: FBGEMM CPU TBE, single thread"
 
 
+class ScaledEstimator(Estimator):
+    """A modelled estimator times ``scale``: the base model's ranking, at this machine's measured
+    scale (so compute is weighed against communication as measured here): `shard plan --rescale`
+    and experiments/sharding_rescale.py, which measured what re-planning at that scale buys."""
+
+    source = "modelled"
+
+    def __init__(self, base: Estimator, scale: float):
+        if not (scale > 0 and np.isfinite(scale)):
+            raise ValueError(f"scale must be positive and finite (got {scale})")
+        self.base, self.scale = base, float(scale)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.base.predict(X) * self.scale
+
+    def can_predict(self) -> bool:
+        return self.base.can_predict()
+
+    def compute_ms(self, ranks, batch):
+        return [c * self.scale for c in self.base.compute_ms(ranks, batch)]
+
+    def describe(self) -> str:
+        return f"{self.base.describe()}, scaled x{self.scale:.3g} to this machine's compute check"
+
+
 def min_pieces(table: Table, group: int) -> int:
     """How many pieces a table may be cut into at most (column quarters x row pieces up to group)."""
     return max(1, min(group, table.dim // COLUMN_MULTIPLE if table.dim % COLUMN_MULTIPLE == 0 else 1))

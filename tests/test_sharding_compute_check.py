@@ -66,3 +66,38 @@ def test_no_check_leaves_the_plan_unmeasured_and_evaluate_prints_the_check(tmp_p
     assert json.loads(out.read_text())["measured"] is None
     assert main(["shard", "evaluate", str(out), "--repeats", "1"]) == 0
     assert "compute check (the plan's lookup MEASURED on this cpu against the model)" in capsys.readouterr().out
+
+
+def test_rescale_re_plans_at_the_measured_scale_and_says_what_that_was_measured_to_buy(tmp_path, capsys, monkeypatch):
+    """A model 10x off this machine: --rescale plans again with it scaled by the check's measured ratio,
+    the plan's notes say so, and the check of the re-planned plan is near 1x."""
+    import math
+
+    import cubic.cli.shard as shard_cli
+    from sharding.estimate import LearnedEstimator, ScaledEstimator
+
+    monkeypatch.setattr(shard_cli, "_estimator", lambda path, device=None: ScaledEstimator(LearnedEstimator(), 10.0))
+    out = tmp_path / "plan.json"
+    assert main(["shard", "plan", "--tables", str(_csv(tmp_path)), "--world-size", "4", "--memory-gb", "1",
+                 "--batch-size", "64", "--time-budget", "0.3", "--device", "cpu", "--rescale", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    plan = load_plan(out)
+    assert "re-planned at the compute check's measured scale (--rescale: the model x" in plan.notes
+    assert "re-planned at the compute check's measured scale" in printed and "results/sharding_rescale.json" in printed
+    check = compute_check(plan.predicted, plan.measured)  # the re-planned plan's own check
+    assert abs(math.log(check.ratio)) < math.log(2.0), check.ratio
+    assert printed.index("re-planned") < printed.index(f"the model predicts {check.ratio:.2f}x")
+
+
+def test_rescale_keeps_a_plan_whose_check_holds_and_needs_the_check(tmp_path, capsys, monkeypatch):
+    from sharding.estimate import ComputeCheck
+
+    monkeypatch.setattr(ComputeCheck, "holds", property(lambda self: True))
+    out = tmp_path / "plan.json"
+    args = ["shard", "plan", "--tables", str(_csv(tmp_path)), "--world-size", "2", "--memory-gb", "1",
+            "--batch-size", "64", "--time-budget", "0.3", "--device", "cpu", "--rescale"]
+    assert main(args + ["--out", str(out)]) == 0
+    assert "--rescale: the check holds" in capsys.readouterr().out and "re-planned" not in load_plan(out).notes
+    assert main(args + ["--no-check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rescale" in err[0] and "--no-check" in err[0]

@@ -7,17 +7,17 @@ import pytest
 
 from experiments import common
 from experiments import sharding_rescale as sr
-from sharding.estimate import LearnedEstimator
+from sharding.estimate import LearnedEstimator, ScaledEstimator
 
 
 def test_the_scaled_model_keeps_the_ranking_and_scales_every_figure():
     base = LearnedEstimator()
     X = np.abs(np.random.default_rng(0).normal(size=(5, 10))) * 1e4
-    scaled = sr.ScaledEstimator(base, 0.5)
+    scaled = ScaledEstimator(base, 0.5)
     assert np.allclose(scaled.predict(X), 0.5 * base.predict(X)) and scaled.can_predict()
     assert "scaled x0.5" in scaled.describe()
     with pytest.raises(ValueError):
-        sr.ScaledEstimator(base, float("nan"))
+        ScaledEstimator(base, float("nan"))
 
 
 def _cell(model, gain):
