@@ -100,3 +100,19 @@ def test_tiers_are_priced_by_the_plan_cost_on_a_gpu():
     host = plan_cost(plan.model_copy(update={"kernels": assign_kernels(plan, 1 * MB)}), est, comm)
     # PCIe misses cost more than HBM reads; every table in host memory costs the most
     assert base.max_ms < tiered.max_ms < host.max_ms
+
+
+def test_tiers_are_re_priced_by_the_model_the_user_gave(tmp_path):
+    """--hbm-gb re-predicts the tiered plan: with --model, by that model (it once used the default)."""
+    from pathlib import Path
+
+    xeon = Path(__file__).resolve().parent.parent / "experiments" / "data" / "sharding_cost_model_intel_xeon.json"
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
+                   + "".join(f"t{i},100000,64,{1 + 4 * i},1.1\n" for i in range(4)))
+    out = tmp_path / "p.json"
+    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", "cpu",
+                 "--planner", "size_greedy", "--hbm-gb", "0.03", "--model", str(xeon), "--no-check",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["kernels"] and "Xeon" in doc["predicted"]["details"]["compute"]
