@@ -424,6 +424,22 @@ def _probe_scaled_target(an: dict, repeats: int) -> dict:
                  if raw and left else "")
         out["reason"] = ("the probe does not take the machine's drift away" + moved + ": the drift is not only in what "
                          "the probe times (one core's arithmetic), e.g. memory or cache pressure from a neighbour")
+    # what the probe costs beside what it buys: the same intervals' widths and one repeat's noise
+    w = (an.get("interval_rel_width_by_repeats") or {}).get(repeats) or {}
+    out["interval_rel_width_median"] = {"examples_per_s": w.get("median"),
+                                        "probe_scaled": ps.get("interval_rel_width_median")}
+    out["repeat_noise_median_abs_log_ratio"] = {"examples_per_s": an.get("repeat_noise_median_abs_log_ratio"),
+                                                "probe_scaled": ps.get("repeat_noise_median_abs_log_ratio")}
+    sh = an.get("pass_shift") or {}
+    if sh and abs(sh["common_shift_log"]) <= sh["repeat_noise_alone_sd_log"]:
+        out["what_this_run_tests"] = (
+            f"not the drift: the passes moved {sh['common_shift']:+.1%} alike, within repeat noise (sd "
+            f"{sh['repeat_noise_alone_sd_log']:.3f} in log), so the examples/s interval held the other pass too "
+            f"({out['examples_per_s_measured']:.2f}); this run shows what the probe costs where there is no drift to "
+            f"take away: intervals {ps.get('interval_rel_width_median', float('nan')):.2f} wide against "
+            f"{w.get('median', float('nan')):.2f}, one repeat's noise "
+            f"{ps.get('repeat_noise_median_abs_log_ratio', float('nan')):.1%} against "
+            f"{an.get('repeat_noise_median_abs_log_ratio', float('nan')):.1%}")
     return out
 
 

@@ -70,6 +70,7 @@ def test_probe_scaling_takes_out_a_drift_the_probe_saw():
     assert ps["common_shift"] < 1e-9 and ps["other_pass_inside_interval_by_repeats"][4] == 1.0
     t = _probe_scaled_target(an, 4)
     assert t["met"] is True and t["examples_per_s_measured"] < 0.5 and "found_on" in t
+    assert "what_this_run_tests" not in t  # a drift the probe took away: this run tests it
     # runs without a probe (a GPU's) leave nothing to scale: the target says so instead of passing
     for p in passes:
         for c in p["configs"].values():
@@ -77,3 +78,18 @@ def test_probe_scaling_takes_out_a_drift_the_probe_saw():
                 r.pop("speed_probe_ms")
     t = _probe_scaled_target(analyse(passes, 4), 4)
     assert t["met"] is False and "no speed probe" in t["reason"]
+
+
+def test_a_run_without_drift_says_it_does_not_test_the_probe():
+    """Two passes that did not move: both intervals hold the other pass, and the probe target says this
+    run shows only the probe's cost (its widths and noise beside examples/s'), not a drift taken away."""
+    from experiments.measurement_noise import _probe_scaled_target, analyse
+
+    vals = {"a": [100.0, 104.0, 96.0, 101.0], "b": [200.0, 190.0, 210.0, 204.0], "c": [50.0, 52.0, 49.0, 51.0]}
+    probes = [1.0, 1.1, 0.95, 1.05]
+    passes = [{"runs": 12, "wall_s": 10.0, "configs": {k: {"ok": True, "repeats": [
+        {"examples_per_s": v, "contended": False, "speed_probe_ms": q} for v, q in zip(vs, probes)]}
+        for k, vs in vals.items()}} for _ in range(2)]
+    t = _probe_scaled_target(analyse(passes, 4), 4)
+    assert t["examples_per_s_measured"] == 1.0 and "not the drift" in t["what_this_run_tests"]
+    assert set(t["interval_rel_width_median"]) == {"examples_per_s", "probe_scaled"}
