@@ -83,6 +83,7 @@ def test_rescale_re_plans_at_the_measured_scale_and_says_what_that_was_measured_
     printed = capsys.readouterr().out
     plan = load_plan(out)
     assert "re-planned at the compute check's measured scale (--rescale: the model x" in plan.notes
+    assert f"planned in {plan.planning_time_s:.2f} s" in printed  # the time printed is the one the plan keeps
     assert "re-planned at the compute check's measured scale" in printed and "results/sharding_rescale.json" in printed
     check = compute_check(plan.predicted, plan.measured)  # the re-planned plan's own check
     assert abs(math.log(check.ratio)) < math.log(2.0), check.ratio

@@ -149,7 +149,8 @@ def cmd_plan(args) -> int:
             plan, skipped = _checked(_make_plan(args, tables, topo, batch, ScaledEstimator(est, 1.0 / first.ratio)))
             note = (f"re-planned at the compute check's measured scale (--rescale: the model x{1.0 / first.ratio:.3g}; "
                     f"it predicted {first.ratio:.2f}x the measured lookup)")
-            plan = plan.model_copy(update={"notes": f"{plan.notes}; {note}" if plan.notes else note})
+            plan = plan.model_copy(update={"notes": f"{plan.notes}; {note}" if plan.notes else note,
+                                           "planning_time_s": model_plan.planning_time_s + plan.planning_time_s})
             same = "the same plan as the model's" if plan.shards == model_plan.shards else "a different plan"
             rescaled = f"{note}: {same}; {RESCALE_EVIDENCE}"
             check = _compute_check(plan)
