@@ -2,9 +2,10 @@
 
 ``cost_models/data/two_d_quality.json`` (written by that experiment, with its provenance: run, date,
 code version, "measured on CPU gloo, <processes and groups>, cubic's DistributedRunner, <workload>,
-<steps>, <seeds>, 1D end NE", and whether it was a --quick run) lists, per embedding optimizer and
+<steps>, 1D end NE", and whether it was a --quick run) lists, per embedding optimizer and
 replica sync (``gradients`` every step, or ``weights`` averaged every ``interval`` steps), the
-relative NE cost of 2D vs full (1D) sharding with its 95% interval across paired seeds.
+relative NE cost of 2D vs full (1D) sharding with its 95% interval across paired seeds (``seeds``:
+how many; the experiment gives the resolved targets more seeds than the rest).
 
 :func:`ne_cost` answers for any (optimizer, sync, interval): an interval that was run is
 ``measured``; one between two measured intervals is linearly interpolated and one outside them
@@ -88,8 +89,9 @@ def ne_cost(optimizer: str, sync: str, interval: int = 1, path: str | Path | Non
     exact = [e for e in rows if e["interval"] == interval]
     if exact:
         e = exact[0]
+        seeds = f", {e['seeds']} paired seeds" if e.get("seeds") else ""
         return NECost(float(e["ne_cost_rel"]), (float(e["ci95"][0]), float(e["ci95"][1])), "measured",
-                      f"measured: {where}, {optimizer}, sync {sync} every {interval} steps")
+                      f"measured: {where}, {optimizer}, sync {sync} every {interval} steps{seeds}")
     if len(rows) == 1:
         e = rows[0]
         return NECost(float(e["ne_cost_rel"]), (float(e["ci95"][0]), float(e["ci95"][1])), "modelled",

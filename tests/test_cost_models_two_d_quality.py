@@ -69,3 +69,14 @@ def test_a_malformed_table_names_the_file_and_field(tmp_path, broken, field):
     with pytest.raises(SpecError) as e:
         q.load(path)
     assert e.value.field == field and str(path) in str(e.value)
+
+
+def test_a_measured_cost_names_its_paired_seeds():
+    """The packaged table gives each entry its own seed count (two_d's resolved targets have more):
+    the source a simulated run cites says how many seeds stand behind the figure."""
+    from cost_models import two_d_quality
+
+    doc = two_d_quality.load(two_d_quality.DATA)
+    for e in doc["entries"]:
+        got = two_d_quality.ne_cost(e["optimizer"], e["sync"], e["interval"])
+        assert got.kind == "measured" and got.source.endswith(f", {e['seeds']} paired seeds")
