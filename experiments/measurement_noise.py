@@ -183,13 +183,13 @@ def machine_speed(passes: list[dict], keys: list[str], repeats: int) -> dict:
         y += [np.log(r["speed_probe_ms"] / ref) for r in ok]
     rho = spearmanr(x, y).statistic if len(x) >= 4 else None
 
-    def scaled(p: dict, k: str) -> float | None:
-        v = [r["examples_per_s"] * r["speed_probe_ms"] / ref for r in p["configs"][k]["repeats"][:repeats]
-             if r.get("speed_probe_ms") and r.get("examples_per_s")]
+    def scaled(p: dict, k: str) -> float | None:  # the median of the first repeats, in probe_scaled's units
+        v = [r["examples_per_s"] for r in p["configs"][k]["repeats"][:repeats]]
         return float(np.median(v)) if v else None
 
-    a = [scaled(passes[0], k) for k in keys]
-    b = [scaled(passes[1], k) for k in keys]
+    sp = probe_scaled(passes)
+    a = [scaled(sp[0], k) for k in keys]
+    b = [scaled(sp[1], k) for k in keys]
     both = [(u, w) for u, w in zip(a, b) if u and w]
     probe_spread = np.percentile(probes, [10, 50, 90]).tolist()
     return {"spearman_throughput_vs_probe_deviation": None if rho is None or not np.isfinite(rho) else float(rho),
