@@ -59,7 +59,7 @@ def plan_pair(tables, topo, est: Estimator, budget: float) -> dict:
 
     first = plan(est)
     check = compute_check(first.predicted, measured_cost(first))  # as `shard plan`'s check measures it
-    return {"plan": first, "rescaled": plan(ScaledEstimator(est, 1.0 / check.ratio)), "ratio": check.ratio,
+    return {"plan": first, "rescaled": plan(ScaledEstimator.at_check(est, check)), "ratio": check.ratio,
             "check_holds": check.holds, "spearman": check.spearman}
 
 

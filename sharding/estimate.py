@@ -216,6 +216,12 @@ class ScaledEstimator(Estimator):
     def describe(self) -> str:
         return f"{self.base.describe()}, scaled x{self.scale:.3g} to this machine's compute check"
 
+    @classmethod
+    def at_check(cls, base: Estimator, check: ComputeCheck) -> ScaledEstimator:
+        """``base`` at the scale a compute check measured (its ms divided by the check's ratio): the one
+        re-plan rule, for `shard plan --rescale` and the benchmark that measured it."""
+        return cls(base, 1.0 / check.ratio)
+
 
 def min_pieces(table: Table, group: int) -> int:
     """How many pieces a table may be cut into at most (column quarters x row pieces up to group)."""

@@ -18,6 +18,11 @@ def test_the_scaled_model_keeps_the_ranking_and_scales_every_figure():
     assert "scaled x0.5" in scaled.describe()
     with pytest.raises(ValueError):
         ScaledEstimator(base, float("nan"))
+    # the re-plan rule of `shard plan --rescale` and of the benchmark: the model at the check's scale
+    from sharding.estimate import ComputeCheck
+
+    check = ComputeCheck(ratio=2.0, rank_ratios=(2.0,), spearman=None, slowest_predicted=0, slowest_measured=0)
+    assert ScaledEstimator.at_check(base, check).scale == 0.5
 
 
 def _cell(model, gain):

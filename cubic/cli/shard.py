@@ -145,9 +145,9 @@ def cmd_plan(args) -> int:
         if check.holds:
             rescaled = "--rescale: the check holds (the model within its tolerance here): the model's plan kept"
         else:
-            first, model_plan = check, plan
-            plan, skipped = _checked(_make_plan(args, tables, topo, batch, ScaledEstimator(est, 1.0 / first.ratio)))
-            note = (f"re-planned at the compute check's measured scale (--rescale: the model x{1.0 / first.ratio:.3g}; "
+            first, model_plan, scaled = check, plan, ScaledEstimator.at_check(est, check)
+            plan, skipped = _checked(_make_plan(args, tables, topo, batch, scaled))
+            note = (f"re-planned at the compute check's measured scale (--rescale: the model x{scaled.scale:.3g}; "
                     f"it predicted {first.ratio:.2f}x the measured lookup)")
             plan = plan.model_copy(update={"notes": f"{plan.notes}; {note}" if plan.notes else note,
                                            "planning_time_s": model_plan.planning_time_s + plan.planning_time_s})
