@@ -44,6 +44,14 @@ def test_ne_cost_is_paired_by_seed_with_1d_rowwise_adagrad(tmp_path):
     assert two_d_quality.ne_cost("rowwise_adagrad", "gradients", 1, path=path).ne_cost_rel == pytest.approx(0.0)
 
 
+def test_an_unresolved_cost_says_whether_its_interval_excludes_zero():
+    st = {"seeds": 80, "half_width": 0.0014, "seeds_to_resolve": 156, "ci95": [-0.0036, -0.0008]}
+    assert "excludes 0 (measurably better than 1D" in two_d.unresolved_reason(st)
+    assert "measurably worse" in two_d.unresolved_reason({**st, "ci95": [0.0006, 0.0034]})
+    straddles = two_d.unresolved_reason({**st, "ci95": [-0.0024, 0.0004]})
+    assert "excludes" not in straddles and straddles.startswith("80 seeds leave a half-width of 0.140%")
+
+
 def test_study_plans_and_configs_are_1d_and_2d():
     wl = two_d.study_workload(3)
     assert wl.data.seed == 1003 and max(t.rows for t in wl.tables) <= 1000
