@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cubic.testing import LOG_ENV, make_evaluate, space
 from experiments.reliability.common import comparable, worker_env, count_lines, store_audit, sqlite_integrity
@@ -36,6 +36,35 @@ def user_view(study, name: str, storage: str) -> dict[str, Any]:
 
 
 
+def kill_repeatedly(command: Callable[[], list[str]], wd: Path, env: dict[str, str], log: Path, kills: int,
+                    rng: random.Random, max_wait_s: float, timeout_s: float) -> tuple[int, list[float], bool]:
+    """Start ``command()`` (asked anew each time: the first start may differ from a resume), wait until
+    it has begun a new evaluation (a new line in ``log``), then a random moment of up to ``max_wait_s``,
+    and SIGKILL it; ``kills`` times or until ``timeout_s``. Returns (kills done, their moments,
+    whether the campaign finished before all kills: a budget too small for the test). The one kill
+    loop of both kill tests."""
+    done, moments, t0 = 0, [], time.monotonic()
+    while done < kills and time.monotonic() - t0 < timeout_s:
+        before = count_lines(log)
+        proc = subprocess.Popen(command(), cwd=wd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while proc.poll() is None and count_lines(log) <= before:
+            time.sleep(0.005)
+        wait = rng.uniform(0.0, max_wait_s)
+        if proc.poll() is None:
+            time.sleep(wait)
+        if proc.poll() is not None:  # the campaign finished before this kill
+            err = proc.stderr.read().decode(errors="replace")
+            if proc.returncode != 0:
+                raise RuntimeError(f"campaign process failed (rc {proc.returncode}): {err[-2000:]}")
+            return done, moments, True
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        moments.append(round(wait, 3))
+        done += 1
+    return done, moments, False
+
+
 def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: int = 4, seed: int = 7,
                 strategy: str = "tpe", max_wait_s: float = 0.8, rng_seed: int = 0,
                 timeout_s: float = 1800.0) -> dict[str, Any]:
@@ -58,26 +87,7 @@ def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: 
     env = worker_env(**{LOG_ENV: str(log)})
     rng = random.Random(rng_seed)
     t0 = time.monotonic()
-    done, finished_early, moments = 0, False, []
-    while done < kills and time.monotonic() - t0 < timeout_s:
-        before = count_lines(log)
-        proc = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        while proc.poll() is None and count_lines(log) <= before:
-            time.sleep(0.005)
-        if proc.poll() is None:
-            wait = rng.uniform(0.0, max_wait_s)
-            time.sleep(wait)
-        if proc.poll() is not None:  # the campaign finished before this kill: budget too small
-            err = proc.stderr.read().decode(errors="replace")
-            if proc.returncode != 0:
-                raise RuntimeError(f"campaign process failed (rc {proc.returncode}): {err[-2000:]}")
-            finished_early = True
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
-        moments.append(round(wait, 3))
-        done += 1
+    done, moments, finished_early = kill_repeatedly(lambda: cmd, wd, env, log, kills, rng, max_wait_s, timeout_s)
     runs_started = count_lines(log)
     final = subprocess.run(cmd, cwd=wd, env=env, capture_output=True, timeout=timeout_s)
     if final.returncode != 0:
@@ -103,7 +113,9 @@ def kill_resume(workdir: str | Path, kills: int = 20, budget: int = 120, batch: 
     s = resumed.summary()
     return {
         "kills": done, "kill_moments_s_after_first_eval": moments, "finished_before_all_kills": finished_early,
-        "budget": budget, "trials": len(keys), "retried_after_kill": sum("failed_trial" in t.system_attrs for t in runs), "duplicated_trials": len(keys) - len(set(keys)),
+        "budget": budget, "trials": len(keys),
+        "retried_after_kill": sum("failed_trial" in t.system_attrs for t in runs),
+        "duplicated_trials": len(keys) - len(set(keys)),
         "lost_trials": max(0, budget - len(set(keys))),
         "store": audit, "evaluations_started": runs_started_total,
         # a run in flight at a kill is run again on resume (its trial resumed): not a duplicate point
@@ -150,7 +162,7 @@ def kill_resume_cli(workdir: str | Path, kills: int = 4, budget: int = 8, batch:
                  "120", "--storage", storage]
     resume = cli + ["resume", "killed", "--storage", storage]
     log, env, rng = wd / "runs.log", worker_env(), random.Random(rng_seed)
-    done, moments, t0 = 0, [], time.monotonic()
+    t0 = time.monotonic()
 
     def created() -> bool:
         try:
@@ -159,26 +171,8 @@ def kill_resume_cli(workdir: str | Path, kills: int = 4, budget: int = 8, batch:
         except Exception:  # noqa: BLE001 - no storage yet
             return False
 
-    finished_early = False
-    while done < kills and time.monotonic() - t0 < timeout_s:
-        before = count_lines(log)
-        proc = subprocess.Popen(resume if created() else run, cwd=wd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        while proc.poll() is None and count_lines(log) <= before:
-            time.sleep(0.01)
-        wait = rng.uniform(0.0, max_wait_s)
-        time.sleep(wait)
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")
-            if proc.returncode != 0:
-                raise RuntimeError(f"campaign failed (rc {proc.returncode}): {err[-1500:]}")
-            finished_early = True
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
-        moments.append(round(wait, 3))
-        done += 1
+    done, moments, finished_early = kill_repeatedly(lambda: resume if created() else run, wd, env, log, kills, rng,
+                                                    max_wait_s, timeout_s)
     final = subprocess.run(resume if created() else run, cwd=wd, env=env, capture_output=True, timeout=timeout_s)
     if final.returncode != 0:
         raise RuntimeError(f"final resume failed: {final.stderr.decode(errors='replace')[-1500:]}")
