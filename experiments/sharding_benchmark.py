@@ -129,12 +129,21 @@ def own_estimator(path: str) -> LearnedEstimator:
     return est
 
 
+def model_origin(meta: dict) -> str:
+    """Where a learned compute model was trained, against THIS machine's fingerprint ("trained on this
+    machine", or "trained on another machine (CPU)"): how the sharding benchmarks name a model, so that
+    a model native here is never called foreign, nor the other way round."""
+    if machine_mismatch(meta) is None:
+        return "trained on this machine"
+    return f"trained on another machine ({(meta.get('fingerprint') or {}).get('cpu_model', 'unrecorded')})"
+
+
 def own_prefix(meta: dict) -> str:
     """The own model's targets' prefix: OWN_PREFIX when it was trained on this machine, else the
     machine it was trained on (--own-model given another machine's model: a cross-check, named so)."""
     if machine_mismatch(meta) is None:
         return OWN_PREFIX
-    return f"cross-check, compute model trained on another machine ({(meta.get('fingerprint') or {}).get('cpu_model')}): "
+    return f"cross-check, compute model {model_origin(meta)}: "
 
 
 def own_look(families, regs, methods, own_est, targets, looks: int = 0) -> dict:

@@ -18,8 +18,8 @@ experiments/sharding_benchmark.py), for each compute model:
 
 Models: the packaged one (trained on an AMD EPYC) and ``--other-model`` (default: the Intel Xeon
 model in experiments/data, ~7x off in scale on an EPYC). Each is named by where it was trained,
-against THIS machine's fingerprint (:func:`model_origin`): on an EPYC the Xeon model is the foreign
-one, on a Xeon the packaged model is. Target, per model: re-planning at the measured scale lowers
+against THIS machine's fingerprint (sharding_benchmark.model_origin): on an EPYC the Xeon model is
+the foreign one, on a Xeon the packaged model is. Target, per model: re-planning at the measured scale lowers
 the mean gap by at least 1 point, resolved (the paired 95% interval's upper end below -1 point).
 Met would be the case for re-planning; missed says the warning is the product.
 
@@ -45,7 +45,7 @@ from experiments import sharding_benchmark as sb  # noqa: E402
 from experiments._sharding_ground_truth import MinOfRounds, plan_sets  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from sharding.estimate import (CHECK_REPEATS, Estimator, LearnedEstimator, ScaledEstimator,  # noqa: E402
-                               compute_check, machine_mismatch, measured_cost)
+                               compute_check, measured_cost)
 from sharding.registry import make_planner  # noqa: E402
 
 NAME = "sharding_rescale"
@@ -106,12 +106,8 @@ def run_task(i: int, models: dict, regs: dict, budget: float, looks: int) -> lis
 
 
 def model_origin(est: Estimator) -> str:
-    """Where a learned model was trained, against this machine ("trained on this machine" or "trained
-    on CPU, another machine"): a model's name in the targets must not call the native one foreign."""
-    meta = getattr(getattr(est, "model", None), "meta_", None) or {}
-    if machine_mismatch(meta) is None:
-        return "trained on this machine"
-    return f"trained on {(meta.get('fingerprint') or {}).get('cpu_model', 'an unrecorded machine')}, another machine"
+    """Where ``est``'s learned model was trained, against this machine (sharding_benchmark.model_origin)."""
+    return sb.model_origin(getattr(getattr(est, "model", None), "meta_", None) or {})
 
 
 def targets_of(cells: list[dict], models: dict) -> tuple[dict, dict]:
@@ -136,7 +132,7 @@ def targets_of(cells: list[dict], models: dict) -> tuple[dict, dict]:
                            f"[{lo:+.1%}, {hi:+.1%}] over {len(mine)} task-regime cells: not a resolved gain of 1 point; "
                            "`shard plan` warns about the scale and keeps the model's plan (re-plans only with "
                            "--rescale)")
-        targets[f"{m} model ({origin}): re-planning at the compute check's measured scale lowers the mean gap "
+        targets[f"{m} model, {origin}: re-planning at the compute check's measured scale lowers the mean gap "
                 "by >= 1 point"] = t
     return summary, targets
 
@@ -159,7 +155,8 @@ def plot(cells: list[dict], models: dict, path) -> None:
         ax.plot(lim, lim, "k--", lw=0.8, label="no change")
         ax.set_xlabel("gap to best heuristic, model as is (%; measured compute, modelled comm)")
         ax.set_ylabel("gap, re-planned at the measured scale (%)")
-        ax.set_title(f"{m} model, {model_origin(models[m])} (median scale {np.median([c['ratio'] for c in mine]):.2f}x)", fontsize=9)
+        scale = np.median([c["ratio"] for c in mine])
+        ax.set_title(f"{m} model, {model_origin(models[m])} (median scale {scale:.2f}x)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
