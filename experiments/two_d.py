@@ -320,40 +320,19 @@ def plot(summary, speed, path, quick: bool = False) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
-    from experiments.common import ci_text, png_path, run_context, write_result
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="3 seeds x 300 steps, speed 30 steps (labelled quick)")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--seeds", type=int, default=None)
-    ap.add_argument("--resolve-seeds", type=int, default=None,
-                    help=f"paired seeds for the two resolved NE targets (default {RESOLVE_SEEDS}; "
-                         "--quick: none beyond --seeds)")
-    ap.add_argument("--speed-steps", type=int, default=None)
-    ap.add_argument("--no-quality-file", action="store_true",
-                    help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
-    args = ap.parse_args(argv)
-    steps = args.steps or (300 if args.quick else 800)
-    seeds = list(range(args.seeds or (3 if args.quick else 6)))
-    ctx = run_context("measured")
-    t0 = time.perf_counter()
-    runs = run_quality(seeds, steps, log=lambda s: print(s, flush=True))
+def result_payload(ctx: dict, quick: bool, steps: int, seeds: list[int], resolve: list[int], runs: list[dict],
+                   speed: dict, runtime_s: float) -> dict:
+    """A run's result file from its measured ``runs`` and ``speed``: its summary, labels and targets. The
+    one analysis of a fresh run and of ``--reanalyse`` (the stored runs read back)."""
     from cubic.runners.distributed import EARLY_STEPS
 
-    resolve = list(range(len(seeds), args.resolve_seeds if args.resolve_seeds is not None else
-                         (0 if args.quick else RESOLVE_SEEDS)))
-    runs += run_quality(resolve, steps, log=lambda s: print(s, flush=True), variants=RESOLVE_VARIANTS,
-                        keep_losses=EARLY_STEPS)
     summary = summarise(runs)
-    speed = run_speed(args.speed_steps or (30 if args.quick else 60), log=lambda s: print(s, flush=True))
     ra = summary["rowwise_adagrad"]
     ne_1d = ra["1d"]["ne_mean"]
     g, a100 = ra["grad"], ra["avg-100"]["ne_cost_rel"]
     resolved = a100["half_width"] <= PARITY or a100["ci95"][0] > PARITY or a100["ci95"][1] < -PARITY
-    name = "two_d" + ("_quick" if args.quick else "")
     payload = {**ctx, "what": "2D sparse parallelism through cubic's DistributedRunner (this CPU, gloo): NE and step time",
-               "quick": args.quick, "steps": steps, "seeds": seeds, "resolve_seeds": resolve,
+               "quick": quick, "steps": steps, "seeds": seeds, "resolve_seeds": resolve,
                "resolve_variants": [f"{n}/{o}" for n, o, _, _ in RESOLVE_VARIANTS], "workload": study_workload(0).name,
                "workload_spec": study_workload(0).model_dump(mode="json"),
                "quality_layout": "2 processes: 1D = full sharding over 2 ranks; 2D = 2 groups x 1 rank (2 replicas)",
@@ -368,7 +347,7 @@ def main(argv=None) -> int:
                                                      "SUMMARY of arXiv 2508.03854: accumulator / replicas")},
                "ne_bar": NE_BAR, "ne_bar_why": NE_BAR_WHY, "ne_end_1d_mean": ne_1d,
                "summary": summary, "speed": speed, "runs": runs, "targets_rationale": TARGETS_WHY,
-               "runtime_s": time.perf_counter() - t0}
+               "runtime_s": runtime_s}
     payload["targets"] = {
         f"1D end NE <= {NE_BAR} (the model learns; measured, mean over seeds)": {
             "measured": ne_1d, "target": NE_BAR, "met": bool(ne_1d <= NE_BAR),
@@ -381,10 +360,8 @@ def main(argv=None) -> int:
             "measured": g["ne_cost_rel"]["mean"], "ci95": g["ne_cost_rel"]["ci95"], "target": PARITY,
             "met": bool(g["ne_cost_rel"]["ci_inside_target"]),
             **({} if g["ne_cost_rel"]["ci_inside_target"] else {
-                "reason": f"{g['ne_cost_rel']['seeds']} seeds leave a half-width of "
-                          f"{100 * g['ne_cost_rel']['half_width']:.3f}%; about "
-                          f"{g['ne_cost_rel']['seeds_to_resolve']} would resolve it (the trajectories of 1D and 2D "
-                          "part by float rounding, see the early-loss target)"})},
+                "reason": unresolved_reason(g["ne_cost_rel"]) + " (the trajectories of 1D and 2D part by float "
+                                                                "rounding, see the early-loss target)"})},
         "averaging every 100 steps: NE cost resolved within +-0.1% or shown to exceed it (measured, 95% CI)": {
             "measured": a100["mean"], "ci95": a100["ci95"], "half_width": a100["half_width"], "target": PARITY,
             "met": bool(resolved), **({} if resolved else {"reason": unresolved_reason(a100)})},
@@ -394,6 +371,62 @@ def main(argv=None) -> int:
                                                                   f"{a100['seeds']} paired seeds"})},
     }
     payload["targets"].update(speed_target(speed))
+    return payload
+
+
+def measure(args) -> dict:
+    """A fresh run: the quality runs (with the resolution seeds) and the speed runs, as a result payload."""
+    from experiments.common import run_context
+    from cubic.runners.distributed import EARLY_STEPS
+
+    steps = args.steps or (300 if args.quick else 800)
+    seeds = list(range(args.seeds or (3 if args.quick else 6)))
+    ctx = run_context("measured")
+    t0 = time.perf_counter()
+    runs = run_quality(seeds, steps, log=lambda s: print(s, flush=True))
+    resolve = list(range(len(seeds), args.resolve_seeds if args.resolve_seeds is not None else
+                         (0 if args.quick else RESOLVE_SEEDS)))
+    runs += run_quality(resolve, steps, log=lambda s: print(s, flush=True), variants=RESOLVE_VARIANTS,
+                        keep_losses=EARLY_STEPS)
+    speed = run_speed(args.speed_steps or (30 if args.quick else 60), log=lambda s: print(s, flush=True))
+    return result_payload(ctx, args.quick, steps, seeds, resolve, runs, speed, time.perf_counter() - t0)
+
+
+def reanalysed(name: str) -> dict:
+    """--reanalyse: the stored run's result rebuilt by this code's analysis; its runs, speed and context
+    (code_version: the measurement's) are the stored ones, ``reanalysed`` names this code."""
+    from cubic.core.fingerprint import code_version
+    from experiments.common import RESULTS
+
+    d = json.loads((RESULTS / f"{name}.json").read_text())
+    ctx = {k: d[k] for k in ("kind", "fingerprint", "fingerprint_hash", "versions", "code_version", "started_at",
+                             "loadavg_1m_at_start")}
+    payload = result_payload(ctx, d["quick"], d["steps"], d["seeds"], d["resolve_seeds"], d["runs"], d["speed"],
+                             d["runtime_s"])
+    payload.update(finished_at=d["finished_at"], loadavg_1m_at_end=d["loadavg_1m_at_end"],
+                   reanalysed={"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return payload
+
+
+def main(argv=None) -> int:
+    from experiments.common import ci_text, png_path, write_result
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="3 seeds x 300 steps, speed 30 steps (labelled quick)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--resolve-seeds", type=int, default=None,
+                    help=f"paired seeds for the two resolved NE targets (default {RESOLVE_SEEDS}; "
+                         "--quick: none beyond --seeds)")
+    ap.add_argument("--speed-steps", type=int, default=None)
+    ap.add_argument("--no-quality-file", action="store_true",
+                    help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="rebuild the summary, targets and PNG from the runs in the stored JSON; run nothing")
+    args = ap.parse_args(argv)
+    name = "two_d" + ("_quick" if args.quick else "")
+    payload = reanalysed(name) if args.reanalyse else measure(args)
+    summary, speed = payload["summary"], payload["speed"]
     path = write_result(name, payload)
     plot(summary, speed, png_path(name), args.quick)
     for opt, vs in summary.items():

@@ -52,6 +52,36 @@ def test_an_unresolved_cost_says_whether_its_interval_excludes_zero():
     assert "excludes" not in straddles and straddles.startswith("80 seeds leave a half-width of 0.140%")
 
 
+def _speed_row(case, measured, predicted):
+    return {"case": case, "measured_step_ms": measured, "measured_step_ms_ci95": [measured - 1, measured + 1],
+            "measured_sync_ms_mean": 1.0, "predicted_step_ms": predicted,
+            "measured_ratio_vs_1d": measured / 30.0, "predicted_ratio_vs_1d": predicted / 5.0}
+
+
+def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_context(tmp_path, monkeypatch):
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    runs = []
+    for seed, (ne, grad, avg) in enumerate([(0.90, 0.905, 0.897), (0.88, 0.879, 0.878), (0.91, 0.912, 0.906)]):
+        runs += [run("1d", "rowwise_adagrad", seed, ne), run("grad", "rowwise_adagrad", seed, grad),
+                 run("avg-100", "rowwise_adagrad", seed, avg)]
+    speed = {"rows": [_speed_row("1d", 30.0, 5.0), _speed_row("2D grad", 36.0, 4.0)]}
+    ctx = {"kind": "measured", "fingerprint": {"cpu_model": "X"}, "fingerprint_hash": "h", "versions": {},
+           "code_version": "measured-on", "started_at": "2026-01-01T00:00:00Z", "loadavg_1m_at_start": 0.5}
+    stored = two_d.result_payload(ctx, False, 800, [0, 1, 2], [], runs, speed, 12.0)
+    stored["targets"] = {"an older analysis's target": {"measured": 1.0, "target": 0.0, "met": False, "reason": "x"}}
+    common.write_result("two_d", stored)
+    assert two_d.main(["--reanalyse", "--no-quality-file"]) == 0
+    out = json.loads((tmp_path / "two_d.json").read_text())
+    assert out["code_version"] == "measured-on" and out["reanalysed"]["code_version"]
+    assert out["finished_at"] == stored["finished_at"] and out["runs"] == runs
+    assert "an older analysis's target" not in out["targets"]
+    grad = out["targets"]["per-step gradient sync: |NE cost vs 1D| inside +-0.1% (measured, 95% CI)"]
+    assert grad["met"] is False and grad["reason"].startswith("3 seeds leave a half-width of")
+    assert grad["reason"].endswith("see the early-loss target)") and (tmp_path / "two_d.png").exists()
+
+
 def test_study_plans_and_configs_are_1d_and_2d():
     wl = two_d.study_workload(3)
     assert wl.data.seed == 1003 and max(t.rows for t in wl.tables) <= 1000
@@ -86,5 +116,8 @@ def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, m
 
     assert out["speed"]["note"].count("another machine") <= 1 and not links["file"].startswith(str(REPO))
     assert not (tmp_path / "q.json").exists()  # a quick run leaves the packaged table alone
+    assert two_d.main(["--quick", "--reanalyse"]) == 0  # the stored runs give the same targets back
+    again = json.loads((tmp_path / "two_d_quick.json").read_text())
+    assert again["targets"] == out["targets"] and again["reanalysed"] and not (tmp_path / "q.json").exists()
     (tmp_path / "q.json").write_text(json.dumps(two_d.quality_doc(out["summary"], out)))
     assert two_d_quality.load(tmp_path / "q.json")["provenance"]["quick"] is True
