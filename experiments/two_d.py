@@ -40,7 +40,8 @@ targets compare (1d, grad, avg-100 with row-wise AdaGrad); their runs keep the f
 
     python experiments/two_d.py --quick    # 3 seeds x 300 steps, speed 30 steps (~12 min on 2 idle cores)
     python experiments/two_d.py            # 6 seeds (80 for the resolved targets) x 800 steps, speed 60 steps
-                                           # (~50 min on 2 idle cores)
+                                           # (~50-60 min on 2 idle cores)
+    python experiments/two_d.py --reanalyse  # this code's analysis of the stored runs; runs nothing
 """
 
 from __future__ import annotations
@@ -403,8 +404,9 @@ def reanalysed(name: str) -> dict:
                              "loadavg_1m_at_start")}
     payload = result_payload(ctx, d["quick"], d["steps"], d["seeds"], d["resolve_seeds"], d["runs"], d["speed"],
                              d["runtime_s"])
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     payload.update(finished_at=d["finished_at"], loadavg_1m_at_end=d["loadavg_1m_at_end"],
-                   reanalysed={"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                   reanalysed={"code_version": code_version(), "at": at})
     return payload
 
 
