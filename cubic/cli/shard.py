@@ -113,8 +113,8 @@ def _checked(plan):
 # what experiments/sharding_rescale.py measured re-planning at the check's scale to buy (AMD EPYC, 18
 # tasks x 3 regimes, seven runs): said where a user turns it on, so the flag is not taken for a fix
 RESCALE_EVIDENCE = ("measured (results/sharding_rescale.json): no resolved gain for a model 1.3-1.6x off; for one "
-                    "~7x slow 1-3 points lower mean cost, its worst task up to 16 points worse; for one ~3.6x fast "
-                    "(0.28x) +1.5 points, worse; a model fitted here (`cubic shard collect` then `cubic shard "
+                    "~7x slow 1-3 points lower mean cost, its worst task up to 16 points worse; for one ~3.5x fast "
+                    "(0.26-0.28x) 1.5-2.6 points worse; a model fitted here (`cubic shard collect` then `cubic shard "
                     "train`) is the fix")
 
 
