@@ -42,6 +42,7 @@ targets compare (1d, grad, avg-100 with row-wise AdaGrad); their runs keep the f
     python experiments/two_d.py            # 6 seeds (80 for the resolved targets) x 800 steps, speed 60 steps
                                            # (~50-60 min on 2 idle cores)
     python experiments/two_d.py --reanalyse  # this code's analysis of the stored runs; runs nothing
+    python experiments/two_d.py --extend-to 185  # more resolution seeds on the same machine (~37 s a seed)
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def unresolved_reason(st: dict) -> str:
     """Why an NE cost is not resolved against +-PARITY, saying whether its interval still excludes 0."""
     lo, hi = st["ci95"]
     why = (f"{st['seeds']} seeds leave a half-width of {100 * st['half_width']:.3f}%; about "
-           f"{st['seeds_to_resolve']} would resolve it")
+           f"{st['seeds_to_resolve']} would resolve it (--extend-to {st['seeds_to_resolve']} adds them)")
     if lo > 0 or hi < 0:
         side = "better" if hi < 0 else "worse"
         why = (f"the 95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] excludes 0 (measurably {side} than 1D on this "
@@ -393,20 +394,73 @@ def measure(args) -> dict:
     return result_payload(ctx, args.quick, steps, seeds, resolve, runs, speed, time.perf_counter() - t0)
 
 
+def _stored_payload(d: dict, resolve: list[int], runs: list[dict]) -> dict:
+    """The one analysis over a stored run's ``runs``: its context (code_version: the first measurement's),
+    speed and additions kept."""
+    ctx = {k: d[k] for k in ("kind", "fingerprint", "fingerprint_hash", "versions", "code_version", "started_at",
+                             "loadavg_1m_at_start")}
+    payload = result_payload(ctx, d["quick"], d["steps"], d["seeds"], resolve, runs, d["speed"], d["runtime_s"])
+    payload.update(finished_at=d["finished_at"], loadavg_1m_at_end=d["loadavg_1m_at_end"])
+    if d.get("extensions"):
+        payload["extensions"] = d["extensions"]
+    return payload
+
+
 def reanalysed(name: str) -> dict:
     """--reanalyse: the stored run's result rebuilt by this code's analysis; its runs, speed and context
-    (code_version: the measurement's) are the stored ones, ``reanalysed`` names this code."""
+    are the stored ones, ``reanalysed`` names this code."""
     from cubic.core.fingerprint import code_version
     from experiments.common import RESULTS
 
     d = json.loads((RESULTS / f"{name}.json").read_text())
-    ctx = {k: d[k] for k in ("kind", "fingerprint", "fingerprint_hash", "versions", "code_version", "started_at",
-                             "loadavg_1m_at_start")}
-    payload = result_payload(ctx, d["quick"], d["steps"], d["seeds"], d["resolve_seeds"], d["runs"], d["speed"],
-                             d["runtime_s"])
-    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    payload.update(finished_at=d["finished_at"], loadavg_1m_at_end=d["loadavg_1m_at_end"],
-                   reanalysed={"code_version": code_version(), "at": at})
+    payload = _stored_payload(d, d["resolve_seeds"], d["runs"])
+    payload["reanalysed"] = {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return payload
+
+
+class ExtendError(ValueError):
+    """--extend-to cannot add to the stored run (the message names the flag)."""
+
+
+def extended(name: str, upto: int, log=print) -> dict:
+    """--extend-to N: the stored run's resolution seeds continued up to N paired seeds (the number an
+    unresolved target's reason names), measured now with the stored steps, then the one analysis over
+    all of them. Only on the machine the stored runs were measured on (seeds from two machines would
+    pool two machines' rounding), and first the stored last seed is run again: its NE must come back
+    to the digit for the pooling to be one measurement. ``extensions`` records each addition: its
+    context, the re-run seed, and the added seeds' own NE costs (a look the stored seeds did not see)."""
+    from cubic.core.fingerprint import machine_differences
+    from cubic.runners.distributed import EARLY_STEPS
+    from experiments.common import RESULTS, run_context
+
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise ExtendError(f"--extend-to: no stored run at {path} (run experiments/two_d.py first)")
+    d = json.loads(path.read_text())
+    have = d["seeds"] + d["resolve_seeds"]
+    if upto < len(have) + 2:  # the added seeds' own interval needs two of them
+        raise ExtendError(f"--extend-to {upto}: {path.name} has {len(have)} paired seeds; give at least "
+                          f"{len(have) + 2}")
+    if diff := machine_differences(d["fingerprint"]):
+        raise ExtendError(f"--extend-to: {path.name} was measured on another machine ({', '.join(diff)} differ): "
+                          "its seeds and this machine's would pool two machines' rounding; run the study afresh here")
+    ctx, t0 = run_context("measured"), time.perf_counter()
+    last = max(have)
+    again = run_quality([last], d["steps"], log=log, variants=RESOLVE_VARIANTS, keep_losses=EARLY_STEPS)
+    stored_ne = {f"{r['variant']}/{r['optimizer']}": r["ne"] for r in d["runs"] if r["seed"] == last}
+    reproduced = [{"variant": (v := f"{r['variant']}/{r['optimizer']}"), "stored_ne": stored_ne[v], "ne_now": r["ne"]}
+                  for r in again]
+    added = list(range(max(have) + 1, max(have) + 1 + upto - len(have)))
+    runs = run_quality(added, d["steps"], log=log, variants=RESOLVE_VARIANTS, keep_losses=EARLY_STEPS)
+    fresh = summarise(runs)["rowwise_adagrad"]
+    payload = _stored_payload(d, d["resolve_seeds"] + added, d["runs"] + runs)
+    payload["extensions"] = payload.get("extensions", []) + [{
+        **ctx, "seeds": [added[0], added[-1]], "wall_s": time.perf_counter() - t0,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reproduced": {"seed": last, "runs": reproduced,
+                       "equal": all(x["stored_ne"] == x["ne_now"] for x in reproduced)},
+        "added_seeds_alone": {f"{v}/rowwise_adagrad": fresh[v]["ne_cost_rel"] for v in ("grad", "avg-100")},
+        "label": "measured: the added seeds only, paired by seed with their own 1D runs (a fresh look)"}]
     return payload
 
 
@@ -425,9 +479,18 @@ def main(argv=None) -> int:
                     help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
     ap.add_argument("--reanalyse", action="store_true",
                     help="rebuild the summary, targets and PNG from the runs in the stored JSON; run nothing")
+    ap.add_argument("--extend-to", type=int, metavar="N", default=None,
+                    help="add resolution seeds to the stored run until it has N paired seeds (e.g. the number an "
+                         "unresolved target names), measured now on the same machine, and re-analyse")
     args = ap.parse_args(argv)
     name = "two_d" + ("_quick" if args.quick else "")
-    payload = reanalysed(name) if args.reanalyse else measure(args)
+    try:
+        payload = (reanalysed(name) if args.reanalyse else
+                   extended(name, args.extend_to, log=lambda s: print(s, flush=True)) if args.extend_to else
+                   measure(args))
+    except ExtendError as e:
+        print(e, file=sys.stderr)
+        return 2
     summary, speed = payload["summary"], payload["speed"]
     path = write_result(name, payload)
     plot(summary, speed, png_path(name), args.quick)
@@ -436,6 +499,15 @@ def main(argv=None) -> int:
             print(f"{opt:>18} {var:>7}: NE {s['ne_mean']:.4f}, cost {100 * s['ne_cost_rel']['mean']:+.3f}% "
                   f"({ci_text(s['ne_cost_rel'])})")
     print(f"wrote {path}")
+    if args.extend_to:
+        ext = payload["extensions"][-1]
+        again = ext["reproduced"]
+        print(f"seed {again['seed']} run again: NE " + ("equal to the stored, to the digit" if again["equal"] else
+              "DIFFERS from the stored: " + ", ".join(f"{x['variant']} {x['stored_ne']:.6f} -> {x['ne_now']:.6f}"
+                                                      for x in again["runs"])))
+        lo, hi = ext["seeds"]
+        for var, st in ext["added_seeds_alone"].items():
+            print(f"added seeds {lo}..{hi} alone, {var}: {100 * st['mean']:+.3f}% ({ci_text(st)})")
     if args.quick:  # the packaged table the simulator cites stays the full run's
         print(f"{QUALITY_FILE.name} not rewritten: a quick run's figures are a smoke test")
     elif not args.no_quality_file:

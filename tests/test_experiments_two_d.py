@@ -82,6 +82,42 @@ def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_con
     assert grad["reason"].endswith("see the early-loss target)") and (tmp_path / "two_d.png").exists()
 
 
+def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_back(tmp_path, monkeypatch, capsys):
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(two_d, "QUALITY_FILE", tmp_path / "q.json")
+    nes = {"1d": 0.90, "grad": 0.901, "avg-100": 0.898}
+
+    def fake_quality(seeds, steps, log=print, variants=two_d.VARIANTS, keep_losses=None):
+        return [run(v, o, seed, nes[v] + seed * 1e-3) for seed in seeds for v, o, _, _ in variants]
+
+    monkeypatch.setattr(two_d, "run_quality", fake_quality)
+    runs = fake_quality([0, 1, 2], 800, variants=two_d.RESOLVE_VARIANTS)
+    speed = {"rows": [_speed_row("1d", 30.0, 5.0), _speed_row("2D grad", 36.0, 4.0)]}
+    ctx = common.run_context("measured") | {"code_version": "measured-on"}
+    common.write_result("two_d", two_d.result_payload(ctx, False, 800, [0, 1], [2], runs, speed, 12.0))
+    assert two_d.main(["--extend-to", "3"]) == 2  # fewer than two more seeds: no interval of their own
+    assert "--extend-to 3" in capsys.readouterr().err
+    assert two_d.main(["--extend-to", "6"]) == 0
+    out = json.loads((tmp_path / "two_d.json").read_text())
+    assert out["resolve_seeds"] == [2, 3, 4, 5] and out["code_version"] == "measured-on"
+    assert out["summary"]["rowwise_adagrad"]["grad"]["ne_cost_rel"]["seeds"] == 6
+    ext = out["extensions"][0]
+    assert ext["seeds"] == [3, 5] and ext["reproduced"]["seed"] == 2 and ext["reproduced"]["equal"] is True
+    assert ext["added_seeds_alone"]["grad/rowwise_adagrad"]["seeds"] == 3 and ext["code_version"] != "measured-on"
+    assert "equal to the stored" in capsys.readouterr().out and (tmp_path / "q.json").exists()
+    assert two_d.main(["--reanalyse", "--no-quality-file"]) == 0  # a re-analysis keeps the additions' record
+    assert json.loads((tmp_path / "two_d.json").read_text())["extensions"] == out["extensions"]
+
+    elsewhere = json.loads((tmp_path / "two_d.json").read_text())
+    elsewhere["fingerprint"] = {**elsewhere["fingerprint"], "cpu_model": "another CPU"}
+    common.write_result("two_d", elsewhere)
+    assert two_d.main(["--extend-to", "9"]) == 2
+    assert "measured on another machine (cpu_model differ)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "two_d.json").read_text())["resolve_seeds"] == [2, 3, 4, 5]  # nothing recorded
+
+
 def test_study_plans_and_configs_are_1d_and_2d():
     wl = two_d.study_workload(3)
     assert wl.data.seed == 1003 and max(t.rows for t in wl.tables) <= 1000
