@@ -128,7 +128,7 @@ def test_study_plans_and_configs_are_1d_and_2d():
     assert cfg.apply(wl).optimizers.embedding == "ms_rowwise_adagrad"
 
 
-@pytest.mark.slow  # 12 DistributedRunner runs (2 and 4 gloo processes), a few steps each: minutes on 2 cores
+@pytest.mark.slow  # 21 DistributedRunner runs (2 and 4 gloo processes), a few steps each: minutes on 2 cores
 def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, monkeypatch):
     import experiments.common as common
 
@@ -155,5 +155,11 @@ def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, m
     assert two_d.main(["--quick", "--reanalyse"]) == 0  # the stored runs give the same targets back
     again = json.loads((tmp_path / "two_d_quick.json").read_text())
     assert again["targets"] == out["targets"] and again["reanalysed"] and not (tmp_path / "q.json").exists()
+    # more resolution seeds on this machine: the stored last seed comes back to the digit first
+    assert two_d.main(["--quick", "--extend-to", "4"]) == 0
+    more = json.loads((tmp_path / "two_d_quick.json").read_text())
+    ext = more["extensions"][0]
+    assert more["resolve_seeds"] == [1, 2, 3] and ext["seeds"] == [2, 3] and ext["reproduced"]["equal"] is True
+    assert more["summary"]["rowwise_adagrad"]["grad"]["ne_cost_rel"]["seeds"] == 4
     (tmp_path / "q.json").write_text(json.dumps(two_d.quality_doc(out["summary"], out)))
     assert two_d_quality.load(tmp_path / "q.json")["provenance"]["quick"] is True
