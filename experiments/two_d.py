@@ -221,14 +221,31 @@ def run_speed(steps, log=print):
 
 
 def unresolved_reason(st: dict) -> str:
-    """Why an NE cost is not resolved against +-PARITY, saying whether its interval still excludes 0."""
+    """Why an NE cost is not resolved against +-PARITY, saying whether its interval still excludes 0, and,
+    when the interval is already narrower than the band but off centre, which side of the band holds."""
+    from cubic.core.stats import samples_to_resolve
+
     lo, hi = st["ci95"]
-    why = (f"{st['seeds']} seeds leave a half-width of {100 * st['half_width']:.3f}%; about "
-           f"{st['seeds_to_resolve']} would resolve it (--extend-to {st['seeds_to_resolve']} adds them)")
+    if st["half_width"] > PARITY:
+        why = (f"{st['seeds']} seeds leave a half-width of {100 * st['half_width']:.3f}%; about "
+               f"{st['seeds_to_resolve']} would resolve it (--extend-to {st['seeds_to_resolve']} adds them)")
+    else:  # narrow enough, off centre: more seeds only help while the mean stays inside the band
+        below = lo < -PARITY
+        side = (f"no cost above {100 * hi:+.3f}% (the +{100 * PARITY:.1f}% side holds), while 2D may be up to "
+                f"{-100 * lo:.3f}% better than 1D" if below else
+                f"2D may cost up to {100 * hi:+.3f}% (the +{100 * PARITY:.1f}% side is not shown)")
+        why = (f"{st['seeds']} seeds give a half-width of {100 * st['half_width']:.3f}%, narrower than the band, "
+               f"but the interval sits off centre (mean {100 * st['mean']:+.3f}%): {side}")
+        if abs(st["mean"]) < PARITY:
+            n = samples_to_resolve(st["sd"], PARITY - abs(st["mean"]))
+            why += f"; about {n} seeds would bring it inside if the mean held (--extend-to {n})"
     if lo > 0 or hi < 0:
         side = "better" if hi < 0 else "worse"
         why = (f"the 95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] excludes 0 (measurably {side} than 1D on this "
                f"workload) but crosses the {'-' if hi < 0 else '+'}{100 * PARITY:.1f}% edge: " + why)
+    elif st["half_width"] <= PARITY:
+        why = (f"the 95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] crosses the {'-' if lo < -PARITY else '+'}"
+               f"{100 * PARITY:.1f}% edge: " + why)
     return why
 
 

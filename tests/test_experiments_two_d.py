@@ -50,6 +50,13 @@ def test_an_unresolved_cost_says_whether_its_interval_excludes_zero():
     assert "measurably worse" in two_d.unresolved_reason({**st, "ci95": [0.0006, 0.0034]})
     straddles = two_d.unresolved_reason({**st, "ci95": [-0.0024, 0.0004]})
     assert "excludes" not in straddles and straddles.startswith("80 seeds leave a half-width of 0.140%")
+    # narrower than the band but off centre: which side holds, and no "would resolve it" that is false
+    narrow = {"seeds": 185, "half_width": 0.00088, "mean": -0.00049, "sd": 0.0061, "seeds_to_resolve": 144,
+              "ci95": [-0.00137, 0.00039]}
+    why = two_d.unresolved_reason(narrow)
+    assert why.startswith("the 95% CI [-0.137%, +0.039%] crosses the -0.1% edge: 185 seeds give a half-width")
+    assert "no cost above +0.039% (the +0.1% side holds)" in why and "would resolve it" not in why
+    assert "would bring it inside if the mean held (--extend-to 5" in why
 
 
 def _speed_row(case, measured, predicted):
