@@ -78,8 +78,10 @@ def ne_cost(optimizer: str, sync: str, interval: int = 1, path: str | Path | Non
     file = Path(path) if path else DATA
     doc = load(file)
     prov = doc["provenance"]
-    where = (f"{file.name} ({prov.get('run', '?')}, {prov.get('date', '?')}, code {prov.get('code_version', '?')}; "
-             f"{prov.get('measured_on', '?')}{', QUICK run' if prov.get('quick') else ''})")
+    added = "".join(f"; seeds {e['seeds'][0]}..{e['seeds'][1]} added {e['started_at']}, code {e['code_version']}"
+                    for e in prov.get("extended", []))
+    where = (f"{file.name} ({prov.get('run', '?')}, {prov.get('date', '?')}, code {prov.get('code_version', '?')}"
+             f"{added}; {prov.get('measured_on', '?')}{', QUICK run' if prov.get('quick') else ''})")
     rows = sorted((e for e in doc["entries"] if e["optimizer"] == optimizer and e["sync"] == sync),
                   key=lambda e: e["interval"])
     if not rows:

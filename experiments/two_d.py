@@ -296,6 +296,9 @@ def quality_doc(summary, payload) -> dict:
                             f"{payload['steps']} steps, the seeds in each entry, 1D end NE "
                             f"{payload['ne_end_1d_mean']:.3f}"),
             "quick": q,
+            # seeds added later by --extend-to: their own measurement's code and start
+            **({"extended": [{"code_version": e["code_version"], "started_at": e["started_at"], "seeds": e["seeds"]}
+                             for e in payload["extensions"]]} if payload.get("extensions") else {}),
         },
         "entries": entries,
     }

@@ -114,6 +114,11 @@ def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_bac
     assert ext["seeds"] == [3, 5] and ext["reproduced"]["seed"] == 2 and ext["reproduced"]["equal"] is True
     assert ext["added_seeds_alone"]["grad/rowwise_adagrad"]["seeds"] == 3 and ext["code_version"] != "measured-on"
     assert "equal to the stored" in capsys.readouterr().out and (tmp_path / "q.json").exists()
+    # the packaged table names the added seeds' own measurement, not only the first run's
+    extended = json.loads((tmp_path / "q.json").read_text())["provenance"]["extended"]
+    assert extended == [{"code_version": ext["code_version"], "started_at": ext["started_at"], "seeds": [3, 5]}]
+    cited = two_d_quality.ne_cost("rowwise_adagrad", "gradients", 1, path=tmp_path / "q.json").source
+    assert f"seeds 3..5 added {ext['started_at']}, code {ext['code_version']}" in cited
     assert two_d.main(["--reanalyse", "--no-quality-file"]) == 0  # a re-analysis keeps the additions' record
     assert json.loads((tmp_path / "two_d.json").read_text())["extensions"] == out["extensions"]
 
