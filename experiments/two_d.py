@@ -42,7 +42,7 @@ targets compare (1d, grad, avg-100 with row-wise AdaGrad); their runs keep the f
     python experiments/two_d.py            # 6 seeds (80 for the resolved targets) x 800 steps, speed 60 steps
                                            # (~50-60 min on 2 idle cores)
     python experiments/two_d.py --reanalyse  # this code's analysis of the stored runs; runs nothing
-    python experiments/two_d.py --extend-to 185  # more resolution seeds on the same machine (~37 s a seed)
+    python experiments/two_d.py --extend-to 185  # more resolution seeds on the same machine (~50 s a seed)
 """
 
 from __future__ import annotations
@@ -447,8 +447,9 @@ def extended(name: str, upto: int, log=print) -> dict:
     unresolved target's reason names), measured now with the stored steps, then the one analysis over
     all of them. Only on the machine the stored runs were measured on (seeds from two machines would
     pool two machines' rounding), and first the stored last seed is run again: its NE must come back
-    to the digit for the pooling to be one measurement. ``extensions`` records each addition: its
-    context, the re-run seed, and the added seeds' own NE costs (a look the stored seeds did not see)."""
+    to the digit for the pooling to be one measurement, else nothing is added. ``extensions`` records
+    each addition: its context, the re-run seed, and the added seeds' own NE costs (a look the stored
+    seeds did not see)."""
     from cubic.core.fingerprint import machine_differences
     from cubic.runners.distributed import EARLY_STEPS
     from experiments.common import RESULTS, run_context
@@ -470,15 +471,18 @@ def extended(name: str, upto: int, log=print) -> dict:
     stored_ne = {f"{r['variant']}/{r['optimizer']}": r["ne"] for r in d["runs"] if r["seed"] == last}
     reproduced = [{"variant": (v := f"{r['variant']}/{r['optimizer']}"), "stored_ne": stored_ne[v], "ne_now": r["ne"]}
                   for r in again]
-    added = list(range(max(have) + 1, max(have) + 1 + upto - len(have)))
+    if any(x["stored_ne"] != x["ne_now"] for x in reproduced):  # before the hours the new seeds take
+        raise ExtendError(f"--extend-to: seed {last} run again does not give the stored NE ("
+                          + ", ".join(f"{x['variant']} {x['stored_ne']:.6f} -> {x['ne_now']:.6f}" for x in reproduced)
+                          + "): this machine does not reproduce the stored run; run the study afresh here")
+    added = list(range(last + 1, last + 1 + upto - len(have)))
     runs = run_quality(added, d["steps"], log=log, variants=RESOLVE_VARIANTS, keep_losses=EARLY_STEPS)
     fresh = summarise(runs)["rowwise_adagrad"]
     payload = _stored_payload(d, d["resolve_seeds"] + added, d["runs"] + runs)
     payload["extensions"] = payload.get("extensions", []) + [{
         **ctx, "seeds": [added[0], added[-1]], "wall_s": time.perf_counter() - t0,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reproduced": {"seed": last, "runs": reproduced,
-                       "equal": all(x["stored_ne"] == x["ne_now"] for x in reproduced)},
+        "reproduced": {"seed": last, "runs": reproduced, "equal": True},
         "added_seeds_alone": {f"{v}/rowwise_adagrad": fresh[v]["ne_cost_rel"] for v in ("grad", "avg-100")},
         "label": "measured: the added seeds only, paired by seed with their own 1D runs (a fresh look)"}]
     return payload
@@ -521,10 +525,7 @@ def main(argv=None) -> int:
     print(f"wrote {path}")
     if args.extend_to:
         ext = payload["extensions"][-1]
-        again = ext["reproduced"]
-        print(f"seed {again['seed']} run again: NE " + ("equal to the stored, to the digit" if again["equal"] else
-              "DIFFERS from the stored: " + ", ".join(f"{x['variant']} {x['stored_ne']:.6f} -> {x['ne_now']:.6f}"
-                                                      for x in again["runs"])))
+        print(f"seed {ext['reproduced']['seed']} run again: NE equal to the stored, to the digit")
         lo, hi = ext["seeds"]
         for var, st in ext["added_seeds_alone"].items():
             print(f"added seeds {lo}..{hi} alone, {var}: {100 * st['mean']:+.3f}% ({ci_text(st)})")

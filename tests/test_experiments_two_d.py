@@ -122,6 +122,15 @@ def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_bac
     assert two_d.main(["--reanalyse", "--no-quality-file"]) == 0  # a re-analysis keeps the additions' record
     assert json.loads((tmp_path / "two_d.json").read_text())["extensions"] == out["extensions"]
 
+    def not_reproduced(seeds, steps, log=print, variants=two_d.VARIANTS, keep_losses=None):
+        return [run(v, o, seed, nes[v] + 0.5) for seed in seeds for v, o, _, _ in variants]
+
+    monkeypatch.setattr(two_d, "run_quality", not_reproduced)  # the last seed no longer comes back: nothing added
+    assert two_d.main(["--extend-to", "9"]) == 2
+    assert "seed 5 run again does not give the stored NE (1d/rowwise_adagrad 0.905000 -> 1.400000" in \
+        capsys.readouterr().err
+    assert json.loads((tmp_path / "two_d.json").read_text())["resolve_seeds"] == [2, 3, 4, 5]
+
     elsewhere = json.loads((tmp_path / "two_d.json").read_text())
     elsewhere["fingerprint"] = {**elsewhere["fingerprint"], "cpu_model": "another CPU"}
     common.write_result("two_d", elsewhere)
