@@ -482,7 +482,7 @@ def extended(name: str, upto: int, log=print) -> dict:
     payload["extensions"] = payload.get("extensions", []) + [{
         **ctx, "seeds": [added[0], added[-1]], "wall_s": time.perf_counter() - t0,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reproduced": {"seed": last, "runs": reproduced, "equal": True},
+        "reproduced": {"seed": last, "runs": reproduced},
         "added_seeds_alone": {f"{v}/rowwise_adagrad": fresh[v]["ne_cost_rel"] for v in ("grad", "avg-100")},
         "label": "measured: the added seeds only, paired by seed with their own 1D runs (a fresh look)"}]
     return payload

@@ -111,7 +111,9 @@ def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_bac
     assert out["resolve_seeds"] == [2, 3, 4, 5] and out["code_version"] == "measured-on"
     assert out["summary"]["rowwise_adagrad"]["grad"]["ne_cost_rel"]["seeds"] == 6
     ext = out["extensions"][0]
-    assert ext["seeds"] == [3, 5] and ext["reproduced"]["seed"] == 2 and ext["reproduced"]["equal"] is True
+    assert ext["seeds"] == [3, 5] and ext["reproduced"]["seed"] == 2
+    assert [(x["stored_ne"], x["ne_now"]) for x in ext["reproduced"]["runs"]] == [(0.902, 0.902), (0.903, 0.903),
+                                                                                   (0.9, 0.9)]
     assert ext["added_seeds_alone"]["grad/rowwise_adagrad"]["seeds"] == 3 and ext["code_version"] != "measured-on"
     assert "equal to the stored" in capsys.readouterr().out and (tmp_path / "q.json").exists()
     # the packaged table names the added seeds' own measurement, not only the first run's
@@ -180,7 +182,8 @@ def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, m
     assert two_d.main(["--quick", "--extend-to", "4"]) == 0
     more = json.loads((tmp_path / "two_d_quick.json").read_text())
     ext = more["extensions"][0]
-    assert more["resolve_seeds"] == [1, 2, 3] and ext["seeds"] == [2, 3] and ext["reproduced"]["equal"] is True
+    assert more["resolve_seeds"] == [1, 2, 3] and ext["seeds"] == [2, 3] and len(ext["reproduced"]["runs"]) == 3
+    assert all(x["stored_ne"] == x["ne_now"] for x in ext["reproduced"]["runs"])
     assert more["summary"]["rowwise_adagrad"]["grad"]["ne_cost_rel"]["seeds"] == 4
     (tmp_path / "q.json").write_text(json.dumps(two_d.quality_doc(out["summary"], out)))
     assert two_d_quality.load(tmp_path / "q.json")["provenance"]["quick"] is True
