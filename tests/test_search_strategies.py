@@ -8,6 +8,7 @@ import pytest
 from cubic.core.result import Result
 from search.space import Space
 from search.strategies import (
+    GP_ONLY_BELOW,
     Observation,
     Prediction,
     ProxyGuided,
@@ -143,3 +144,25 @@ def test_the_local_inner_search_refines_near_the_best_run():
     b = [p.point for p in ProxyGuided("local", n_inner=64, families=("gp",)).bind(
         SearchContext(space, seed=0)).propose(hist, 4)]
     assert a == b and len({space.key(p) for p in a}) == 4 and not ({space.key(p) for p in a} & taken)
+
+
+def test_without_a_prior_the_gp_alone_is_fitted_until_cv_has_enough_runs():
+    """CV over fewer than GP_ONLY_BELOW runs picks a family on noise: the GP alone is fitted then,
+    and CV chooses among all families after; a prior lifts the rule."""
+    space = Space.model_validate({
+        "objectives": [{"metric": "y", "direction": "maximize", "scale": "linear"}],
+        "parameters": [{"name": f"x{i}", "type": "float", "low": 0.0, "high": 1.0} for i in range(3)]})
+    rng = np.random.default_rng(1)
+
+    def run(p):
+        return Observation(p, Result(status="ok", metrics={"y": sum((i + 1) * p[f"x{i}"] for i in range(3))}))
+
+    hist = [run(space.sample(rng)) for _ in range(GP_ONLY_BELOW + 10)]
+    families = ("ridge", "gp")
+    early = ProxyGuided("local", n_inner=32, families=families).bind(SearchContext(space, seed=0))
+    sur = early._fit_surrogate(hist[:GP_ONLY_BELOW - 1], {})
+    assert sur.selected_ == "gp" and "ridge" not in (sur.cv_tau_ or {})  # not even cross-validated
+    late = ProxyGuided("local", n_inner=32, families=families).bind(SearchContext(space, seed=0))
+    assert set(late._fit_surrogate(hist[:GP_ONLY_BELOW], {}).cv_tau_) == set(families)
+    prior = ProxyGuided("local", n_inner=32, families=families).bind(SearchContext(space, seed=0))
+    assert set(prior._fit_surrogate(hist[:GP_ONLY_BELOW - 1], {"y": 0}).cv_tau_) == set(families)
