@@ -18,7 +18,9 @@ value given, and for Optuna's multivariate TPE:
 
     PYTHONPATH=. .venv/bin/python experiments/_search_dev_suite.py [--seeds 20] [--gp-only-below 6 20]
 
-(stop 54, Intel Xeon, 20 seeds: mean @25 0.289 with 6, 0.259 with 20; TPE multivariate 0.264.)
+(stop 54, Intel Xeon, 20 seeds: mean @25 0.289 with 6, 0.259 with 20; TPE multivariate 0.264;
+measured by hand with these problems, seeds and samplers before this file gathered them, and not yet
+re-run through it.)
 """
 
 from __future__ import annotations
