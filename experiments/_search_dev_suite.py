@@ -36,7 +36,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments._public_problems import Problem, random_median  # noqa: E402
+from experiments._public_problems import Problem, _floats, random_median  # noqa: E402
 from experiments._search_public import relative_regret  # noqa: E402
 
 _H3_A = np.array([[3, 10, 30], [0.1, 10, 35], [3, 10, 30], [0.1, 10, 35]])
@@ -75,8 +75,7 @@ def camel(x):
 def _box(name: str, f, d: int, lo: float, hi: float, optimum: float, source: str) -> Problem:
     """A d-dimensional box problem in the public suite's form (suggest, value, optimum)."""
     names = [f"x{i}" for i in range(d)]
-    return Problem(name, lambda t: {n: t.suggest_float(n, lo, hi) for n in names},
-                   lambda p: f(np.array([p[n] for n in names])), optimum, source)
+    return Problem(name, _floats(names, lo, hi), lambda p: f(np.array([p[n] for n in names])), optimum, source)
 
 
 PROBLEMS = {p.name: p for p in (
