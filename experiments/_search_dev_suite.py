@@ -37,7 +37,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments._public_problems import Problem, _floats, random_median  # noqa: E402
-from experiments._search_public import relative_regret  # noqa: E402
+from experiments._search_public import study_regrets  # noqa: E402
 
 _H3_A = np.array([[3, 10, 30], [0.1, 10, 35], [3, 10, 30], [0.1, 10, 35]])
 _H3_P = 1e-4 * np.array([[3689, 1170, 2673], [4699, 4387, 7470], [1091, 8732, 5547], [381, 5743, 8828]])
@@ -88,20 +88,14 @@ PROBLEMS = {p.name: p for p in (
 CHECKPOINTS = (10, 25)
 
 
-def best_curve(sampler, problem: Problem, budget: int) -> np.ndarray:
-    study = optuna.create_study(sampler=sampler)
-    study.optimize(lambda t: problem.value(problem.suggest(t)), n_trials=budget)
-    return np.minimum.accumulate([t.value for t in study.trials])
-
-
 def regrets(make_sampler, seeds: int) -> dict[str, list[float]]:
     """Per problem: the median over seeds of the relative regret at each checkpoint (the public
-    section's definition: against the median of 2000 random points, experiments._public_problems)."""
+    section's definition and study loop, experiments._search_public.study_regrets)."""
     out = {}
     for name, pb in PROBLEMS.items():
         med = random_median(pb)
-        rows = [[relative_regret(float(c[n - 1]), pb.optimum, med) for n in CHECKPOINTS]
-                for c in (best_curve(make_sampler(s), pb, max(CHECKPOINTS)) for s in range(seeds))]
+        rows = [list(study_regrets(make_sampler(s), pb, max(CHECKPOINTS), med, CHECKPOINTS)[0].values())
+                for s in range(seeds)]
         out[name] = [float(v) for v in np.median(rows, axis=0)]
     return out
 

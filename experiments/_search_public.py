@@ -28,6 +28,34 @@ def relative_regret(best: float, optimum: float, random_median: float) -> float:
     return float((best - optimum) / (random_median - optimum))
 
 
+def regrets_at(values, optimum: float, random_median: float, checkpoints) -> dict[str, float]:
+    """The relative regret of the best of the first n values, at each checkpoint n (values in trial order;
+    every checkpoint at most len(values)). One definition for every section that scores a search."""
+    best = np.minimum.accumulate(values)
+    return {str(n): relative_regret(float(best[n - 1]), optimum, random_median) for n in checkpoints}
+
+
+def study_regrets(optuna_sampler, pb, budget: int, random_median: float,
+                  checkpoints) -> tuple[dict[str, float], float]:
+    """One ``study.optimize`` of ``budget`` trials on a problem: its regrets at the checkpoints and the
+    sampler's overhead per trial (the study's wall time minus the objective's)."""
+    study = optuna.create_study(sampler=optuna_sampler)
+    t_obj = [0.0]
+
+    def objective(trial):
+        p = pb.suggest(trial)
+        t0 = time.perf_counter()
+        v = pb.value(p)
+        t_obj[0] += time.perf_counter() - t0
+        return v
+
+    t0 = time.perf_counter()
+    study.optimize(objective, n_trials=budget)
+    wall = time.perf_counter() - t0
+    regrets = regrets_at([t.value for t in study.trials], pb.optimum, random_median, checkpoints)
+    return regrets, (wall - t_obj[0]) / budget
+
+
 def sampler(method: str, seed: int):
     from search.optuna_sampler import CubicSampler
 
@@ -50,24 +78,10 @@ def run(names, seeds, budget: int, log=print, on_row=None) -> dict:
         for method in METHODS:
             rows = []
             for seed in seeds:
-                study = optuna.create_study(sampler=sampler(method, seed))
-                t_obj = [0.0]
-
-                def objective(trial):
-                    p = pb.suggest(trial)
-                    t0 = time.perf_counter()
-                    v = pb.value(p)
-                    t_obj[0] += time.perf_counter() - t0
-                    return v
-
-                t0 = time.perf_counter()
-                study.optimize(objective, n_trials=budget)
-                wall = time.perf_counter() - t0
-                best = np.minimum.accumulate([t.value for t in study.trials])
-                reg = [relative_regret(float(best[n - 1]), pb.optimum, med) for n in CHECKPOINTS if n <= budget]
-                rows.append({"seed": seed, "regret": dict(zip([str(n) for n in CHECKPOINTS], reg)),
-                             "overhead_s_per_trial": (wall - t_obj[0]) / budget})
-                log(f"  public {name} {method} seed {seed}: regret {[round(r, 3) for r in reg]}, "
+                reg, overhead = study_regrets(sampler(method, seed), pb, budget, med,
+                                              [n for n in CHECKPOINTS if n <= budget])
+                rows.append({"seed": seed, "regret": reg, "overhead_s_per_trial": overhead})
+                log(f"  public {name} {method} seed {seed}: regret {[round(r, 3) for r in reg.values()]}, "
                     f"{rows[-1]['overhead_s_per_trial']:.3f} s/trial")
             res["methods"][method] = {
                 "per_seed": rows,
@@ -97,9 +111,7 @@ def early_second_look(names, seeds, log=print) -> dict:
         for method in ("cubic", "tpe-multivariate"):
             regs = []
             for seed in seeds:
-                study = optuna.create_study(sampler=sampler(method, seed))
-                study.optimize(lambda trial: pb.value(pb.suggest(trial)), n_trials=EARLY)
-                regs.append(relative_regret(min(t.value for t in study.trials), pb.optimum, med))
+                regs.append(study_regrets(sampler(method, seed), pb, EARLY, med, (EARLY,))[0][str(EARLY)])
             row[method] = {"median_regret": float(np.median(regs)), "per_seed": regs}
         log(f"  @{EARLY} over {len(seeds)} seeds {name}: cubic {row['cubic']['median_regret']:.3f}, "
             f"TPE multivariate {row['tpe-multivariate']['median_regret']:.3f}")

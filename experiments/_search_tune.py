@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments._public_problems import problems, random_median
-from experiments._search_public import CHECKPOINTS, EARLY, relative_regret
+from experiments._search_public import CHECKPOINTS, EARLY, regrets_at
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 2
@@ -95,8 +95,7 @@ def run_tune(names, seeds, budget: int, log=print) -> dict:
                 if grid.num_errors or len(values) != budget:
                     raise RuntimeError(f"tune {name} seed {seed}: {grid.num_errors} errors, {len(values)} of "
                                        f"{budget} values")
-                best = np.minimum.accumulate(values)
-                reg = {str(n): relative_regret(float(best[n - 1]), pb.optimum, med) for n in CHECKPOINTS if n <= budget}
+                reg = regrets_at(values, pb.optimum, med, [n for n in CHECKPOINTS if n <= budget])
                 rows.append({"seed": seed, "regret": reg, "searcher_s_per_trial": timed.spent / budget,
                              "tune_wall_s_per_trial": wall / budget})
                 log(f"  tune {name} seed {seed}: regret {[round(r, 3) for r in reg.values()]}, searcher "
