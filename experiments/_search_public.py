@@ -71,6 +71,7 @@ def sampler(method: str, seed: int):
 def run(names, seeds, budget: int, log=print, on_row=None) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = {}
+    checkpoints = [n for n in CHECKPOINTS if n <= budget]
     for name in names:
         pb = problems()[name]
         med = random_median(pb)
@@ -78,15 +79,13 @@ def run(names, seeds, budget: int, log=print, on_row=None) -> dict:
         for method in METHODS:
             rows = []
             for seed in seeds:
-                reg, overhead = study_regrets(sampler(method, seed), pb, budget, med,
-                                              [n for n in CHECKPOINTS if n <= budget])
+                reg, overhead = study_regrets(sampler(method, seed), pb, budget, med, checkpoints)
                 rows.append({"seed": seed, "regret": reg, "overhead_s_per_trial": overhead})
                 log(f"  public {name} {method} seed {seed}: regret {[round(r, 3) for r in reg.values()]}, "
                     f"{rows[-1]['overhead_s_per_trial']:.3f} s/trial")
             res["methods"][method] = {
                 "per_seed": rows,
-                "median_regret": {str(n): float(np.median([r["regret"][str(n)] for r in rows]))
-                                  for n in CHECKPOINTS if n <= budget},
+                "median_regret": {str(n): float(np.median([r["regret"][str(n)] for r in rows])) for n in checkpoints},
                 "overhead_s_per_trial_mean": float(np.mean([r["overhead_s_per_trial"] for r in rows]))}
             if on_row:
                 on_row({**out, name: res})
