@@ -34,6 +34,7 @@ import numpy as np
 
 from cubic.codesign.answer import PRUNER_BACKED, PRUNING_NOTE_HEAD
 from experiments._public_problems import CURVES, EPOCHS, MLP_BATCH, MLP_LR, MLP_OPT, MLP_WIDTH, problems, random_median
+from experiments._search_public import relative_regret
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("none", "median", "halving")  # --prune of `cubic campaign run`
@@ -116,7 +117,7 @@ def quality_so_far(losses: list[float | None], scale: tuple[float, float]) -> li
     best, regret = math.inf, []
     for loss in losses:
         best = best if loss is None else min(best, loss)
-        regret.append(None if best == math.inf else float((best - opt) / (med - opt)))
+        regret.append(None if best == math.inf else relative_regret(best, opt, med))
     return regret
 
 
