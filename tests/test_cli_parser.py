@@ -71,3 +71,40 @@ def test_report_folder_created_and_a_file_refused_before_any_work(capsys, tmp_pa
     assert not (tmp_path / "d.db").exists()  # refused at once: no storage opened, no run
     code, _, err = run_cli(capsys, "run", "--workload", "dlrm-small", "--json", str(tmp_path))
     assert code == 2 and "is a folder" in one_line(err)
+
+
+def test_no_numeric_flag_takes_a_bare_int_or_float():
+    # a bare int/float lets nan, inf, 0 and negatives through to the work (found by hand: --time-budget nan
+    # planned, --repeats 0 ended in "no median for empty data", calibrate-comm --repeats 0 in a traceback)
+    bare = [f"{p.prog} {a.option_strings[0]}" for p in all_parsers(app.build_parser()) for a in p._actions
+            if a.type in (int, float)]
+    assert bare == []
+
+
+HOSTILE = [
+    (["shard", "plan", "--tables", "dlrm-small", "--time-budget", "nan"], "--time-budget"),
+    (["shard", "plan", "--tables", "dlrm-small", "--memory-gb", "nan"], "--memory-gb"),
+    (["shard", "plan", "--tables", "dlrm-small", "--seed", "-1"], "--seed"),
+    (["shard", "evaluate", "plan.json", "--repeats", "0"], "--repeats"),
+    (["shard", "evaluate", "plan.json", "--warmup", "-1"], "--warmup"),
+    (["shard", "collect", "--samples", "-3"], "--samples"),
+    (["shard", "collect", "--start", "-2"], "--start"),
+    (["shard", "train", "--holdout", "1.5"], "--holdout"),
+    (["shard", "calibrate-comm", "--repeats", "0"], "--repeats"),
+    (["sim", "predict", "--sync-interval", "0"], "--sync-interval"),
+    (["sim", "calibrate", "--world-size", "0"], "--world-size"),
+    (["sim", "calibrate", "--steps", "0"], "--steps"),
+    (["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr", "20", "--warmup-steps", "-1"], "--warmup-steps"),
+    (["fp8", "model", "--m", "8", "--k", "8", "--n", "inf"], "--n"),
+    (["campaign", "work", "x", "--db-wait", "nan"], "--db-wait"),
+    (["campaign", "dashboard", "x", "--port", "70000"], "--port"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", HOSTILE, ids=[" ".join(a[:2] + [f]) for a, f in HOSTILE])
+def test_hostile_numbers_are_refused_naming_the_flag(capsys, no_runs, tmp_path, monkeypatch, argv, flag):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    line = one_line(err)
+    assert code == 2 and f"argument {flag}:" in line and "Traceback" not in err
+    assert not (tmp_path / ".cubic").exists()  # refused while parsing: no store opened

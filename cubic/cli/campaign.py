@@ -483,7 +483,7 @@ def _add_common(q: Any) -> None:
 
 
 def _add_run(verbs: Any) -> None:
-    from cubic.cli.common import nonnegative_int, positive_float, positive_int, add_store_argument
+    from cubic.cli.common import nonnegative_float, nonnegative_int, positive_float, positive_int, add_store_argument
 
     run = verbs.add_parser("run", help="start a campaign", description="Start a new campaign and run it to its "
                            "budget or a plateau; optionally also the random and direct-TPE baselines, and a report.")
@@ -527,7 +527,7 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")
     run.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (implies --ray)")
     run.add_argument("--cpus-per-trial", type=positive_float, default=1.0)
-    run.add_argument("--gpus-per-trial", type=float, default=0.0)
+    run.add_argument("--gpus-per-trial", type=nonnegative_float, default=0.0)
     run.add_argument("--warm-start", nargs="+", metavar="CAMPAIGN", help="learn from these campaigns' trials too")
     run.add_argument("--baselines", action="store_true",
                      help=f"also run the baselines ({', '.join(BASELINES)}) as NAME-random and NAME-tpe")
@@ -563,14 +563,14 @@ def _add_resume(verbs: Any) -> None:
 
 
 def _add_work(verbs: Any) -> None:
-    from cubic.cli.common import positive_int, add_store_argument
+    from cubic.cli.common import nonnegative_float, positive_int, add_store_argument
 
     wk = verbs.add_parser("work", help="add a worker to a campaign (several processes or machines on one storage)",
                           description="Run the points the campaign's coordinator proposes, with its stored "
                                       "settings; coordinate when no one else does; exit when it is finished.")
     wk.add_argument("name")
     wk.add_argument("--workers", type=positive_int, default=1, help="runs in parallel in this process (default 1)")
-    wk.add_argument("--db-wait", type=float, default=None, metavar="S",
+    wk.add_argument("--db-wait", type=nonnegative_float, default=None, metavar="S",
                     help="after a database outage (a restart), wait this long for it to answer and go on "
                          "(default cubic.codesign.storage.DB_WAIT_S, 300; 0: stop at once)")
     add_store_argument(wk)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -143,13 +144,42 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def positive_float(text: str) -> float:
+def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):  # nan passes every comparison's "not below", inf every bound's
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a share in [0, 1)."""
+    value = nonnegative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    value = nonnegative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be <= 65535, got {text}")
     return value
 
 

@@ -57,11 +57,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def add_dashboard(verbs: Any, add_common) -> None:
     """`cubic campaign dashboard`; ``add_common`` adds the --storage and --json every campaign verb takes."""
+    from cubic.cli.common import port
+
     db = verbs.add_parser("dashboard", help="serve optuna-dashboard on a campaign's storage",
                           description="Serve optuna-dashboard (the live study: history, parameter importances, "
                                       "trial attributes) on the campaign's storage; prints the URL.")
     db.add_argument("name")
     db.add_argument("--host", default="127.0.0.1", help="address to serve on (default loopback only)")
-    db.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
+    db.add_argument("--port", type=port, default=8080, help="port (0: any free port)")
     add_common(db)
     db.set_defaults(func=cmd_dashboard)

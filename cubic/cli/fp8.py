@@ -17,7 +17,6 @@ Bad input raises SpecError/ValueError: one line on stderr, exit 2.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from cubic.core.recipes import FP8_RECIPES, TORCHAO_RECIPES
@@ -246,18 +245,6 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _positive(kind):
-    def parse(s: str):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise SpecError(f"not a number: {s!r}") from None
-        if not (v > 0) or (isinstance(v, float) and not math.isfinite(v)):
-            raise SpecError(f"must be > 0, got {s}")
-        return v
-    return parse
-
-
 def _recipes(text: str) -> tuple[str, ...]:
     """``--recipes``: torchao, all, or comma-separated recipe names (cubic.core.recipes.recipe_set)."""
     from cubic.core.recipes import recipe_set
@@ -283,6 +270,8 @@ def _ne_budget(text: str) -> float | str | None:
 
 
 def register(subparsers) -> None:
+    from cubic.cli.common import nonnegative_int, positive_float, positive_int
+
     p = subparsers.add_parser("fp8", help="FP8 placement: probe, model, check, kernels")
     sub = p.add_subparsers(dest="fp8_command", metavar="<verb>", required=True)
 
@@ -294,7 +283,7 @@ def register(subparsers) -> None:
     pr.add_argument("--loss", default="mse", metavar="mse|bce|PKG.MOD:FN",
                     help="the loss --module trains with: mse (default), bce (binary cross-entropy on logits), "
                          "or fn(output, target) -> scalar")
-    pr.add_argument("--budget-sqnr", type=_positive(float), required=True, metavar="DB",
+    pr.add_argument("--budget-sqnr", type=positive_float, required=True, metavar="DB",
                     help="a site is safe when its SQNR lower 95%% bound (worst of the 3 GEMMs) >= DB")
     pr.add_argument("--budget-scope", choices=("model", "site"), default="model",
                     help="model (default): the FP8 sites' noise together must also meet the budget (noise powers "
@@ -310,7 +299,7 @@ def register(subparsers) -> None:
     pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")
     pr.add_argument("--target", default="h100", help="device of the speed model (h100, h200 or YAML)")
-    pr.add_argument("--target-batch", type=_positive(int), help="batch size for the speed prediction")
+    pr.add_argument("--target-batch", type=positive_int, help="batch size for the speed prediction")
     pr.add_argument("--keep-first-last", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="input layers (raw model inputs) and the last layer stay in high precision (default: yes)")
     pr.add_argument("--unsure-margin", action=__import__("argparse").BooleanOptionalAction, default=True,
@@ -319,11 +308,11 @@ def register(subparsers) -> None:
     pr.add_argument("--mods", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="probe sites whose statistics call for Mods again with them on, and apply them where "
                          "that makes the site safe or faster (default: yes; --workload only)")
-    pr.add_argument("--warmup-steps", type=int, default=30, help="fp32 steps before probing (default 30)")
-    pr.add_argument("--max-batches", type=_positive(int), default=24, help="probe at most this many batches")
-    pr.add_argument("--stride", type=_positive(int), default=1,
+    pr.add_argument("--warmup-steps", type=nonnegative_int, default=30, help="fp32 steps before probing (default 30)")
+    pr.add_argument("--max-batches", type=positive_int, default=24, help="probe at most this many batches")
+    pr.add_argument("--stride", type=positive_int, default=1,
                     help="measure one training step in STRIDE, so the batches span more of training (default 1)")
-    pr.add_argument("--ci-db", type=_positive(float), default=1.0, help="target CI half-width in dB (default 1)")
+    pr.add_argument("--ci-db", type=positive_float, default=1.0, help="target CI half-width in dB (default 1)")
     pr.add_argument("--device", default="cpu", help="where the Probe trains and measures and Dispatch times "
                     "kernels: cpu (default), cuda or cuda:N")
     pr.add_argument("--json", action="store_true", help="print the placement JSON")
@@ -331,7 +320,7 @@ def register(subparsers) -> None:
 
     mo = sub.add_parser("model", help="modelled H100 fwd+bwd time of a linear block, bf16 vs FP8")
     for d in ("m", "k", "n"):
-        mo.add_argument(f"--{d}", type=_positive(int), required=True)
+        mo.add_argument(f"--{d}", type=positive_int, required=True)
     mo.add_argument("--recipe", choices=FP8_RECIPES,
                     default="tensorwise")
     mo.add_argument("--mode", choices=["compile", "eager"], default="compile",
@@ -351,8 +340,8 @@ def register(subparsers) -> None:
     ch.add_argument("--all", action="store_true", help="also train with every site in FP8")
     ch.add_argument("--recipe", choices=TORCHAO_RECIPES, default="tensorwise",
                     help="recipe for --all")
-    ch.add_argument("--steps", type=_positive(int), default=150)
-    ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--steps", type=positive_int, default=150)
+    ch.add_argument("--seed", type=nonnegative_int, default=0)
     ch.add_argument("--device", default="cpu", help="train here: cpu (default), cuda or cuda:N")
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(func=cmd_check)
@@ -366,8 +355,8 @@ def register(subparsers) -> None:
 
     ke = sub.add_parser("kernels", help="time every registered kernel for one linear shape (this device)")
     for d in ("m", "k", "n"):
-        ke.add_argument(f"--{d}", type=_positive(int), required=True)
-    ke.add_argument("--repeats", type=_positive(int), default=7)
+        ke.add_argument(f"--{d}", type=positive_int, required=True)
+    ke.add_argument("--repeats", type=positive_int, default=7)
     ke.add_argument("--device", default="cpu", help="time the kernels here: cpu (default), cuda or cuda:N")
     ke.add_argument("--json", action="store_true")
     ke.set_defaults(func=cmd_kernels)

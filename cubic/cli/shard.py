@@ -128,8 +128,6 @@ def cmd_plan(args) -> int:
     memory_gb = args.memory_gib * GIB / GB if args.memory_gib is not None else args.memory_gb
     topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
     batch = args.batch_size or (wl.batch_size if wl else 512)
-    if args.time_budget < 0:
-        raise SpecError(f"must be >= 0 seconds (0: no time limit), got {args.time_budget:g}", field="--time-budget")
     checking = getattr(args, "check", None) is not False and topo.device == "cpu"
     if getattr(args, "rescale", False) and not checking:
         raise SpecError("re-plans at the compute check's measured scale: the check runs on --device cpu, without "
@@ -383,7 +381,7 @@ def register(subparsers) -> None:
     from sharding.types import PLANNERS
 
     p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
-    from cubic.cli.common import int_at_most, positive_int
+    from cubic.cli.common import finite_float, fraction, int_at_most, nonnegative_float, nonnegative_int, positive_int
     from cubic.core.spec import MAX_BATCH_SIZE, MAX_WORLD_SIZE
 
     sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
@@ -392,10 +390,10 @@ def register(subparsers) -> None:
     pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
     pl.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=None)
     mem = pl.add_mutually_exclusive_group()
-    mem.add_argument("--memory-gb", type=float, default=None,
+    mem.add_argument("--memory-gb", type=finite_float, default=None,
                      help="memory per rank in decimal GB (1e9 bytes, as a workload's topology.memory_per_rank_gb); "
                           "output shows memory in GiB")
-    mem.add_argument("--memory-gib", type=float, default=None, help="memory per rank in GiB (2**30 bytes)")
+    mem.add_argument("--memory-gib", type=finite_float, default=None, help="memory per rank in GiB (2**30 bytes)")
     pl.add_argument("--group-size", type=int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
     pl.add_argument("--batch-size", type=int_at_most(MAX_BATCH_SIZE), default=None, help="examples per rank per step")
     pl.add_argument("--ranks-per-node", type=positive_int, default=None)
@@ -403,15 +401,15 @@ def register(subparsers) -> None:
                     "(h100, h200, a100: HBM lookup model, comm from the topology bandwidths)")
     net = pl.add_argument_group("interconnect (default: the workload's topology; on cpu the calibration of "
                                 "`cubic shard calibrate-comm` when there is one)")
-    net.add_argument("--intra-node-bw-gbps", type=float, default=None, help="per-rank bandwidth inside a node, GB/s")
-    net.add_argument("--inter-node-bw-gbps", type=float, default=None, help="per-rank bandwidth between nodes, GB/s")
-    net.add_argument("--intra-node-latency-us", type=float, default=None, help="per all-to-all inside a node, us")
-    net.add_argument("--inter-node-latency-us", type=float, default=None, help="per all-to-all between nodes, us")
+    net.add_argument("--intra-node-bw-gbps", type=finite_float, default=None, help="per-rank bandwidth inside a node, GB/s")
+    net.add_argument("--inter-node-bw-gbps", type=finite_float, default=None, help="per-rank bandwidth between nodes, GB/s")
+    net.add_argument("--intra-node-latency-us", type=finite_float, default=None, help="per all-to-all inside a node, us")
+    net.add_argument("--inter-node-latency-us", type=finite_float, default=None, help="per all-to-all between nodes, us")
     net.add_argument("--comm-model", default=None, choices=("auto", "bandwidth", "calibrated"),
                      help="bandwidth: the flags/topology above; calibrated: a calibration file (default when "
                           "--comm-calibration is given); a bandwidth/latency flag alone means bandwidth")
     net.add_argument("--comm-calibration", default=None, help="a `cubic shard calibrate-comm` file")
-    pl.add_argument("--hbm-gb", type=float, default=None,
+    pl.add_argument("--hbm-gb", type=finite_float, default=None,
                     help="HBM per rank, decimal GB: tables of a rank past it get TorchRec's UVM caching (cache "
                          "load factor from their access distribution) or UVM kernels; --memory-gb is then HBM + host")
     pl.add_argument("--planner", default="cubic", choices=PLANNERS)
@@ -419,7 +417,7 @@ def register(subparsers) -> None:
                     help="torchrec (default): only shard shapes TorchRec executes as planned (`shard export`); "
                          "any: cubic's free row splits too (cost studies only)")
     pl.add_argument("--model", default=None, help="cost model JSON (default: the shipped one)")
-    pl.add_argument("--time-budget", type=float, default=3.0,
+    pl.add_argument("--time-budget", type=nonnegative_float, default=3.0,
                     help="cubic search budget, seconds (0: none, the search's own limits only: the same inputs "
                          "give the same plan on any machine)")
     pl.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
@@ -428,40 +426,40 @@ def register(subparsers) -> None:
     pl.add_argument("--rescale", action="store_true",
                     help="when the compute check finds the model outside its tolerance, plan again with the model "
                          f"scaled to the measured lookup (opt-in; {RESCALE_EVIDENCE})")
-    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--seed", type=nonnegative_int, default=0)
     pl.add_argument("--out", default=None)
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(func=cmd_plan)
 
     ev = sub.add_parser("evaluate", help="measure a plan's cost on the real kernel")
     ev.add_argument("plan")
-    ev.add_argument("--repeats", type=int, default=5)
+    ev.add_argument("--repeats", type=positive_int, default=5)
     ev.add_argument("--backend", default="kernel", choices=("kernel", "torchrec"),
                     help="kernel: each rank's shard set timed on FBGEMM + modelled comm; torchrec: train under "
                          "TorchRec DMP on --world-size local gloo processes")
     ev.add_argument("--world-size", type=positive_int, default=None, help="torchrec: processes (default: the plan's)")
     ev.add_argument("--local-size", type=positive_int, default=None, help="torchrec: ranks per node (LOCAL_WORLD_SIZE)")
     ev.add_argument("--steps", type=positive_int, default=10, help="torchrec: training steps")
-    ev.add_argument("--warmup", type=int, default=3, help="torchrec: steps left out of the median")
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--warmup", type=nonnegative_int, default=3, help="torchrec: steps left out of the median")
+    ev.add_argument("--seed", type=nonnegative_int, default=0)
     ev.add_argument("--out", default=None, help="write the plan with its measured cost")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_evaluate)
 
     co = sub.add_parser("collect", help="measure augmented rank shard sets into the trial store")
-    co.add_argument("--samples", type=int, default=200)
-    co.add_argument("--seed", type=int, default=0)
-    co.add_argument("--start", type=int, default=0, help="first sample index (to extend a collection)")
-    co.add_argument("--repeats", type=int, default=3)
+    co.add_argument("--samples", type=positive_int, default=200)
+    co.add_argument("--seed", type=nonnegative_int, default=0)
+    co.add_argument("--start", type=nonnegative_int, default=0, help="first sample index (to extend a collection)")
+    co.add_argument("--repeats", type=positive_int, default=3)
     add_store_argument(co)
     co.set_defaults(func=cmd_collect)
 
     tr = sub.add_parser("train", help="fit the learned cost model on collected samples")
     tr.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/sharding_cost_model.json, "
                     "which `shard plan` then prefers to the packaged model")
-    tr.add_argument("--holdout", type=float, default=0.2)
+    tr.add_argument("--holdout", type=fraction, default=0.2, help="share of the samples held out (default 0.2)")
     tr.add_argument("--holdout-only", action="store_true", help="save the model fitted without the holdout")
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seed", type=nonnegative_int, default=0)
     add_store_argument(tr)
     tr.set_defaults(func=cmd_train)
 
@@ -474,7 +472,7 @@ def register(subparsers) -> None:
     ex.set_defaults(func=cmd_export)
 
     ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
-    ca.add_argument("--repeats", type=int, default=10)
+    ca.add_argument("--repeats", type=positive_int, default=10)
     ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
                     "which `shard plan` then prefers to the packaged one")
     ca.set_defaults(func=cmd_calibrate)

@@ -208,6 +208,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="the SIMULATED GPU cluster: scaling, one-step breakdowns, calibration",
                               description="Analytical step-time model of training on a GPU cluster (H100/H200 "
                                           "or a YAML cluster). Every figure is SIMULATED, never measured.")
+    from cubic.cli.common import positive_int
+
     sub = p.add_subparsers(dest="sim_command", metavar="<verb>", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
@@ -216,7 +218,7 @@ def register(subparsers: Any) -> None:
         q.add_argument("--params", metavar="FILE", help="step-model parameters (e.g. from `cubic sim calibrate --save`)")
         q.add_argument("--emb-sync", choices=["weights", "gradients"],
                        help="2D replica sync: periodic weight averaging (default) or per-step gradients")
-        q.add_argument("--sync-interval", type=int, metavar="STEPS", help="steps between 2D weight syncs (default 100)")
+        q.add_argument("--sync-interval", type=positive_int, metavar="STEPS", help="steps between 2D weight syncs (default 100)")
         q.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser("scale", help="throughput and scaling efficiency from 8 to 4096 GPUs: full sharding vs 2D")
@@ -239,10 +241,10 @@ def register(subparsers: Any) -> None:
                    help="cpu (this machine, measured with micro-benchmarks; default) or a cluster name/file")
     c.add_argument("--workload", default=None, metavar="NAME", help="only this workload (default: the small ones)")
     c.add_argument("--from-store", action="store_true", help="fit to measured trials in the store instead of running")
-    c.add_argument("--world-size", type=int, default=1, help="GPUs of the stored measured trials (default 1)")
+    c.add_argument("--world-size", type=positive_int, default=1, help="GPUs of the stored measured trials (default 1)")
     c.add_argument("--batches", type=_int_list, default=[64, 256, 1024], metavar="B,B,...",
                    help="batch sizes of the fresh local runs (default 64,256,1024)")
-    c.add_argument("--steps", type=int, default=20, help="timed steps per fresh run (default 20)")
+    c.add_argument("--steps", type=positive_int, default=20, help="timed steps per fresh run (default 20)")
     c.add_argument("--factors", default="gemm_eff,hbm_eff,step_overhead_s",
                    help="comma-separated factors to fit (gemm_eff, hbm_eff, nvlink_eff, net_eff, overlap, step_overhead_s)")
     c.add_argument("--params", metavar="FILE", help="starting parameters for a GPU cluster")
