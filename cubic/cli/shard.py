@@ -50,7 +50,7 @@ def _comm_flags(args) -> dict:
     out = {k: getattr(args, k, None) for k in COMM_FLAGS}
     for k, flag in COMM_FLAGS.items():
         if out[k] is not None and not (0 < out[k] < 1e6 or (out[k] == 0 and "latency" in k)):
-            raise SpecError(f"{flag} must be positive (got {out[k]:g})", field=flag)
+            raise SpecError(f"must be {'>= 0' if 'latency' in k else '> 0'} and below 1e6, got {out[k]:g}", field=flag)
     model = getattr(args, "comm_model", None)
     cal = getattr(args, "comm_calibration", None)
     if cal is not None:
@@ -72,7 +72,7 @@ def _with_tiers(plan, hbm_gb: float, est):
     from sharding.kernels import assign_kernels
 
     if not 0 < hbm_gb < 1e6:
-        raise SpecError(f"--hbm-gb must be positive (got {hbm_gb:g})", field="--hbm-gb")
+        raise SpecError(f"must be > 0 and below 1e6, got {hbm_gb:g}", field="--hbm-gb")
     try:
         kernels = assign_kernels(plan, hbm_gb * 1e9)
     except ValueError as e:
