@@ -108,3 +108,15 @@ def test_hostile_numbers_are_refused_naming_the_flag(capsys, no_runs, tmp_path, 
     line = one_line(err)
     assert code == 2 and f"argument {flag}:" in line and "Traceback" not in err
     assert not (tmp_path / ".cubic").exists()  # refused while parsing: no store opened
+
+
+@pytest.mark.parametrize("argv", [["run", "--workload", "dlrm-small", "--steps", "2"],
+                                  ["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "2",
+                                   "--storage", "sqlite:///c.db"]], ids=["run", "campaign run"])
+def test_a_cuda_device_this_machine_lacks_is_refused_before_anything_is_recorded(capsys, tmp_path, monkeypatch, argv):
+    # it was a failed trial in the store ("Torch not compiled with CUDA enabled"); cuda:999 exists nowhere
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv, "--device", "cuda:999")
+    line = one_line(err)
+    assert code == 2 and "--device" in line and "cuda:999" in line
+    assert not (tmp_path / ".cubic").exists() and not (tmp_path / "c.db").exists()

@@ -167,6 +167,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.world_size > 1 and args.simulate:
         raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
                         field="--world-size")
+    if kind == "local" and not (args.ray or args.ray_address):
+        from cubic.cli.common import check_local_device
+
+        check_local_device(args.device)
     # the one typed record of where runs happen; stored in the campaign's context as plain JSON
     runner_ctx = RunSpec(kind=kind, simulate=args.simulate, world_size=args.world_size, steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout, device=args.device, threads=args.threads,

@@ -227,6 +227,23 @@ def runner_part(module: str, attr: str, what: str, flag: str):
         raise SpecError(f"{what} ({module}) is not available in this installation", field=flag) from None
 
 
+def check_local_device(device: str) -> None:
+    """A CUDA device this process cannot see is bad input, refused before anything is recorded (it
+    was recorded as a failed trial: 'Torch not compiled with CUDA enabled'). Only for runs in this
+    process's machine: a Ray cluster's nodes may have what the coordinator lacks."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    index = device.partition(":")[2] or "0"
+    if not index.isdigit():
+        raise SpecError(f"not a device index: {device!r} (auto, cpu or cuda[:N])", field="--device")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(index) >= have:
+        what = "no CUDA device" if have == 0 else f"{have} CUDA device(s), cuda:0-{have - 1}"
+        raise SpecError(f"{device}: this machine has {what} (torch {torch.__version__})", field="--device")
+
+
 def local_runner(timeout_s: float, device: str, threads: int | None = None):
     LocalRunner = runner_part("cubic.runners.local", "LocalRunner", "the local runner", "run")
     return LocalRunner(timeout_s=timeout_s, device=device, threads=threads)
@@ -239,6 +256,7 @@ def _simulated_runner(spec: str):
 def _make_runner(args: argparse.Namespace):
     if args.simulate:
         return _simulated_runner(args.simulate)
+    check_local_device(args.device)
     return local_runner(args.timeout, args.device, getattr(args, "threads", None))
 
 
