@@ -100,24 +100,6 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
-def check_device(device: str | torch.device, field: str = "--device") -> torch.device:
-    """``device`` as a torch.device that exists here, else a one-line SpecError naming ``field``."""
-    from cubic.core.spec import SpecError
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise SpecError(f"not a device: {device!r} ({e})", field=field) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SpecError(f"{device}: CUDA is not available on this machine", field=field)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise SpecError(f"{device}: this machine has {torch.cuda.device_count()} CUDA device(s)", field=field)
-    elif dev.type != "cpu":
-        raise SpecError(f"{device}: FP8 measures on cpu or cuda only", field=field)
-    return dev
-
-
 def skipped_kernels() -> dict[str, str]:
     """Kernels of the design that cannot run on this machine, with the reason."""
     if importlib.util.find_spec("triton") is None:

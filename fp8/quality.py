@@ -52,7 +52,7 @@ def train_variant(workload: Workload, fp8: FP8Choice | None, steps: int, seed: i
 def compare(workload: Workload, variants: dict[str, FP8Choice], steps: int, seed: int = 0,
             track_error: bool = False, error_from_step: int = 0, device: str = "cpu") -> dict:
     """Full precision plus each variant, same seed; NE/loss differences relative to full precision."""
-    from fp8.kernels import check_device
+    from cubic.core.fingerprint import check_device
 
     device = str(check_device(device, "device"))
     base = train_variant(workload, None, steps, seed, device=device)

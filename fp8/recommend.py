@@ -131,7 +131,7 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
     """
     import torch
 
-    from fp8.kernels import check_device
+    from cubic.core.fingerprint import check_device
 
     dev = check_device(device)
 
@@ -391,7 +391,7 @@ def recommend(workload: Workload | None, budget_db: float | None, *, config: Con
 def _checked_options(device: str, recipes: str | tuple[str, ...], budget_scope: str) -> tuple[str, tuple[str, ...]]:
     """:func:`recommend`'s ``device`` (as a string) and allowed FP8 recipes, its options checked before
     any probing, so that a bad one fails at once."""
-    from fp8.kernels import check_device
+    from cubic.core.fingerprint import check_device
 
     device = str(check_device(device, "device"))
     try:

@@ -6,7 +6,8 @@ import torch
 from cubic.cli.app import main
 from cubic.core.recipes import Cast
 from cubic.core.spec import SpecError
-from fp8.kernels import KERNELS, check_device
+from cubic.core.fingerprint import check_device
+from fp8.kernels import KERNELS
 from fp8.recipes import gemm_unsupported
 
 

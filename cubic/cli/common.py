@@ -231,17 +231,10 @@ def check_local_device(device: str) -> None:
     """A CUDA device this process cannot see is bad input, refused before anything is recorded (it
     was recorded as a failed trial: 'Torch not compiled with CUDA enabled'). Only for runs in this
     process's machine: a Ray cluster's nodes may have what the coordinator lacks."""
-    if not device.startswith("cuda"):
-        return
-    import torch
+    from cubic.core.fingerprint import check_device
 
-    index = device.partition(":")[2] or "0"
-    if not index.isdigit():
-        raise SpecError(f"not a device index: {device!r} (auto, cpu or cuda[:N])", field="--device")
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if int(index) >= have:
-        what = "no CUDA device" if have == 0 else f"{have} CUDA device(s), cuda:0-{have - 1}"
-        raise SpecError(f"{device}: this machine has {what} (torch {torch.__version__})", field="--device")
+    if device != "auto":
+        check_device(device)
 
 
 def local_runner(timeout_s: float, device: str, threads: int | None = None):

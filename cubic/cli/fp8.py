@@ -178,7 +178,7 @@ def cmd_check(args) -> int:
         variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
     if not variants:
         raise SpecError("give --placement and/or --all", field="--placement")
-    from fp8.kernels import check_device
+    from cubic.core.fingerprint import check_device
 
     r = compare(w, variants, args.steps, seed=args.seed, device=str(check_device(args.device)))
     if args.json:
@@ -201,7 +201,8 @@ def cmd_kernels(args) -> int:
     check_allocation(8 * (args.m * args.k + args.k * args.n + args.m * args.n),
                      f"a {args.m}x{args.k}x{args.n} GEMM", field="--m/--k/--n")
     from fp8.dispatch import Dispatcher
-    from fp8.kernels import check_device, modelled_h100_ms
+    from cubic.core.fingerprint import check_device
+    from fp8.kernels import modelled_h100_ms
 
     _threads()
     d = Dispatcher(repeats=args.repeats, device=str(check_device(args.device)))

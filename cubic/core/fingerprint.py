@@ -26,6 +26,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def check_device(device, field: str = "--device"):
+    """``device`` as a torch.device this machine has (cpu, or a CUDA device it can see), else a one-line
+    SpecError naming ``field``: asked for before anything runs or is recorded."""
+    import torch
+
+    from cubic.core.spec import SpecError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SpecError(f"not a device: {device!r} ({e})", field=field) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecError(f"{device}: CUDA is not available on this machine (torch {torch.__version__})",
+                            field=field)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SpecError(f"{device}: this machine has {torch.cuda.device_count()} CUDA device(s)", field=field)
+    elif dev.type != "cpu":
+        raise SpecError(f"{device}: cubic runs on cpu or cuda only", field=field)
+    return dev
+
+
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
     # Read installed distributions' metadata instead of importing them: importing torchrec, ray
