@@ -77,6 +77,10 @@ def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
     assert main(["sim", "scale", "--gpus", "64,128", "--group-sizes", "32", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["simulated"] is True and {r["strategy"] for r in out["rows"]} == {"full", "2d-g32"}
+    # a group size that divides no GPU count is named, not dropped in silence
+    assert main(["sim", "scale", "--gpus", "64,128", "--group-sizes", "3,32", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "--group-sizes 3 divides none of --gpus 64,128" in err and "--group-sizes 32" not in err
     assert main(["sim", "predict", "--simulate", "h100x64", "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["simulated"] and pred["step_ms"] > 0 and pred["dominant_phase"]

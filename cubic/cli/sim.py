@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from cubic.core.spec import SpecError
@@ -61,6 +62,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     rows = scaling_sweep(workload, cluster, args.gpus, args.group_sizes, _config(args), _params(args),
                          include_full=not args.no_full)
+    for g in args.group_sizes:  # the sweep skips a group size that does not divide a GPU count: say so
+        if not any(w >= g and w % g == 0 for w in args.gpus):
+            print(f"cubic: warning: --group-sizes {g} divides none of --gpus {','.join(map(str, args.gpus))}: "
+                  "no 2D row for it", file=sys.stderr)
     if args.json:
         print(json.dumps({"simulated": True, "workload": workload.name, "cluster": cluster.name, "rows": rows},
                          indent=1, default=str))
