@@ -138,7 +138,10 @@ REPLAN = "re-plan with --target torchrec"
 
 
 def local_size_of(plan: Plan, local_size: int | None = None) -> int:
-    """Ranks per node as TorchRec sees them (LOCAL_WORLD_SIZE): the topology's, capped at the group."""
+    """Ranks per node as TorchRec sees them (LOCAL_WORLD_SIZE): the topology's, capped at the group;
+    one given must divide the plan's ranks (a job's nodes hold equal numbers of them)."""
+    if local_size is not None and (local_size > plan.world_size or plan.world_size % local_size):
+        raise SpecError(f"must divide the plan's {plan.world_size} ranks, got {local_size}", field="--local-size")
     return local_size or min(plan.topology.ranks_per_node, plan.group_size)
 
 

@@ -120,3 +120,29 @@ def test_a_cuda_device_this_machine_lacks_is_refused_before_anything_is_recorded
     line = one_line(err)
     assert code == 2 and "--device" in line and "cuda:999" in line
     assert not (tmp_path / ".cubic").exists() and not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--storage", "sqlite:///c.db", "--prune", "median"],
+     "--prune"),  # was accepted and ignored: cubic's own runs print no intermediate lines
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--storage", "sqlite:///c.db", "--nproc", "2"],
+     "--nproc"),
+    (["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--ranks-per-node", "3", "--no-check"],
+     "--ranks-per-node"),  # was planned: no torchrun job has nodes of 3 and 1 ranks
+], ids=["prune without a job", "nproc without a job", "uneven nodes"])
+def test_flags_that_cannot_apply_are_refused(capsys, tmp_path, monkeypatch, argv, flag):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and one_line(err).startswith(f"cubic: error: {flag}:")
+    assert not (tmp_path / "c.db").exists() and not (tmp_path / ".cubic").exists()
+
+
+def test_a_local_size_that_cannot_hold_the_plans_ranks_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert app.main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "2", "--planner", "size_greedy",
+                     "--no-check", "--out", "p.json"]) == 0
+    capsys.readouterr()
+    for argv in (["shard", "export", "p.json", "--local-size", "3"],
+                 ["shard", "evaluate", "p.json", "--backend", "torchrec", "--local-size", "3"]):
+        code, _, err = run_cli(capsys, *argv)  # export wrote it; evaluate ran it and failed (exit 1)
+        assert code == 2 and "--local-size: must divide the plan's 2 ranks, got 3" in one_line(err)

@@ -54,7 +54,13 @@ def check_job_flags(args: argparse.Namespace) -> None:
         raise SpecError("--simulate/--world-size/--ray run cubic workloads; a job's processes come from --launcher",
                         field="--objective")
     if args.launcher and not args.objective:
-        raise SpecError("--launcher goes with --objective", field="--launcher")
+        raise SpecError("only with --objective (a job's processes)", field="--launcher")
+    if not args.objective:  # a job's flags: with --workload they would be ignored without a word
+        for flag, given in (("--prune", args.prune != "none"), ("--prune-warmup", args.prune_warmup is not None),
+                            ("--nproc", args.nproc != 1)):
+            if given:
+                raise SpecError("only with --objective (a job's own lines); cubic's own runs do not use it",
+                                field=flag)
 
 
 def job_space(args: argparse.Namespace):

@@ -127,6 +127,10 @@ def cmd_plan(args) -> int:
     tables, wl = load_tables(args.tables)
     memory_gb = args.memory_gib * GIB / GB if args.memory_gib is not None else args.memory_gb
     topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
+    if topo.world_size > topo.ranks_per_node and topo.world_size % topo.ranks_per_node:
+        # a job's nodes hold equal numbers of ranks (torchrun's --nproc-per-node): this plan could not be launched
+        raise SpecError(f"{topo.ranks_per_node} ranks per node do not divide {topo.world_size} ranks",
+                        field="--ranks-per-node" if args.ranks_per_node else "--world-size")
     batch = args.batch_size or (wl.batch_size if wl else 512)
     checking = getattr(args, "check", None) is not False and topo.device == "cpu"
     if getattr(args, "rescale", False) and not checking:
@@ -172,6 +176,7 @@ def _evaluate_torchrec(args) -> int:
     from cubic.core.config import Config, ShardingChoice
     from cubic.core.spec import Workload
     from cubic.runners.torchrec_runner import TorchRecRunner
+    from sharding.torchrec_adapter import local_size_of
     from sharding.types import load_plan
 
     plan = load_plan(args.plan)
@@ -179,6 +184,7 @@ def _evaluate_torchrec(args) -> int:
     if plan.group_size != W or plan.world_size != W:
         raise SpecError(f"plan is for {plan.world_size} ranks in groups of {plan.group_size}; --world-size {W} "
                         "local processes must equal both (2D replicas are not run here)", source=args.plan)
+    local_size_of(plan, args.local_size)  # a --local-size that cannot hold these ranks: refused before the run
     wl = Workload(name=Path(args.plan).stem, tables=plan.tables, batch_size=plan.batch_size, topology=plan.topology)
     cfg = Config(sharding=ShardingChoice(plan=plan.model_dump(mode="json")), seed=args.seed)
     res = TorchRecRunner(world_size=W, local_size=args.local_size).run(wl, cfg, steps=args.steps,
