@@ -146,3 +146,11 @@ def test_a_local_size_that_cannot_hold_the_plans_ranks_is_refused(capsys, tmp_pa
                  ["shard", "evaluate", "p.json", "--backend", "torchrec", "--local-size", "3"]):
         code, _, err = run_cli(capsys, *argv)  # export wrote it; evaluate ran it and failed (exit 1)
         assert code == 2 and "--local-size: must divide the plan's 2 ranks, got 3" in one_line(err)
+
+
+def test_uneven_nodes_in_a_workload_file_name_the_file_and_field(capsys, tmp_path):
+    w = tmp_path / "w.json"
+    w.write_text('{"name": "w", "tables": [{"name": "t", "rows": 100, "dim": 8}], '
+                 '"topology": {"world_size": 12, "ranks_per_node": 8}}')
+    code, _, err = run_cli(capsys, "shard", "plan", "--tables", str(w), "--no-check", "--planner", "size_greedy")
+    assert code == 2 and f"{w}: topology.ranks_per_node: 8 ranks per node do not divide 12" in one_line(err)

@@ -129,8 +129,9 @@ def cmd_plan(args) -> int:
     topo = topology_for(args.world_size, memory_gb, wl, args.ranks_per_node, args.device, _comm_flags(args))
     if topo.world_size > topo.ranks_per_node and topo.world_size % topo.ranks_per_node:
         # a job's nodes hold equal numbers of ranks (torchrun's --nproc-per-node): this plan could not be launched
-        raise SpecError(f"{topo.ranks_per_node} ranks per node do not divide {topo.world_size} ranks",
-                        field="--ranks-per-node" if args.ranks_per_node else "--world-size")
+        typed = "--ranks-per-node" if args.ranks_per_node else "--world-size" if args.world_size else None
+        raise SpecError(f"{topo.ranks_per_node} ranks per node do not divide {topo.world_size} ranks",  # the flag
+                        source=None if typed else args.tables, field=typed or "topology.ranks_per_node")  # or the file's
     batch = args.batch_size or (wl.batch_size if wl else 512)
     checking = getattr(args, "check", None) is not False and topo.device == "cpu"
     if getattr(args, "rescale", False) and not checking:
