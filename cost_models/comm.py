@@ -107,6 +107,11 @@ class CommModel:
             from cubic.core.spec import SpecError
 
             raise SpecError("no comm calibration (run `cubic shard calibrate-comm`)", field="comm_calibration")
+        if not p.is_file():
+            from cubic.core.spec import SpecError
+
+            raise SpecError("no such calibration file (write one with `cubic shard calibrate-comm`)",
+                            source=str(p), field="topology.comm_calibration")
         d, foreign = _read_calibration(str(p.resolve()), p.stat().st_mtime)
         c = d["constants"]
         fp = d.get("fingerprint") or {}

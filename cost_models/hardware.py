@@ -139,11 +139,16 @@ CLUSTERS: dict[str, ClusterSpec] = {
 }
 
 
-def load_device(name_or_path: str) -> DeviceSpec:
+def load_device(name_or_path: str, field: str | None = None, source: str | None = None) -> DeviceSpec:
+    """A device by name or from a YAML file; errors name ``field`` (the flag or the workload field that
+    gave it, in ``source``: the workload file)."""
     if name_or_path in DEVICES:
         return DEVICES[name_or_path]
     if not Path(name_or_path).suffix:
-        raise SpecError(f"unknown device (known: {', '.join(DEVICES)}; or a YAML file)", source=name_or_path)
+        raise SpecError(f"unknown device {name_or_path!r} (known: {', '.join(DEVICES)}; or a YAML file)",
+                        source=source if field else name_or_path, field=field)
+    if field and not Path(name_or_path).is_file():
+        raise SpecError(f"no such device file {name_or_path!r}", source=source, field=field)
     return parse_model(DeviceSpec, read_structured(name_or_path), source=name_or_path)
 
 

@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     the result and write --json, and only then record every new repeat. A store write that fails is
     a store error (exit 3), never a failed run: the result was printed already and is kept in the
     pending file."""
-    from cubic.cli.common import load_checked_config
+    from cubic.cli.common import check_topology_refs, load_checked_config
     from cubic.core.config import Config
     from cubic.core.result import RunInterrupted
     from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
@@ -89,10 +89,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cubic.core.workloads import load_workload
 
     workload = load_workload(args.workload)
+    check_topology_refs(workload.topology, args.workload)
     processes = None if args.simulate or args.plan else args.world_size  # --plan replaces the config's plan
     config = load_checked_config(args.config, processes) if args.config else None
     if config is not None:
-        config.apply(workload)  # bad knobs or batch are bad input: say so now, not from the child
+        config.apply(workload, source=args.config)  # bad knobs or batch: bad input now, not from the child
     json_out = _writable_path(args.json_out, "--json") if args.json_out else None
     if args.world_size > 1 or args.plan:
         runner, config = _distributed_runner(args, workload, config or Config())
@@ -175,7 +176,7 @@ def _distributed_runner(args: argparse.Namespace, workload: Any, config: Any) ->
         plan = plan_from_dict(read_structured(args.plan), source=args.plan)  # a bad document is bad input
         config = config.model_copy(update={"sharding": config.sharding.model_copy(
             update={"plan": plan.model_dump(mode="json")})})
-        why = check_plan(config.apply(workload), plan, args.world_size)
+        why = check_plan(config.apply(workload), plan, args.world_size, config)
         if why:
             raise SpecError(why, source=args.plan, field="world_size")
     device = "cpu" if args.device == "auto" else args.device

@@ -152,6 +152,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_job_flags(args)
     kind = "simulated" if args.simulate else ("distributed" if args.world_size > 1 else "local")
     workload = load_workload(args.workload) if not args.objective else None
+    if workload is not None:
+        from cubic.cli.common import check_topology_refs
+
+        check_topology_refs(workload.topology, args.workload)
     space_path = str(args.space or DEFAULT_SPACES[kind])
     space = job_space(args) if args.objective else _workload_space(args, space_path, workload, kind)
     space = with_objective(space, args.metric, args.direction)

@@ -208,10 +208,38 @@ def load_checked_config(path: str, processes: int | None = 1):
     if processes is not None and processes > 1 and ranks is not None and ranks != processes:
         raise SpecError(f"the plan is for {ranks} ranks, the run has {processes}: run it with --world-size {ranks}",
                         source=str(path), field="sharding.plan.world_size")
+    if processes is not None and processes > 1:
+        _check_groups(config, processes, str(path))
     return config
 
 
+def _check_groups(config, processes: int, source: str) -> None:
+    """2D fields that cannot work on ``processes`` ranks, refused before anything runs or is recorded
+    (the runner would record them as a failed run)."""
+    s = config.sharding
+    g = s.group_size or (s.plan or {}).get("group_size") or processes
+    if s.group_size and (s.group_size > processes or processes % s.group_size):
+        raise SpecError(f"a group of {s.group_size} ranks must divide --world-size {processes}",
+                        source=source, field="sharding.group_size")
+    if g == processes and (s.sync is not None or s.sync_interval is not None):
+        raise SpecError(f"keeps 2D replicas in step: it needs sharding.group_size below --world-size {processes} "
+                        "(a 2D plan)", source=source, field="sharding.sync" if s.sync else "sharding.sync_interval")
+
+
 # -- workloads ------------------------------------------------------------------------------------
+
+
+def check_topology_refs(topo, source: str | None, device_flag: str | None = None) -> None:
+    """The device (name or file) and the comm calibration file a topology names exist: refused here,
+    naming the workload file and field (or the flag that gave the device), not later as a failed run
+    when a planner or the estimator reads them."""
+    from cost_models.hardware import load_device
+
+    if topo.device != "cpu":
+        load_device(topo.device, field=device_flag or "topology.device", source=None if device_flag else source)
+    if topo.comm_calibration is not None and not Path(topo.comm_calibration).is_file():
+        raise SpecError(f"no such calibration file {topo.comm_calibration!r} (write one with `cubic shard "
+                        "calibrate-comm`)", source=source, field="topology.comm_calibration")
 
 
 def runner_part(module: str, attr: str, what: str, flag: str):

@@ -128,7 +128,7 @@ def cmd_model(args) -> int:
     from cost_models.gpu_gemm import block_speedup, linear_block_kernels
     from cost_models.hardware import load_device
 
-    dev = load_device(args.device)
+    dev = load_device(args.device, field="--device")
     kw = dict(norm_before=args.norm_before, act_after=args.act_after, device=dev, fuse_casts=not args.no_fusion,
               mode=args.mode)
     r = block_speedup(args.m, args.k, args.n, args.recipe, **kw)

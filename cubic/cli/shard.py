@@ -119,6 +119,7 @@ RESCALE_EVIDENCE = ("measured (results/sharding_rescale.json): no resolved gain 
 
 
 def cmd_plan(args) -> int:
+    from cubic.cli.common import check_topology_refs
     from cubic.core.units import GB, GIB
     from sharding.estimate import ScaledEstimator
     from sharding.inputs import load_tables, topology_for
@@ -132,6 +133,7 @@ def cmd_plan(args) -> int:
         typed = "--ranks-per-node" if args.ranks_per_node else "--world-size" if args.world_size else None
         raise SpecError(f"{topo.ranks_per_node} ranks per node do not divide {topo.world_size} ranks",  # the flag
                         source=None if typed else args.tables, field=typed or "topology.ranks_per_node")  # or the file's
+    check_topology_refs(topo, args.tables, "--device" if args.device else None)
     batch = args.batch_size or (wl.batch_size if wl else 512)
     checking = getattr(args, "check", None) is not False and topo.device == "cpu"
     if getattr(args, "rescale", False) and not checking:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SPEC_VERSION = 1
 NEUROSHARD_HIST_BINS = 17  # NeuroShard's reuse-distance histogram: 17 log2 bins
@@ -45,7 +45,8 @@ def spec_error_from_validation(err: ValidationError, source: str | None = None) 
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a NaN in a file is "not a finite number", not "should be <= 10000"
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AccessStats(Frozen):
@@ -86,12 +87,20 @@ class Table(Frozen):
 
     name: str = Field(min_length=1, max_length=200)
     rows: int = Field(gt=0, le=10**11)
-    dim: int = Field(gt=0, le=4096)
+    dim: int = Field(gt=0, le=4096, description="a multiple of 4")
     pooling_factor: float = Field(default=1.0, gt=0.0, le=10_000.0, description="mean ids per example")
     pooling_dist: Literal["fixed", "poisson", "lognormal"] = "lognormal"
     pooling_sigma: float = Field(default=0.8, ge=0.0, le=4.0, description="lognormal shape: heavy tail")
     access: AccessStats = AccessStats()
     feature_group: str = "default"
+
+    @field_validator("dim")
+    @classmethod
+    def _fbgemm_width(cls, dim: int) -> int:
+        if dim % 4:  # refused here, not as a failed run from inside the kernel
+            raise ValueError(f"must be a multiple of 4 (FBGEMM's fused embedding kernels, which TorchRec "
+                             f"and cubic run, need it), got {dim}")
+        return dim
 
     def bytes_fp32(self) -> int:
         return self.rows * self.dim * 4
