@@ -29,6 +29,14 @@ BAD = (  # (config body, the field the message names)
      " module_filter: [a]}}\n", "fp8.placement.sites.a.recipe"),
     ("fp8: {policy: placement, placement: {sites: {a: {m: 1, k: 1, n: 1, recipe: tensorwise, kernel: foo}},"
      " module_filter: [a]}}\n", "fp8.placement.sites.a"),
+    # values a run cannot use are refused, not recorded as a failed run or ignored (stop 57's probe)
+    ("fp8: {policy: budget}\n", "fp8.budget_sqnr_db"),
+    ("fp8: {budget_sqnr_db: 30}\n", "fp8.budget_sqnr_db"),
+    ("fp8: {policy: all, placement: {}}\n", "fp8.placement"),
+    ("sharding: {sync: gradients, sync_interval: 3}\n", "sharding.sync_interval"),
+    # a model knob the workload refuses: the config's field, not the workload's dense_arch path
+    ("model: {bottom_mlp: [0]}\n", "model.bottom_mlp.0"),
+    ("model: {num_layers: 2}\n", "model.num_layers"),
 )
 
 
@@ -163,3 +171,26 @@ def test_a_sharded_config_loads_where_it_can_run(tmp_path):
     assert load_checked_config(str(tmp_path / "g.yaml"), processes=None).sharding.planner == "size_lookup_greedy"
     (tmp_path / "p.json").write_text(json.dumps({"sharding": {"plan": _plan(2)}}))
     assert load_checked_config(str(tmp_path / "p.json"), processes=2).sharding.plan["world_size"] == 2
+
+
+def test_2d_fields_that_cannot_work_on_the_runs_ranks_are_bad_input(tmp_path, capsys, isolated):
+    """A group that does not divide --world-size, or replica sync without a 2D plan, were recorded as
+    failed runs (exit 1) by the distributed runner; now refused at load, naming the field."""
+    for body, field in (("sharding: {planner: greedy, group_size: 3}\n", "sharding.group_size"),
+                        ("sharding: {planner: greedy, sync: weights}\n", "sharding.sync"),
+                        ("sharding: {planner: greedy, group_size: 2, sync_interval: 5}\n", "sharding.sync_interval")):
+        (tmp_path / "c.yaml").write_text(body)
+        code = cli.main(["run", "--workload", "dlrm-small", "--world-size", "2", "--steps", "2", "--config", "c.yaml"])
+        assert code == 2, body
+        _one_line(capsys.readouterr().err, "c.yaml", field, "--world-size 2")
+    # --plan with a config whose group size differs from the plan's
+    (tmp_path / "p.json").write_text(json.dumps(_plan(2)))
+    (tmp_path / "g.yaml").write_text("sharding: {group_size: 1}\n")
+    code = cli.main(["run", "--workload", "dlrm-small", "--world-size", "2", "--steps", "2", "--config", "g.yaml",
+                     "--plan", "p.json"])
+    assert code == 2
+    _one_line(capsys.readouterr().err, "p.json", "group_size 1 differs from the plan's group_size 2")
+    assert TrialStore(isolated).count() == 0
+    # no false rejection: a 2D group that divides the ranks, with weight averaging
+    (tmp_path / "ok.yaml").write_text("sharding: {planner: greedy, group_size: 1, sync: weights, sync_interval: 5}\n")
+    assert cli_common.load_checked_config(str(tmp_path / "ok.yaml"), processes=2).sharding.group_size == 1

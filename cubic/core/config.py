@@ -127,8 +127,10 @@ class Config(Storable):
     def content_hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))
 
-    def apply(self, workload: Workload) -> Workload:
-        """The workload as this config runs it: batch size and model knobs applied, re-validated."""
+    def apply(self, workload: Workload, source: str | None = None) -> Workload:
+        """The workload as this config runs it: batch size and model knobs applied, re-validated.
+        A value the workload refuses is named as the config field that set it (in ``source``, the
+        config file, when given): ``model.bottom_mlp.0``, not the workload's ``dense_arch.dlrm...``."""
         data = workload.model_dump(mode="json")
         if self.batch_size is not None:
             data["batch_size"] = self.batch_size
@@ -139,9 +141,8 @@ class Config(Storable):
             for key, value in self.model.items():
                 if key == "kind" or key not in arch:
                     known = sorted(k for k in arch if k != "kind")
-                    raise SpecError(
-                        f"unknown knob for {arch['kind']} (known: {', '.join(known)})", field=f"model.{key}"
-                    )
+                    raise SpecError(f"unknown knob for {arch['kind']} (known: {', '.join(known)})",
+                                    source=source, field=f"model.{key}")
                 arch[key] = value
             data["dense_arch"] = arch
         try:
@@ -150,8 +151,18 @@ class Config(Storable):
             from pydantic import ValidationError
 
             if isinstance(e, ValidationError):
-                raise spec_error_from_validation(e, "config") from None
+                err = spec_error_from_validation(e)
+                raise SpecError(str(err)[len(err.field) + 2:] if err.field else str(err),
+                                source=source or "config", field=self._field_of(err.field)) from None
             raise
+
+    def _field_of(self, loc: str | None) -> str | None:
+        """The config field behind a workload field path (``dense_arch.<kind>.<knob>...`` -> ``model.<knob>...``)."""
+        parts = (loc or "").split(".")
+        if parts[0] == "dense_arch" and self.model:
+            rest = parts[2:] if len(parts) > 1 else []
+            return ".".join(["model"] + rest) if rest and rest[0] in self.model else "model"
+        return loc
 
 
 class JobConfig(Storable):

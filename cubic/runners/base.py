@@ -90,9 +90,21 @@ def check_config_values(config: Config, source: str | None = None) -> None:
             plan_from_dict(s.plan, source=None)
         except SpecError as e:
             raise _nested(e, "sharding.plan", source) from None
-    if config.fp8.policy == "placement" and config.fp8.placement is None:
-        raise SpecError("policy 'placement' needs a placement document (`cubic fp8 place` writes one)",
+    f = config.fp8
+    if f.policy == "placement" and f.placement is None:
+        raise SpecError("policy 'placement' needs a placement document (`cubic fp8 probe` writes one)",
                         source=source, field="fp8.placement")
+    if f.policy == "budget" and f.budget_sqnr_db is None:
+        raise SpecError("policy 'budget' needs budget_sqnr_db (the SQNR floor in dB, e.g. 25)",
+                        source=source, field="fp8.budget_sqnr_db")
+    # a value that cannot apply is refused, not ignored: the user meant something by it
+    for name, value, policy in (("budget_sqnr_db", f.budget_sqnr_db, "budget"), ("placement", f.placement, "placement")):
+        if value is not None and f.policy != policy:
+            raise SpecError(f"applies only with policy {policy!r} (policy is {f.policy!r}): set policy: {policy} "
+                            "or remove it", source=source, field=f"fp8.{name}")
+    if s.sync == "gradients" and s.sync_interval is not None:
+        raise SpecError("applies only with sync: weights (sync: gradients keeps the replicas in step every step)",
+                        source=source, field="sharding.sync_interval")
     if config.fp8.placement is not None:
         if find_spec("fp8.placement") is None:
             raise SpecError("an FP8 placement needs fp8/, which is not installed in this checkout",
