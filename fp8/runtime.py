@@ -70,6 +70,26 @@ def apply_fp8(model: nn.Module, fp8_choice: FP8Choice, workload: Workload | None
     return apply_placement(model, placement, track_error=track_error, dispatch=dispatch)
 
 
+def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str] | None:
+    """(field, why) when ``placement`` names a site the workload's model lacks, or gives one another
+    shape (None when every site fits): what :func:`apply_placement` would refuse inside a run, found
+    before one starts. The dense part is built on the meta device: no memory, no init."""
+    from cubic.core.models import build_dense
+
+    with torch.device("meta"):
+        dense = build_dense(workload)
+    sites = {f"dense.{n}": m for n, m in linear_sites(dense).items()}
+    for name, site in placement.sites.items():
+        if name not in sites:
+            near = ", ".join(sorted(sites)[:3]) + (", ..." if len(sites) > 3 else "")
+            return (f"sites.{name}", f"{workload.name}'s model has no linear site of this name ({len(sites)} "
+                    f"sites: {near}): a placement for another model?")
+        if (sites[name].in_features, sites[name].out_features) != (site.k, site.n):
+            return (f"sites.{name}", f"shape mismatch: placement says k={site.k}, n={site.n}; "
+                    f"{workload.name}'s model has {sites[name].in_features}, {sites[name].out_features}")
+    return None
+
+
 def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool = False,
                     dispatch: bool = False) -> nn.Module:
     sites = linear_sites(model)

@@ -189,8 +189,86 @@ def test_2d_fields_that_cannot_work_on_the_runs_ranks_are_bad_input(tmp_path, ca
     code = cli.main(["run", "--workload", "dlrm-small", "--world-size", "2", "--steps", "2", "--config", "g.yaml",
                      "--plan", "p.json"])
     assert code == 2
-    _one_line(capsys.readouterr().err, "p.json", "group_size 1 differs from the plan's group_size 2")
+    _one_line(capsys.readouterr().err, "g.yaml: sharding.group_size", "group_size 1 differs from the plan's group_size 2")
+    (tmp_path / "b.yaml").write_text("batch_size: 128\n")  # was a recorded failed run: the runner's own check
+    code = cli.main(["run", "--workload", "dlrm-small", "--world-size", "2", "--steps", "2", "--config", "b.yaml",
+                     "--plan", "p.json"])
+    assert code == 2
+    _one_line(capsys.readouterr().err, "b.yaml: batch_size", "differs from the plan's per-rank batch")
     assert TrialStore(isolated).count() == 0
     # no false rejection: a 2D group that divides the ranks, with weight averaging
     (tmp_path / "ok.yaml").write_text("sharding: {planner: greedy, group_size: 1, sync: weights, sync_interval: 5}\n")
     assert cli_common.load_checked_config(str(tmp_path / "ok.yaml"), processes=2).sharding.group_size == 1
+
+
+def _dlrm_sites() -> dict:
+    from torch import nn
+
+    from cubic.core.models import build_dense
+
+    dense = build_dense(load_workload("dlrm-small"))
+    return {f"dense.{n}": (m.in_features, m.out_features) for n, m in dense.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _placement_doc(sites: dict) -> dict:
+    return {"workload": "dlrm-small", "module_filter": sorted(sites), "sites": {
+        n: {"m": 512, "k": k, "n": out, "recipe": "tensorwise", "kernel": "scaled_mm_tensorwise", "safe": True}
+        for n, (k, out) in sites.items()}}
+
+
+def test_a_placement_for_another_model_is_bad_input_not_a_failed_run(tmp_path, capsys, runner, isolated):
+    """A placement naming a site the workload's model lacks, or with another shape, was recorded as a
+    failed run (the child's apply_placement refused it); now refused at load, naming the site."""
+    sites = _dlrm_sites()
+    first = sorted(sites)[0]
+    k, n = sites[first]
+    for bad, needle in (({"dense.layers.0.lcb.proj": (16, 16)}, "no linear site of this name"),
+                        ({first: (k + 4, n)}, "shape mismatch")):
+        (tmp_path / "c.json").write_text(json.dumps({"fp8": {"policy": "placement", "placement": _placement_doc(bad)}}))
+        code = cli.main(["run", "--workload", "dlrm-small", "--steps", "2", "--config", "c.json"])
+        assert code == 2
+        _one_line(capsys.readouterr().err, "c.json", f"fp8.placement.sites.{next(iter(bad))}", needle)
+    assert runner.calls == 0 and TrialStore(isolated).count() == 0
+    # the placement that fits passes, and so does the local runner's check
+    from cubic.core.config import FP8Choice
+    from cubic.runners.base import check_placement_fits
+
+    fits = Config(fp8=FP8Choice(policy="placement", placement=_placement_doc(sites)))
+    check_placement_fits(load_workload("dlrm-small"), fits, source="c.json")
+    assert validate_config(load_workload("dlrm-small"), fits) is None
+
+
+def test_a_space_value_no_run_can_use_is_refused_before_the_campaign(tmp_path, capsys, isolated):
+    """A space that can propose an unusable config (batch 0, a key that is no Config field, an unknown
+    planner) made every such proposal a recorded failed run; now one line naming the space file and
+    the parameter, before anything starts. A value enabled by another's (``when``) is tried with it."""
+    head = "version: 1\nname: s\nobjectives: [{metric: examples_per_s}]\nparameters:\n"
+    ok = ("  - {name: fp8.policy, type: categorical, choices: [\"off\", budget]}\n"
+          "  - {name: fp8.budget_sqnr_db, type: categorical, choices: [20.0, 30.0], when: {fp8.policy: [budget]}}\n")
+    for bad, needle in (("  - {name: batch_size, type: categorical, choices: [512, 0]}\n", "batch_size = 0"),
+                        ("  - {name: foo.bar, type: int, low: 1, high: 4}\n", "not a Config field"),
+                        ("  - {name: sharding.planner, type: categorical, choices: [none, nope]}\n", "unknown planner")):
+        (tmp_path / "s.yaml").write_text(head + ok + bad)
+        code = cli.main(["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "1", "--space",
+                         "s.yaml", "--storage", f"sqlite:///{tmp_path}/c.db"])
+        assert code == 2, bad
+        _one_line(capsys.readouterr().err, "s.yaml", "parameters.2", needle)
+        assert not (tmp_path / "c.db").exists() and TrialStore(isolated).count() == 0
+    # no false rejection: budget_sqnr_db tried with the policy that enables it
+    from cubic.cli.campaign import check_space_values
+    from search.space import load_space
+
+    (tmp_path / "s.yaml").write_text(head + ok)
+    check_space_values(load_space(str(tmp_path / "s.yaml")), load_workload("dlrm-small"), "local", str(tmp_path / "s.yaml"))
+
+
+def test_every_packaged_space_passes_its_own_value_check():
+    from cubic.cli.campaign import DEFAULT_SPACES, check_space_values
+    from search.space import load_space
+
+    for kind, path in DEFAULT_SPACES.items():
+        for name in ("dlrm-small", "wukong-small", "dmt-small", "wukong-large"):
+            wl = load_workload(name)
+            for shape in (False, True):
+                space = load_space(path).model_copy(update={"shape": shape}).for_workload(wl)
+                check_space_values(space, wl, kind, str(path))

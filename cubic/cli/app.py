@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cubic.core.config import Config
     from cubic.core.result import RunInterrupted
     from cubic.core.stats import Repeat, contention, cores_available, pool, pooled_result
+    from cubic.runners.base import check_placement_fits
     from cubic.cli.run_report import print_result
     from cubic.core.workloads import load_workload
 
@@ -94,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_checked_config(args.config, processes) if args.config else None
     if config is not None:
         config.apply(workload, source=args.config)  # bad knobs or batch: bad input now, not from the child
+        check_placement_fits(workload, config, source=args.config)
     json_out = _writable_path(args.json_out, "--json") if args.json_out else None
     if args.world_size > 1 or args.plan:
         runner, config = _distributed_runner(args, workload, config or Config())
@@ -177,8 +179,8 @@ def _distributed_runner(args: argparse.Namespace, workload: Any, config: Any) ->
         config = config.model_copy(update={"sharding": config.sharding.model_copy(
             update={"plan": plan.model_dump(mode="json")})})
         why = check_plan(config.apply(workload), plan, args.world_size, config)
-        if why:
-            raise SpecError(why, source=args.plan, field="world_size")
+        if why:  # named in the file that holds the field: the config's or the plan's
+            raise SpecError(why, source=args.config if why.in_config and args.config else args.plan, field=why.field)
     device = "cpu" if args.device == "auto" else args.device
     return DistributedRunner(args.world_size, timeout_s=args.timeout, device=device,
                              threads=args.threads or 1), config

@@ -56,6 +56,44 @@ def check_space_fits_runner(space, kind: str, source: str) -> None:
                                 source=source, field=f"{what}s[{i}]")
 
 
+def check_space_values(space, workload, kind: str, source: str) -> None:
+    """One line (SpecError: exit 2) before anything starts when a value the space can propose makes
+    a config no run can use (a batch of 0, a key that is no Config field, an unknown planner, a knob
+    the architecture refuses): otherwise every proposal of it would be a recorded failed run. Each
+    choice (or end of its grid) is tried with the values that enable it and a first value of each
+    parameter it enables (``when``); the others keep the base config's."""
+    from cubic.runners.base import check_config_values
+    from search.space import load_space
+
+    base = _base_config(kind)
+    names = [p.name for p in load_space(source).parameters] if Path(source).is_file() else []
+    by_name = {p.name: p for p in space.parameters}
+
+    def enabling(p) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for parent, values in (p.when or {}).items():
+            out.update({**enabling(by_name[parent]), parent: values[0]})
+        return out
+
+    for p in space.parameters:
+        where = f"parameters.{names.index(p.name)}" if p.name in names else f"parameters ({p.name})"
+        last = p.high if p.type == "categorical" or p.count() is None else p.low + (p.count() - 1) * (p.step or 1)
+        for v in p.choices if p.type == "categorical" else (p.low, last):  # the grid's ends
+            v = int(v) if p.type == "int" else v
+            point = {**enabling(p), p.name: v}
+            for q in space.parameters:  # what the value enables is set too (a policy needs its budget)
+                if q.when and q.name not in point and space.active(q, point):
+                    point[q.name] = q.choices[0] if q.type == "categorical" else (int(q.low) if q.type == "int" else q.low)
+            try:
+                config = space.to_config(point, base)
+                config.apply(workload)
+                check_config_values(config)
+            except SpecError as e:
+                reason = str(e)[len(e.source) + 2:] if e.source and str(e).startswith(f"{e.source}: ") else str(e)
+                raise SpecError(f"{p.name} = {v!r} makes a config no run can use ({reason})",
+                                source=source, field=where) from None
+
+
 def _runner_from_context(ctx: dict[str, Any]):
     """The Runner a campaign's stored context describes (local child process, simulated, Ray)."""
     r = RunSpec.from_context(ctx)
@@ -161,6 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     space = with_objective(space, args.metric, args.direction)
     if not args.objective:  # a job's metrics are whatever its command prints
         check_space_fits_runner(space, kind, space_path)
+        check_space_values(space, workload, kind, space_path)
         space = _at_equal_budget(space, kind)
         if kind == "local":
             _note_budget(space, workload, args.steps, args.warmup)

@@ -117,6 +117,20 @@ def check_config_values(config: Config, source: str | None = None) -> None:
             raise _nested(e, "fp8.placement", source) from None
 
 
+def check_placement_fits(workload: Workload, config: Config, source: str | None = None) -> None:
+    """Raise a one-line SpecError (naming ``source`` and the site's field) when the config's FP8
+    placement names a site the workload's model lacks or gives it another shape: known before a
+    run, so bad input rather than a recorded failed run."""
+    if config.fp8.placement is None or find_spec("fp8.runtime") is None:
+        return
+    from fp8.placement import parse_placement
+    from fp8.runtime import placement_misfit
+
+    misfit = placement_misfit(parse_placement(config.fp8.placement, source=None), config.apply(workload))
+    if misfit:
+        raise SpecError(misfit[1], source=source, field=f"fp8.placement.{misfit[0]}")
+
+
 def validate_config(workload: Workload, config: Config) -> str | None:
     """Why the local single-process runner cannot execute ``config`` (None when it can)."""
     try:
@@ -130,6 +144,7 @@ def validate_config(workload: Workload, config: Config) -> str | None:
         return f"fp8.policy={config.fp8.policy!r} needs fp8.runtime, which is not installed in this checkout"
     try:
         config.apply(workload)
+        check_placement_fits(workload, config)
     except SpecError as e:
         return str(e)
     from cubic.runners.memory import preflight  # its tables and dense state fit the device's memory

@@ -104,23 +104,41 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # -- plans ----------------------------------------------------------------------------------------
 
 
-def check_plan(workload: Workload, plan: Plan, world: int, config: Config | None = None) -> str | None:
+class Misfit(str):
+    """Why a plan cannot run (a str: callers print it or record it as the failure's reason), with the
+    field it concerns and whether that field is the config's (else the plan's): what a command names."""
+
+    field: str
+    in_config: bool
+
+    def __new__(cls, why: str, field: str, in_config: bool = False) -> "Misfit":
+        out = super().__new__(cls, why)
+        out.field, out.in_config = field, in_config
+        return out
+
+
+def check_plan(workload: Workload, plan: Plan, world: int, config: Config | None = None) -> Misfit | None:
     """Why ``plan`` cannot train ``workload`` on ``world`` ranks here (None when it can). A 2D plan
     (``group_size`` G < ``world_size``) trains W/G replicas of its G-rank group."""
     if plan.world_size != world:
-        return f"plan is for {plan.world_size} ranks (in groups of {plan.group_size}); this run has {world}"
+        return Misfit(f"plan is for {plan.world_size} ranks (in groups of {plan.group_size}); this run has {world}",
+                      "world_size")
     if config is not None:
         want = config.sharding.group_size
         if want and want != plan.group_size:
-            return (f"config.sharding.group_size {want} differs from the plan's group_size {plan.group_size} "
-                    f"(make the plan with --group-size {want})")
+            return Misfit(f"config.sharding.group_size {want} differs from the plan's group_size {plan.group_size} "
+                          f"(make the plan with --group-size {want})", "sharding.group_size", True)
         if plan.group_size == world and (config.sharding.sync or config.sharding.sync_interval):
-            return "sharding.sync / sync_interval keep 2D replicas in step: they need a 2D plan (group_size < world)"
+            return Misfit("sharding.sync / sync_interval keep 2D replicas in step: they need a 2D plan "
+                          "(group_size < world)", "sharding.sync", True)
+        if config.batch_size and config.batch_size != plan.batch_size:
+            return Misfit(f"config.batch_size {config.batch_size} differs from the plan's per-rank batch "
+                          f"{plan.batch_size}", "batch_size", True)
     mine = {t.name: (t.rows, t.dim) for t in workload.tables}
     theirs = {t.name: (t.rows, t.dim) for t in plan.tables}
     if mine != theirs:
         diff = sorted(set(mine.items()) ^ set(theirs.items()))
-        return f"plan tables differ from the workload's tables (first difference: {diff[0][0]})"
+        return Misfit(f"plan tables differ from the workload's tables (first difference: {diff[0][0]})", "tables")
     return None
 
 
@@ -452,8 +470,6 @@ class DistributedRunner(Runner):
         try:
             plan = make_plan(workload, config, self.world_size)
             why = check_plan(config.apply(workload), plan, self.world_size, config)
-            if why is None and config.batch_size and config.batch_size != plan.batch_size:
-                why = f"config.batch_size {config.batch_size} differs from the plan's per-rank batch {plan.batch_size}"
         except (ValueError, KeyError) as e:
             return Result.failed("invalid", str(e), **common)
         if why:

@@ -74,7 +74,7 @@ def _inputs(args):
         plan = plan_from_dict(read_structured(args.plan), source=args.plan)  # a bad document is bad input
         config = config.model_copy(update={"sharding": config.sharding.model_copy(
             update={"plan": plan.model_dump(mode="json")})})
-    config.apply(workload)
+    config.apply(workload, source=args.config)
     return workload, config, args.steps, args.warmup, args.device, args.check_single, None, args.threads
 
 
@@ -118,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     plan = make_plan(workload, config, world)
                     why = check_plan(config.apply(workload), plan, world, config)
-                    if why is None and config.batch_size and config.batch_size != plan.batch_size:
-                        why = f"config.batch_size {config.batch_size} differs from the plan's batch {plan.batch_size}"
                     box = [plan.model_dump_json() if why is None else "invalid: " + why,
                            resolve_fp8(config, workload).model_dump_json() if why is None else None]
                 except (SpecError, ValueError, KeyError) as e:
