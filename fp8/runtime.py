@@ -70,8 +70,19 @@ def apply_fp8(model: nn.Module, fp8_choice: FP8Choice, workload: Workload | None
     return apply_placement(model, placement, track_error=track_error, dispatch=dispatch)
 
 
+def _misfit(sites: dict[str, nn.Linear], name: str, site) -> str | None:
+    """Why a placement's site does not fit the model's linear sites (None when it does)."""
+    if name not in sites:
+        near = ", ".join(sorted(sites)[:3]) + (", ..." if len(sites) > 3 else "")
+        return f"the model has no linear site of this name ({len(sites)} sites: {near}): a placement for another model?"
+    if (sites[name].in_features, sites[name].out_features) != (site.k, site.n):
+        return (f"shape mismatch: placement says k={site.k}, n={site.n}; model has "
+                f"{sites[name].in_features}, {sites[name].out_features}")
+    return None
+
+
 def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str] | None:
-    """(field, why) when ``placement`` names a site the workload's model lacks, or gives one another
+    """(field, why) for the first site of ``placement`` the workload's model lacks or has in another
     shape (None when every site fits): what :func:`apply_placement` would refuse inside a run, found
     before one starts. The dense part is built on the meta device: no memory, no init."""
     from cubic.core.models import build_dense
@@ -80,13 +91,8 @@ def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str
         dense = build_dense(workload)
     sites = {f"dense.{n}": m for n, m in linear_sites(dense).items()}
     for name, site in placement.sites.items():
-        if name not in sites:
-            near = ", ".join(sorted(sites)[:3]) + (", ..." if len(sites) > 3 else "")
-            return (f"sites.{name}", f"{workload.name}'s model has no linear site of this name ({len(sites)} "
-                    f"sites: {near}): a placement for another model?")
-        if (sites[name].in_features, sites[name].out_features) != (site.k, site.n):
-            return (f"sites.{name}", f"shape mismatch: placement says k={site.k}, n={site.n}; "
-                    f"{workload.name}'s model has {sites[name].in_features}, {sites[name].out_features}")
+        if why := _misfit(sites, name, site):
+            return f"sites.{name}", why
     return None
 
 
@@ -99,14 +105,8 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
     chosen = placement.sites if dispatch else placement.fp8_sites()
     modded = {n: s.applied_mods for n, s in placement.sites.items() if s.applied_mods}
     for name in modded:
-        site = placement.sites[name]
-        if name not in sites:
-            raise SpecError(f"the model has no linear site of this name (sites: {len(sites)})",
-                            source="fp8.placement", field=f"sites.{name}")
-        if (sites[name].in_features, sites[name].out_features) != (site.k, site.n):
-            raise SpecError(f"shape mismatch: placement says k={site.k}, n={site.n}; model has "
-                            f"{sites[name].in_features}, {sites[name].out_features}", source="fp8.placement",
-                            field=f"sites.{name}")
+        if why := _misfit(sites, name, placement.sites[name]):
+            raise SpecError(why, source="fp8.placement", field=f"sites.{name}")
     inner = apply_site_mods(model, modded)
     sites = linear_sites(model)
     for name, where in inner.items():  # a modded site's GEMM is its inner linear (padded shapes included)
@@ -114,13 +114,9 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
     for name, site in chosen.items():
         if dispatch and site.recipe is None and not (site.dispatch and site.dispatch.get("kernel") in KERNELS):
             continue
-        if name not in sites:
-            raise SpecError(f"the model has no linear site of this name (sites: {len(sites)})",
-                            source="fp8.placement", field=f"sites.{name}")
+        if name not in inner and (why := _misfit(sites, name, site)):  # a modded site was checked above
+            raise SpecError(why, source="fp8.placement", field=f"sites.{name}")
         mod = sites[name]
-        if name not in inner and (mod.in_features, mod.out_features) != (site.k, site.n):
-            raise SpecError(f"shape mismatch: placement says k={site.k}, n={site.n}; model has "
-                            f"{mod.in_features}, {mod.out_features}", source="fp8.placement", field=f"sites.{name}")
         kernel = site.kernel
         if dispatch and site.dispatch and site.dispatch.get("kernel") in KERNELS:
             kernel = site.dispatch["kernel"]

@@ -40,13 +40,7 @@ BAD = (  # (config body, the field the message names)
 )
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CUBIC_PENDING", raising=False)
-    url = f"sqlite:///{tmp_path}/trials.db"
-    monkeypatch.setenv("CUBIC_STORE", url)
-    return url
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/conftest.py: a fresh directory and store
 
 
 class Counting:
@@ -234,7 +228,7 @@ def test_a_placement_for_another_model_is_bad_input_not_a_failed_run(tmp_path, c
     from cubic.runners.base import check_placement_fits
 
     fits = Config(fp8=FP8Choice(policy="placement", placement=_placement_doc(sites)))
-    check_placement_fits(load_workload("dlrm-small"), fits, source="c.json")
+    check_placement_fits(fits.apply(load_workload("dlrm-small")), fits, source="c.json")
     assert validate_config(load_workload("dlrm-small"), fits) is None
 
 

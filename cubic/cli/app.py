@@ -94,8 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     processes = None if args.simulate or args.plan else args.world_size  # --plan replaces the config's plan
     config = load_checked_config(args.config, processes) if args.config else None
     if config is not None:
-        config.apply(workload, source=args.config)  # bad knobs or batch: bad input now, not from the child
-        check_placement_fits(workload, config, source=args.config)
+        # bad knobs, batch or FP8 sites: bad input now, not a failed run from the child
+        check_placement_fits(config.apply(workload, source=args.config), config, source=args.config)
     json_out = _writable_path(args.json_out, "--json") if args.json_out else None
     if args.world_size > 1 or args.plan:
         runner, config = _distributed_runner(args, workload, config or Config())

@@ -66,7 +66,7 @@ def check_space_values(space, workload, kind: str, source: str) -> None:
     from search.space import load_space
 
     base = _base_config(kind)
-    names = [p.name for p in load_space(source).parameters] if Path(source).is_file() else []
+    names = [p.name for p in load_space(source).parameters]  # the file's indexes (for_workload drops some)
     by_name = {p.name: p for p in space.parameters}
 
     def enabling(p) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def check_space_values(space, workload, kind: str, source: str) -> None:
         return out
 
     for p in space.parameters:
-        where = f"parameters.{names.index(p.name)}" if p.name in names else f"parameters ({p.name})"
+        where = f"parameters.{names.index(p.name)}"
         last = p.high if p.type == "categorical" or p.count() is None else p.low + (p.count() - 1) * (p.step or 1)
         for v in p.choices if p.type == "categorical" else (p.low, last):  # the grid's ends
             v = int(v) if p.type == "int" else v

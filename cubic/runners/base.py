@@ -117,16 +117,16 @@ def check_config_values(config: Config, source: str | None = None) -> None:
             raise _nested(e, "fp8.placement", source) from None
 
 
-def check_placement_fits(workload: Workload, config: Config, source: str | None = None) -> None:
+def check_placement_fits(applied: Workload, config: Config, source: str | None = None) -> None:
     """Raise a one-line SpecError (naming ``source`` and the site's field) when the config's FP8
-    placement names a site the workload's model lacks or gives it another shape: known before a
-    run, so bad input rather than a recorded failed run."""
+    placement names a site the model of ``applied`` (``config.apply(workload)``) lacks or gives it
+    another shape: known before a run, so bad input rather than a recorded failed run."""
     if config.fp8.placement is None or find_spec("fp8.runtime") is None:
         return
     from fp8.placement import parse_placement
     from fp8.runtime import placement_misfit
 
-    misfit = placement_misfit(parse_placement(config.fp8.placement, source=None), config.apply(workload))
+    misfit = placement_misfit(parse_placement(config.fp8.placement, source=None), applied)
     if misfit:
         raise SpecError(misfit[1], source=source, field=f"fp8.placement.{misfit[0]}")
 
@@ -143,8 +143,7 @@ def validate_config(workload: Workload, config: Config) -> str | None:
     if config.fp8.policy != "off" and find_spec("fp8.runtime") is None:
         return f"fp8.policy={config.fp8.policy!r} needs fp8.runtime, which is not installed in this checkout"
     try:
-        config.apply(workload)
-        check_placement_fits(workload, config)
+        check_placement_fits(config.apply(workload), config)
     except SpecError as e:
         return str(e)
     from cubic.runners.memory import preflight  # its tables and dense state fit the device's memory
