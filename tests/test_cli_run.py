@@ -12,13 +12,7 @@ from cubic.core.result import Result, RunInterrupted
 from cubic.core.store import TrialStore
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CUBIC_PENDING", raising=False)
-    url = f"sqlite:///{tmp_path}/trials.db"
-    monkeypatch.setenv("CUBIC_STORE", url)
-    return url
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/conftest.py: a fresh directory and store
 
 
 class Noisy:

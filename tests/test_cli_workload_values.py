@@ -14,13 +14,7 @@ from cubic.core.store import TrialStore
 from cubic.core.workloads import load_workload
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CUBIC_PENDING", raising=False)
-    url = f"sqlite:///{tmp_path}/trials.db"
-    monkeypatch.setenv("CUBIC_STORE", url)
-    return url
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/conftest.py: a fresh directory and store
 
 
 def _workload(tmp_path, edit) -> str:
