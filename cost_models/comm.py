@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_models.access import expected_unique_rows  # noqa: F401  (re-exported for the planner)
-from cubic.core.spec import Table, Topology
+from cubic.core.spec import SpecError, Table, Topology
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 CALIBRATION_PATH = DATA_DIR / "comm_calibration.json"
@@ -55,6 +55,18 @@ def user_calibration_path() -> Path:
     from cubic.core.fingerprint import user_data_dir
 
     return Path(user_data_dir()) / USER_CALIBRATION_NAME
+
+
+def calibration_file(path: str | Path, field: str, source: str | None = None) -> Path:
+    """A calibration file a user named (``field``: the flag, or the workload field in ``source``), or a
+    SpecError naming it. The one existence rule: the CLI's flags, its workload check and the comm
+    model all read it here."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        named = "" if source is None else f" {str(path)!r}"
+        raise SpecError(f"no such calibration file{named} (write one with `cubic shard calibrate-comm`)",
+                        source=str(path) if source is None else source, field=field)
+    return p
 
 
 def default_calibration_path() -> Path | None:
@@ -75,8 +87,6 @@ def _read_calibration(path: str, mtime: float) -> tuple[dict, str | None]:
         c = d["constants"]
         float(c["alpha_s"]), float(c["alpha_peer_s"]), float(c["beta_s_per_byte"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        from cubic.core.spec import SpecError
-
         raise SpecError(f"not a comm calibration ({type(e).__name__}: {e}); write one with "
                         "`cubic shard calibrate-comm`", source=path, field="constants") from None
     fp = d.get("fingerprint") or {}
@@ -104,14 +114,8 @@ class CommModel:
         the packaged one); ``origin`` records the file, its machine and whether that machine is this one."""
         p = Path(path) if path else default_calibration_path()
         if p is None:
-            from cubic.core.spec import SpecError
-
             raise SpecError("no comm calibration (run `cubic shard calibrate-comm`)", field="comm_calibration")
-        if not p.is_file():
-            from cubic.core.spec import SpecError
-
-            raise SpecError("no such calibration file (write one with `cubic shard calibrate-comm`)",
-                            source=str(p), field="topology.comm_calibration")
+        p = calibration_file(p, "topology.comm_calibration")
         d, foreign = _read_calibration(str(p.resolve()), p.stat().st_mtime)
         c = d["constants"]
         fp = d.get("fingerprint") or {}

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cubic.core.spec import SpecError, Table, Topology
+from cubic.core.spec import SpecError, Table, Topology, check_group_size
 from cubic.core.units import fmt_gib
 from cost_models.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces, torchrec_row_blocks
@@ -98,8 +98,7 @@ TARGETS = ("any", "torchrec")
 def planner_context(tables, topology, batch_size, group_size, estimator, target: str = "any") -> Context:
     world = topology.world_size
     group = group_size or world
-    if group < 1 or world % group:
-        raise SpecError(f"group size {group} must divide world size {world}", field="group_size")
+    check_group_size(group, world, field="group_size")
     mem = topology.memory_per_rank_bytes
     check_inputs(tables, group, mem)
     if target not in TARGETS:

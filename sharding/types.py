@@ -33,8 +33,8 @@ from pydantic import Field, model_validator
 
 from cubic.core.units import GIB
 from sharding.kernels import KernelChoice
-from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, Table, Topology, parse_model,
-                             read_structured)
+from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, Table, Topology, check_group_size,
+                             parse_model, read_structured)
 
 # planner names (sharding.planners.make_planner builds them); here so that the CLI can list them
 # without importing torch
@@ -193,8 +193,7 @@ class Plan(Frozen):
 
 def validate_shards(tables: list[Table], shards: list[Shard], group_size: int, world_size: int) -> None:
     """Every table covered exactly once by its shards (DP: once per rank); ranks in range; one type per table."""
-    if world_size % group_size:
-        raise ValueError(f"group_size {group_size} does not divide world_size {world_size}")
+    check_group_size(group_size, world_size, field="group_size")
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

@@ -59,7 +59,7 @@ def test_run_failures_are_results_not_exceptions():
     oom = SimulatedRunner(CLUSTERS["h100"], 2).run(LARGE, Config())
     assert not oom.ok and oom.failure_kind == "oom" and oom.source == "simulated" and "SIMULATED" in oom.reason
     bad = SimulatedRunner(CLUSTERS["h100"], 64).run(LARGE, Config(sharding=ShardingChoice(group_size=24)))
-    assert not bad.ok and bad.failure_kind == "invalid" and "group size" in bad.reason
+    assert not bad.ok and bad.failure_kind == "invalid" and "must divide the world size" in bad.reason
     knob = SimulatedRunner(CLUSTERS["h100"], 64).run(LARGE, Config(model={"warp": 3}))
     assert knob.failure_kind == "invalid"
 

@@ -92,7 +92,7 @@ def test_2d_keeps_all_to_all_inside_the_group_and_scales_better():
 
 
 def test_group_size_must_divide_world_size():
-    with pytest.raises(SpecError, match="group size"):
+    with pytest.raises(SpecError, match="a group of 24 ranks must divide the world size 64"):
         predict_step(mid_workload(), cfg(group_size=24), H100, 64)
 
 

@@ -4,7 +4,6 @@ flag parsers, and the runner a ``--device``/``--simulate`` flag names."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -12,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from cubic.core.spec import SpecError
+from cubic.core.spec import SpecError, check_group_size
 
 STORE_HELP = "trial store URL (SQLAlchemy, e.g. postgresql+psycopg2://user@host/db); " \
              "default $CUBIC_STORE or sqlite:///./.cubic/trials.db"
@@ -218,9 +217,8 @@ def _check_groups(config, processes: int, source: str) -> None:
     (the runner would record them as a failed run)."""
     s = config.sharding
     g = s.group_size or (s.plan or {}).get("group_size") or processes
-    if s.group_size and (s.group_size > processes or processes % s.group_size):
-        raise SpecError(f"a group of {s.group_size} ranks must divide --world-size {processes}",
-                        source=source, field="sharding.group_size")
+    if s.group_size:
+        check_group_size(s.group_size, processes, source=source, world_flag="--world-size")
     if g == processes and (s.sync is not None or s.sync_interval is not None):
         raise SpecError(f"keeps 2D replicas in step: it needs sharding.group_size below --world-size {processes} "
                         "(a 2D plan)", source=source, field="sharding.sync" if s.sync else "sharding.sync_interval")
@@ -233,13 +231,13 @@ def check_topology_refs(topo, source: str | None, device_flag: str | None = None
     """The device (name or file) and the comm calibration file a topology names exist: refused here,
     naming the workload file and field (or the flag that gave the device), not later as a failed run
     when a planner or the estimator reads them."""
+    from cost_models.comm import calibration_file
     from cost_models.hardware import load_device
 
     if topo.device != "cpu":
         load_device(topo.device, field=device_flag or "topology.device", source=None if device_flag else source)
-    if topo.comm_calibration is not None and not Path(topo.comm_calibration).is_file():
-        raise SpecError(f"no such calibration file {topo.comm_calibration!r} (write one with `cubic shard "
-                        "calibrate-comm`)", source=source, field="topology.comm_calibration")
+    if topo.comm_calibration is not None:
+        calibration_file(topo.comm_calibration, "topology.comm_calibration", source=source)
 
 
 def runner_part(module: str, attr: str, what: str, flag: str):

@@ -47,6 +47,8 @@ COMM_FLAGS = {"intra_node_bw_gbps": "--intra-node-bw-gbps", "inter_node_bw_gbps"
 def _comm_flags(args) -> dict:
     """The interconnect the user typed: bandwidth/latency flags select the bandwidth model (on every
     device, cpu included) unless --comm-model says otherwise; --comm-calibration a calibration file."""
+    from cost_models.comm import calibration_file
+
     out = {k: getattr(args, k, None) for k in COMM_FLAGS}
     for k, flag in COMM_FLAGS.items():
         if out[k] is not None and not (0 < out[k] < 1e6 or (out[k] == 0 and "latency" in k)):
@@ -54,11 +56,8 @@ def _comm_flags(args) -> dict:
     model = getattr(args, "comm_model", None)
     cal = getattr(args, "comm_calibration", None)
     if cal is not None:
-        if not Path(cal).is_file():
-            raise SpecError("no such calibration file (write one with `cubic shard calibrate-comm`)",
-                            field="--comm-calibration", source=cal)
         model = model or "calibrated"
-        out["comm_calibration"] = str(Path(cal).resolve())
+        out["comm_calibration"] = str(calibration_file(cal, "--comm-calibration").resolve())
     if model is None and any(out[k] is not None for k in COMM_FLAGS):
         model = "bandwidth"
     out["comm_model"] = model

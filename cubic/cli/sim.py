@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from cubic.core.spec import SpecError
+from cubic.core.spec import SpecError, group_misfit
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024,2048,4096"
 
@@ -63,7 +63,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     rows = scaling_sweep(workload, cluster, args.gpus, args.group_sizes, _config(args), _params(args),
                          include_full=not args.no_full)
     for g in args.group_sizes:  # the sweep skips a group size that does not divide a GPU count: say so
-        if not any(w >= g and w % g == 0 for w in args.gpus):
+        if all(group_misfit(g, w) for w in args.gpus):
             print(f"cubic: warning: --group-sizes {g} divides none of --gpus {','.join(map(str, args.gpus))}: "
                   "no 2D row for it", file=sys.stderr)
     if args.json:

@@ -27,8 +27,7 @@ class SpecError(ValueError):
     """Bad user input. ``str(err)`` is one line naming the file (if any) and the field."""
 
     def __init__(self, message: str, source: str | None = None, field: str | None = None):
-        self.source = source
-        self.field = field
+        self.source, self.field, self.message = source, field, message
         where = ": ".join(p for p in (source, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -36,8 +35,14 @@ class SpecError(ValueError):
 def spec_error_from_validation(err: ValidationError, source: str | None = None) -> SpecError:
     """First pydantic error as a one-line SpecError naming the dotted field path."""
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first.get("loc", ()))
+    loc = [str(p) for p in first.get("loc", ())]
     msg = first.get("msg", "invalid value")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, SpecError):  # a validator's own SpecError: its field under the model's path
+        loc, msg = loc + ([cause.field] if cause.field else []), cause.message
+    elif first.get("type") == "value_error":  # pydantic's "Value error, " prefix says nothing to a user
+        msg = msg.removeprefix("Value error, ")
+    field = ".".join(loc)
     extra = len(err.errors()) - 1
     if extra:
         msg += f" (and {extra} more error{'s' if extra > 1 else ''})"
@@ -410,6 +415,23 @@ def available_memory_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def group_misfit(group: int, world: int) -> str | None:
+    """Why ``group`` ranks cannot be a model-parallel group of a ``world``-rank job, or None. The one
+    rule for 2D sparse parallelism: the world is world/group replicas of one group, so the group
+    divides it (group == world is plain 1D sharding)."""
+    if group < 1 or group > world or world % group:
+        return f"a group of {group} ranks must divide the world size {world}"
+    return None
+
+
+def check_group_size(group: int, world: int, field: str | None = "sharding.group_size",
+                     source: str | None = None, world_flag: str | None = None) -> None:
+    """:func:`group_misfit` as a SpecError naming the field (``world_flag``: the flag that gave the world)."""
+    why = group_misfit(group, world)
+    if why:
+        raise SpecError(why.replace("the world size", world_flag) if world_flag else why, source=source, field=field)
 
 
 def check_allocation(nbytes: float, what: str, field: str | None = None, source: str | None = None) -> None:

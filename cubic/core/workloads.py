@@ -164,4 +164,17 @@ def load_workload(name_or_path: str) -> Workload:
     if not p.suffix and not p.exists():
         known = ", ".join(sorted(DEFAULT_WORKLOADS))
         raise SpecError(f"unknown workload (embedded: {known}; or give a .yaml/.json file)", source=name_or_path)
-    return parse_model(Workload, read_structured(p), source=str(p))
+    return _files_beside(parse_model(Workload, read_structured(p), source=str(p)), p.parent)
+
+
+def _files_beside(wl: Workload, base: Path) -> Workload:
+    """The files a workload names (``topology.comm_calibration``, a device file in ``topology.device``)
+    read relative to the workload file, as a user who keeps them side by side expects (they were read
+    from the working directory, so the same workload failed from another one). Absolute paths and
+    device names are kept as written."""
+    topo, upd = wl.topology, {}
+    if topo.comm_calibration and not Path(topo.comm_calibration).expanduser().is_absolute():
+        upd["comm_calibration"] = str(base / topo.comm_calibration)
+    if Path(topo.device).suffix and not Path(topo.device).expanduser().is_absolute():
+        upd["device"] = str(base / topo.device)
+    return wl.model_copy(update={"topology": topo.model_copy(update=upd)}) if upd else wl

@@ -24,7 +24,7 @@ from cubic.core.config import Config
 from cubic.core.fingerprint import versions
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import SpecError, Workload, parse_model, read_structured, stable_hash
+from cubic.core.spec import SpecError, Workload, group_misfit, parse_model, read_structured, stable_hash
 from cubic.core.units import GB, gib
 
 from cubic.runners.base import Runner
@@ -235,7 +235,7 @@ def scaling_sweep(workload: Workload, cluster: ClusterSpec, gpus: Sequence[int],
     rows: list[dict[str, Any]] = []
     for W in gpus:
         for name, G in strategies:
-            if G is not None and (G > W or W % G):
+            if G is not None and group_misfit(G, W):
                 continue
             cfg = base.model_copy(update={"sharding": base.sharding.model_copy(update={"group_size": G, "plan": None})})
             row: dict[str, Any] = {"gpus": W, "strategy": name, "group_size": G or W}

@@ -60,7 +60,8 @@ from cost_models.hardware import ClusterSpec, DeviceSpec
 from cubic.core.recipes import FP8_RECIPES
 from cubic.core.config import Config
 from cubic.core.units import GIB
-from cubic.core.spec import DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, stable_hash
+from cubic.core.spec import (DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, check_group_size,
+                             stable_hash)
 from sharding.types import Plan, plan_from_dict
 
 ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
@@ -612,8 +613,7 @@ def _group_plan(wl: Workload, config: Config, cluster: ClusterSpec, W: int, dc: 
     plan = None if config.sharding.plan is None else plan_from_dict(config.sharding.plan, source="config.sharding.plan")
     G = plan.group_size if plan is not None else (config.sharding.group_size or W)
     planner = plan.planner if plan is not None else planner_name(config)
-    if G > W or W % G:
-        raise SpecError(f"group size {G} must divide the world size {W}", field="sharding.group_size")
+    check_group_size(G, W)
     sgd_emb = wl.optimizers.embedding == "sgd"
     base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
     emb_bytes = sum(embedding_bytes(t.rows, t.dim, sgd_emb) for t in wl.tables)
