@@ -14,11 +14,15 @@ Attack classes (project issue 16), each with several variants, every one through
   allowed, one URL may hold both), a full disk (a store error, exit 3), an over-long campaign name;
 - messages: over-long integers, a corrupt stored row (must be skipped, the rest still listed and
   exported), a plan with batch 1e30 -- each message names the file/field/row;
-- escapes: terminal control sequences in workload and table names must not reach the terminal raw.
+- escapes: terminal control sequences in workload and table names must not reach the terminal raw;
+- file values: a value in a workload, config, plan, placement or space file that no run can use
+  (a table width FBGEMM refuses, NaN, an unknown device, a missing calibration, a group that does not
+  divide the ranks, a placement for another model, a space value such as batch 0): named, nothing recorded.
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
-with nothing forbidden (a secret, a raw ESC) in its output, and with no stored row lost.
+with nothing forbidden (a secret, a raw ESC) in its output, with no stored row lost, and (for bad
+input) no row recorded.
 Writes results/reliability_inputs.json with ``targets``.
 """
 
@@ -124,9 +128,12 @@ def _run(attack: Attack, wd: Path) -> Outcome:
     for s in attack.forbid:
         if s in out or s in err:
             why.append(f"output holds {s!r}")
-    lost = max(0, before - attack.rows(wd)) if attack.rows else 0
+    after = attack.rows(wd) if attack.rows else 0
+    lost = max(0, before - after)
     if lost:
         why.append(f"{lost} stored rows lost")
+    if attack.expect_rc == (2,) and after > before:  # bad input records nothing
+        why.append(f"{after - before} rows recorded")
     return Outcome(attack.cls, attack.variant, not why, proc.returncode, elapsed, traceback=tb, data_lost=lost,
                    why="; ".join(why), stderr_tail=err[-300:])
 
@@ -429,13 +436,77 @@ def _escape_attacks() -> list[Attack]:
     return out
 
 
+def _wl_file(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """dlrm-small as a workload file, one field changed."""
+    from cubic.core.workloads import load_workload
+
+    doc = load_workload("dlrm-small").model_dump(mode="json")
+    edit(doc)
+    _write(path, json.dumps(doc))
+
+
+def _dlrm_placement(d: Path, site: str, shape: tuple[int, int] | None) -> None:
+    """A placement config whose one site is ``site`` (a site of dlrm-small's model with its shape
+    changed, or a site it lacks)."""
+    doc = {"workload": "dlrm-small", "module_filter": [site], "sites": {site: {
+        "m": 512, "k": shape[0] if shape else 16, "n": shape[1] if shape else 16, "recipe": "tensorwise",
+        "kernel": "scaled_mm_tensorwise", "safe": True}}}
+    _write(d / "c.json", json.dumps({"fp8": {"policy": "placement", "placement": doc}}))
+
+
+def _file_value_attacks() -> list[Attack]:
+    """File values: a value in a workload, config, plan, placement or space file that no run can use
+    (stop 57's probe: each was a recorded failed run, a traceback, or named neither file nor field).
+    Each must be one line naming the file and the field, exit 2, and nothing recorded."""
+    out: list[Attack] = []
+    store = ["--store", "sqlite:///store.db"]
+    run2 = ["run", "--workload", "w.json", "--world-size", "2", "--steps", "2", "--warmup", "0", *store]
+
+    def A(variant, argv, setup, must_say, quick=False):
+        out.append(Attack("file values", variant, argv, setup=lambda d: (_seed_store(d, 1), setup(d)),
+                          must_say=must_say, rows=_trial_rows("store.db"), quick=quick, timeout_s=120))
+
+    def wl(edit):
+        return lambda d: _wl_file(d / "w.json", edit)
+
+    A("table dim FBGEMM refuses: cubic run --world-size 2", run2, wl(lambda w: w["tables"][0].update(dim=6)),
+      ("w.json", "tables.0.dim", "multiple of 4"), quick=True)
+    A("table dim FBGEMM refuses: shard plan",
+      ["shard", "plan", "--tables", "w.json", "--world-size", "2", "--no-check"],
+      wl(lambda w: w["tables"][0].update(dim=6)), ("w.json", "tables.0.dim"))
+    A("NaN pooling factor", run2, wl(lambda w: w["tables"][0].update(pooling_factor=float("nan"))),
+      ("w.json", "tables.0.pooling_factor", "finite"))
+    A("unknown topology.device", run2, wl(lambda w: w["topology"].update(device="tpu")), ("w.json", "topology.device"))
+    A("missing topology.comm_calibration", run2, wl(lambda w: w["topology"].update(comm_calibration="nope.json")),
+      ("w.json", "topology.comm_calibration", "nope.json"))
+    cfg = ["run", "--workload", "dlrm-small", "--steps", "2", "--warmup", "0", "--config", "c.yaml", *store]
+    A("fp8 budget policy without budget_sqnr_db", cfg, lambda d: _write(d / "c.yaml", "fp8: {policy: budget}\n"),
+      ("c.yaml", "fp8.budget_sqnr_db"))
+    A("group_size that does not divide --world-size", [*cfg, "--world-size", "4"],
+      lambda d: _write(d / "c.yaml", "sharding: {planner: greedy, group_size: 3}\n"),
+      ("c.yaml", "sharding.group_size", "--world-size 4"))
+    A("replica sync without a 2D group", [*cfg, "--world-size", "2"],
+      lambda d: _write(d / "c.yaml", "sharding: {planner: greedy, sync: weights}\n"), ("c.yaml", "sharding.sync"))
+    A("placement for a site the model lacks", [*cfg[:-3], "c.json", *store],
+      lambda d: _dlrm_placement(d, "dense.layers.0.lcb.proj", None), ("c.json", "fp8.placement.sites"))
+    A("plan whose group does not divide its ranks", ["shard", "evaluate", "p.json"],
+      lambda d: _write(d / "p.json", json.dumps(_plan_doc(4, 64) | {"group_size": 3})), ("p.json", "group_size"))
+    space = ("version: 1\nname: s\nobjectives: [{metric: examples_per_s}]\nparameters:\n"
+             "  - {name: batch_size, type: categorical, choices: [512, 0]}\n")
+    A("space value no run can use", ["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "2",
+                                     "--space", "s.yaml", "--storage", "sqlite:///c.db", *store],
+      lambda d: _write(d / "s.yaml", space), ("s.yaml", "parameters.0", "batch_size = 0"))
+    return out
+
+
 def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
-            *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks()]
+            *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
+            *_file_value_attacks()]
 
 
-CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes")
+CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values")
 
 
 def run(quick: bool) -> dict[str, Any]:
