@@ -116,6 +116,25 @@ def test_launch_bad_plan_file_is_one_line_exit_2(tmp_path):
     assert proc.stderr.count("\n") == 1 and str(bad) in proc.stderr
 
 
+def test_launch_refuses_a_misfit_before_any_process_group(tmp_path):
+    """Under torchrun, a plan for another number of ranks or a config group that does not divide them
+    was a failed Result written by rank 0 (exit 1); now every rank exits 2 with one line naming the
+    file, the field and WORLD_SIZE, before a process group starts, and no result is written."""
+    plan, cfg, out = tmp_path / "plan.json", tmp_path / "c.yaml", tmp_path / "r.json"
+    plan.write_text(mixed_plan(SMALL).model_dump_json())  # for 2 ranks
+    cfg.write_text("sharding: {planner: greedy, group_size: 3}\n")
+    wl = tmp_path / "wl.json"
+    wl.write_text(SMALL.model_dump_json())
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WORLD_SIZE="4", RANK="1")
+    for extra, needles in ((["--plan", str(plan)], (str(plan), "world_size", "plan is for 2 ranks")),
+                           (["--config", str(cfg)], (str(cfg), "sharding.group_size", "WORLD_SIZE 4"))):
+        proc = subprocess.run([sys.executable, "-m", "cubic.runners.launch", "--workload", str(wl), *extra,
+                               "--json", str(out)], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert all(n in proc.stderr for n in needles), proc.stderr
+        assert not out.exists()
+
+
 @pytest.mark.slow  # 2 x 200 steps distributed plus 200 single-process steps per workload
 @pytest.mark.parametrize("name", ["dlrm-small", "wukong-small"])
 def test_200_steps_fall_and_match_single_process(name):

@@ -163,8 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _distributed_runner(args: argparse.Namespace, workload: Any, config: Any) -> tuple[Any, Any]:
     """``--world-size N`` (N > 1): the multi-process runner, with ``--plan`` put into the config."""
-    from cubic.core.spec import read_structured
-    from cubic.runners.distributed import DistributedRunner, check_plan
+    from cubic.runners.distributed import DistributedRunner, config_with_plan
 
     if args.world_size < 2:
         raise SpecError("a plan needs --world-size of 2 or more (1 is the local single-process runner)",
@@ -173,14 +172,7 @@ def _distributed_runner(args: argparse.Namespace, workload: Any, config: Any) ->
         raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
                         field="--world-size")
     if args.plan:
-        from sharding.types import plan_from_dict
-
-        plan = plan_from_dict(read_structured(args.plan), source=args.plan)  # a bad document is bad input
-        config = config.model_copy(update={"sharding": config.sharding.model_copy(
-            update={"plan": plan.model_dump(mode="json")})})
-        why = check_plan(config.apply(workload), plan, args.world_size, config)
-        if why:  # named in the file that holds the field: the config's or the plan's
-            raise SpecError(why, source=args.config if why.in_config and args.config else args.plan, field=why.field)
+        config = config_with_plan(workload, config, args.plan, args.world_size, args.config)
     device = "cpu" if args.device == "auto" else args.device
     return DistributedRunner(args.world_size, timeout_s=args.timeout, device=device,
                              threads=args.threads or 1), config

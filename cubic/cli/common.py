@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from cubic.core.spec import SpecError, check_group_size
+from cubic.core.spec import SpecError
 
 STORE_HELP = "trial store URL (SQLAlchemy, e.g. postgresql+psycopg2://user@host/db); " \
              "default $CUBIC_STORE or sqlite:///./.cubic/trials.db"
@@ -191,37 +191,15 @@ def _writable_path(path: str, what: str) -> Path:
 
 
 def load_checked_config(path: str, processes: int | None = 1):
-    """The config file at ``path``, its values checked against what exists (planners, plan and
-    placement documents: ``cubic.runners.base.check_config_values``) before anything runs or is
-    recorded. ``processes``: the run's world size (the --world-size flag); None when any size fits
-    (a simulated cluster). A sharded config on one process, or a plan for another number of ranks,
-    is bad input whose message names --world-size."""
+    """The config file at ``path``, its values checked against what exists and against a run on
+    ``processes`` ranks (the --world-size flag; None when any size fits, a simulated cluster) before
+    anything runs or is recorded: ``cubic.runners.base.check_run_config``."""
     from cubic.core.config import load_config
-    from cubic.runners.base import check_config_values, needs_world_size, sharded_field
+    from cubic.runners.base import check_run_config
 
     config = load_config(path)
-    check_config_values(config, source=str(path))
-    if processes == 1 and (field := sharded_field(config)) is not None:
-        raise SpecError(needs_world_size(config), source=str(path), field=field)
-    ranks = (config.sharding.plan or {}).get("world_size")
-    if processes is not None and processes > 1 and ranks is not None and ranks != processes:
-        raise SpecError(f"the plan is for {ranks} ranks, the run has {processes}: run it with --world-size {ranks}",
-                        source=str(path), field="sharding.plan.world_size")
-    if processes is not None and processes > 1:
-        _check_groups(config, processes, str(path))
+    check_run_config(config, processes, source=str(path))
     return config
-
-
-def _check_groups(config, processes: int, source: str) -> None:
-    """2D fields that cannot work on ``processes`` ranks, refused before anything runs or is recorded
-    (the runner would record them as a failed run)."""
-    s = config.sharding
-    g = s.group_size or (s.plan or {}).get("group_size") or processes
-    if s.group_size:
-        check_group_size(s.group_size, processes, source=source, world_flag="--world-size")
-    if g == processes and (s.sync is not None or s.sync_interval is not None):
-        raise SpecError(f"keeps 2D replicas in step: it needs sharding.group_size below --world-size {processes} "
-                        "(a 2D plan)", source=source, field="sharding.sync" if s.sync else "sharding.sync_interval")
 
 
 # -- workloads ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import SpecError, Workload
+from cubic.core.spec import SpecError, Workload, check_group_size
 
 ProgressFn = Callable[[int, int], None]
 
@@ -61,6 +61,32 @@ def needs_world_size(config: Config) -> str:
     return (f"a sharded config runs on several processes: add --world-size {n}"
             f"{' (N >= 2)' if n == 'N' else ''} (or --simulate CLUSTERxN for the simulated cluster); "
             "one process runs only sharding.planner: none")
+
+
+def check_run_config(config: Config, processes: int | None, source: str | None = None,
+                     world_flag: str = "--world-size") -> None:
+    """A config's values (:func:`check_config_values`) and its fit to a run on ``processes`` ranks
+    (None: any size fits, a simulated cluster), refused before anything runs or is recorded, naming
+    the field in ``source`` and the flag (``world_flag``; torchrun's is WORLD_SIZE) that gave the
+    ranks: a sharded config on one process, a plan for another number of ranks, a group that does not
+    divide the ranks, replica sync without a 2D group. ``cubic run`` and torchrun's launch read
+    configs through it."""
+    check_config_values(config, source=source)
+    if processes is None:
+        return
+    s = config.sharding
+    if processes == 1 and (field := sharded_field(config)) is not None:
+        raise SpecError(needs_world_size(config), source=source, field=field)
+    ranks = (s.plan or {}).get("world_size")
+    if processes > 1 and ranks is not None and ranks != processes:
+        raise SpecError(f"the plan is for {ranks} ranks, the run has {processes}: run it with {world_flag} {ranks}",
+                        source=source, field="sharding.plan.world_size")
+    if processes > 1 and s.group_size:
+        check_group_size(s.group_size, processes, source=source, world_flag=world_flag)
+    g = s.group_size or (s.plan or {}).get("group_size") or processes
+    if processes > 1 and g == processes and (s.sync is not None or s.sync_interval is not None):
+        raise SpecError(f"keeps 2D replicas in step: it needs sharding.group_size below {world_flag} {processes} "
+                        "(a 2D plan)", source=source, field="sharding.sync" if s.sync else "sharding.sync_interval")
 
 
 def _nested(e: SpecError, prefix: str, source: str | None) -> SpecError:

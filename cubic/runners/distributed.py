@@ -85,7 +85,7 @@ import torch
 from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import Workload
+from cubic.core.spec import SpecError, Workload
 from cubic.runners.base import Runner
 from cubic.runners.sharded_embedding import ShardedEmbedding, TwoD
 from sharding.types import Plan
@@ -140,6 +140,24 @@ def check_plan(workload: Workload, plan: Plan, world: int, config: Config | None
         diff = sorted(set(mine.items()) ^ set(theirs.items()))
         return Misfit(f"plan tables differ from the workload's tables (first difference: {diff[0][0]})", "tables")
     return None
+
+
+def config_with_plan(workload: Workload, config: Config, plan_path: str, world: int,
+                     config_source: str | None = None) -> Config:
+    """``config`` with the plan document at ``plan_path`` as its plan: the one step for `cubic run
+    --plan` and torchrun's launch. A bad document, or a plan that cannot train ``workload`` on
+    ``world`` ranks with this config, is bad input named in the file that holds the field (the
+    config's, ``config_source``, or the plan's)."""
+    from cubic.core.spec import read_structured
+    from sharding.types import plan_from_dict
+
+    plan = plan_from_dict(read_structured(plan_path), source=plan_path)
+    config = config.model_copy(update={"sharding": config.sharding.model_copy(
+        update={"plan": plan.model_dump(mode="json")})})
+    why = check_plan(config.apply(workload), plan, world, config)
+    if why:
+        raise SpecError(why, source=config_source if why.in_config and config_source else plan_path, field=why.field)
+    return config
 
 
 def make_plan(workload: Workload, config: Config, world: int) -> Plan:

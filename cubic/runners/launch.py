@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 def _inputs(args):
     """(workload, config, steps, warmup, device, check_single, versions, threads) from flags or a request."""
     from cubic.core.config import Config, load_config
-    from cubic.core.spec import SpecError, Workload, read_structured
+    from cubic.core.spec import SpecError, Workload
     from cubic.core.workloads import load_workload
 
     if args.request:
@@ -64,16 +64,17 @@ def _inputs(args):
         raise SpecError("steps must be >= 1 and warmup >= 0", field="--steps")
     workload = load_workload(args.workload)
     config = load_config(args.config) if args.config else Config()
+    # the same checks as `cubic run --world-size`, before any process group: a misfit is bad input on
+    # every rank (exit 2), not a failed run written by rank 0
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.config:
-        from cubic.runners.base import check_config_values
+        from cubic.runners.base import check_run_config
 
-        check_config_values(config, source=args.config)
+        check_run_config(config, None if args.plan or world == 1 else world, args.config, world_flag="WORLD_SIZE")
     if args.plan:
-        from sharding.types import plan_from_dict
+        from cubic.runners.distributed import config_with_plan
 
-        plan = plan_from_dict(read_structured(args.plan), source=args.plan)  # a bad document is bad input
-        config = config.model_copy(update={"sharding": config.sharding.model_copy(
-            update={"plan": plan.model_dump(mode="json")})})
+        config = config_with_plan(workload, config, args.plan, world, args.config)
     config.apply(workload, source=args.config)
     return workload, config, args.steps, args.warmup, args.device, args.check_single, None, args.threads
 
