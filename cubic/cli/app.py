@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -323,7 +324,10 @@ def _print_job_intervals(console: Any, store: Any, trial: Any) -> None:
 
 def cmd_trials_export(args: argparse.Namespace) -> int:
     out = _writable_path(args.out, "--out")
-    fmt = args.format or ("parquet" if out.suffix.lower() == ".parquet" else "csv")
+    fmt = args.format or {".parquet": "parquet", ".csv": "csv"}.get(out.suffix.lower())
+    if fmt is None:  # x.xlsx or x.json was written as CSV under that name
+        raise SpecError(f"cannot tell the format from {out.name!r}: name it .csv or .parquet, or pass --format",
+                        field="--out")
     store = open_store(args)
     n = store.export(out, fmt, **_filters(args, store))
     print(f"wrote {n} trial{'s' if n != 1 else ''} to {out} ({fmt})")
@@ -356,7 +360,7 @@ def _add_trials(sub: Any) -> None:
     ex = verbs.add_parser("export", help="write trials to CSV or Parquet (one row per trial, metrics flattened)",
                           description="Write trials to CSV or Parquet via pandas: one row per trial, "
                                       "metrics.* and phases_ms.* columns flattened, config as JSON.")
-    ex.add_argument("--format", choices=["csv", "parquet"], help="default: from --out's suffix, else csv")
+    ex.add_argument("--format", choices=["csv", "parquet"], help="default: from --out's suffix (.csv or .parquet)")
     ex.add_argument("--out", required=True, metavar="PATH", help="output file")
     _add_trial_filters(ex)
     ex.set_defaults(func=cmd_trials_export)
@@ -384,7 +388,8 @@ class CubicParser(argparse.ArgumentParser):
     """Every cubic parser (sub-commands inherit the class): no abbreviations (``--step 3`` is refused,
     not taken as ``--steps``), "did you mean" for an unknown flag, a flag type's own reason for a
     bad value, and output paths (``--report``, ``--out``, ``--json FILE``) checked while parsing,
-    before any work: a folder is created, a file's folder must exist, a file is not a folder."""
+    before any work: an output's folder must exist (a report folder itself is made when it is
+    written), a file is not a folder."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         kw["allow_abbrev"] = False
@@ -434,13 +439,15 @@ class CubicParser(argparse.ArgumentParser):
 
 
 def _output_dir(text: str) -> Path:
+    """A folder a command will write into: made when it writes (a command refused as bad input
+    leaves nothing behind), in a folder that exists (a typo does not make a tree of folders)."""
     p = Path(text)
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {e.strerror or e}") from None
+    if not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
+    if not p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):  # known now, not after the work
+        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {p.parent} is not writable")
     return p
 
 
@@ -448,7 +455,7 @@ def _output_file(text: str) -> str:
     p = Path(text)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
-    if not p.parent.is_dir():  # a file's folder is not made up from a typo; a report folder is created
+    if not p.parent.is_dir():  # a file's folder is not made up from a typo
         raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
     return text
 

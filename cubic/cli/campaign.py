@@ -204,9 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if kind == "local":
             _note_budget(space, workload, args.steps, args.warmup)
     baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
-    report_dir = Path(args.report) if args.report else None
-    if report_dir is not None and not report_dir.parent.is_dir():
-        raise SpecError("the parent directory does not exist", source=str(report_dir), field="--report")
+    report_dir = Path(args.report) if args.report else None  # its folder was checked while parsing
     if args.world_size > 1 and args.simulate:
         raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
                         field="--world-size")

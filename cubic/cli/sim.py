@@ -97,7 +97,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload)
     runner = SimulatedRunner.from_spec(args.simulate, params=_params(args))
     config = _config(args)
-    p = predict_step(workload, config, runner.cluster, runner.world_size, runner.params)
+    try:
+        p = predict_step(workload, config, runner.cluster, runner.world_size, runner.params)
+    except SpecError as e:  # a config value that cannot run on this cluster: named in the config file
+        if e.source is None and args.config and (e.field or "").split(".")[0] in type(config).model_fields:
+            raise SpecError(e.message, source=args.config, field=e.field) from None
+        raise
     quality = assumed_quality(workload.optimizers.embedding, p.group_size, runner.world_size,
                               sync_params(config, runner.params))
     out = {

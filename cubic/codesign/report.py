@@ -462,7 +462,7 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     from cubic.core.stats import ci_names
 
     go, make_subplots = _plotly()
-    storage = open_storage(storage) if isinstance(storage, str) else storage
+    storage = open_storage(storage, create=False) if isinstance(storage, str) else storage
     meta, study, trials = _load(storage, name)
     space = Space.model_validate(meta["space"])
     ctx = meta.get("context", {})

@@ -116,11 +116,16 @@ class RetryUnrecordedRun(optuna.storages.RetryHeartbeatStaleTrialCallback):
         super().__call__(study, trial)
 
 
+class NoStorage(SpecError):
+    """A command that reads campaigns was given a SQLite storage file that does not exist."""
+
+
 def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int | None = HEARTBEAT_S,
-                 grace_s: int = GRACE_S, max_retry: int = 3):
+                 grace_s: int = GRACE_S, max_retry: int = 3, create: bool = True):
     """Optuna storage for a URL (None: in memory), with Optuna's heartbeat: a RUNNING trial whose
     worker is silent for ``grace_s`` is failed and re-enqueued (at most ``max_retry`` times).
-    Creates the SQLite file's directory; connect and statement timeouts; refuses, before Optuna
+    Creates the SQLite file and its directory (``create``; a command that only reads campaigns passes
+    False: a missing file is :class:`NoStorage`, and a typo leaves no empty database behind); connect and statement timeouts; refuses, before Optuna
     creates anything, a database that holds something else (a pre-``cubic_`` trial store, a foreign
     ``studies`` table) and says what it found. A trial store with ``cubic_*`` tables may share the
     database. First use is serialised under a file lock (SQLite) or an advisory lock (PostgreSQL), retried otherwise."""
@@ -134,7 +139,10 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
 
     parsed = check_url(url, origin)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(parsed.database).expanduser()
+        if not create and not path.is_file():
+            raise NoStorage(f"no campaign storage at {path} (`cubic campaign run` creates it)", field=origin)
+        path.parent.mkdir(parents=True, exist_ok=True)
     safe = redact_url(url)
     kw: dict[str, Any] = {}
     if heartbeat_s:
@@ -417,7 +425,7 @@ def pid_dead(worker: str | None) -> bool:
 
 
 def load_meta(storage, name: str) -> dict[str, Any]:
-    st = open_storage(storage) if isinstance(storage, str) or storage is None else storage
+    st = open_storage(storage, create=False) if isinstance(storage, str) or storage is None else storage
     try:
         study = optuna.load_study(study_name=name, storage=st)
     except KeyError:
@@ -440,7 +448,10 @@ def campaign_status(storage, name: str, stored: str) -> str:
 
 
 def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
-    st = open_storage(storage)
+    try:
+        st = open_storage(storage, create=False)
+    except NoStorage:  # nothing stored yet: no campaigns, and no empty database made by looking
+        return []
     out = []
     for s in optuna.get_all_study_summaries(st, include_best_trial=False):
         meta = s.user_attrs.get(META_KEY)
