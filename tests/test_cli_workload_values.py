@@ -127,3 +127,9 @@ def test_one_group_rule_at_every_site_that_checks_it(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["shard", "evaluate", "p3.json"]) == 2  # pydantic's "Value error, " prefix gone, the field named
     _one_line(capsys.readouterr().err, "p3.json: group_size: a group of 3 ranks must divide the world size 4")
+
+
+def test_sim_predict_names_the_config_file_of_a_value_the_cluster_cannot_run(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"sharding": {"group_size": 3}}))
+    assert cli.main(["sim", "predict", "--workload", "dlrm-small", "--config", "c.yaml", "--simulate", "h100x8"]) == 2
+    _one_line(capsys.readouterr().err, "c.yaml: sharding.group_size: a group of 3 ranks must divide the world size 8")
