@@ -50,3 +50,23 @@ def test_trials_export_refuses_a_suffix_it_cannot_write(tmp_path, capsys):
     assert not (tmp_path / "t.xlsx").exists()
     assert cli.main(["trials", "export", "--out", "t.txt", "--format", "csv"]) == 0
     assert (tmp_path / "t.txt").is_file()
+
+
+def test_sim_calibrate_save_is_checked_as_an_output_before_the_fit(tmp_path, capsys):
+    """--save made its folders, parents and all, after the fit; now checked while parsing, as --out is."""
+    assert cli.main(["sim", "calibrate", "--save", "no/such/p.json"]) == 2
+    _one_line(capsys.readouterr().err, "--save", "the folder no/such does not exist")
+    assert not (tmp_path / "no").exists()
+
+
+def test_fp8_check_names_the_placement_file_and_says_when_it_has_no_fp8_site(tmp_path, capsys):
+    import json
+
+    site = {"m": 512, "k": 16, "n": 16, "recipe": "tensorwise", "kernel": "scaled_mm_tensorwise", "safe": True}
+    (tmp_path / "other.json").write_text(json.dumps({"module_filter": ["x.y"], "sites": {"x.y": site}}))
+    assert cli.main(["fp8", "check", "--workload", "dlrm-small", "--placement", "other.json", "--steps", "2"]) == 2
+    _one_line(capsys.readouterr().err, "other.json: sites.x.y: the model has no linear site of this name")
+    (tmp_path / "none.json").write_text(json.dumps({"sites": {}}))
+    assert cli.main(["fp8", "check", "--workload", "dlrm-small", "--placement", "none.json", "--steps", "2"]) == 0
+    out = capsys.readouterr().out  # not "+0.000%", which reads as a measured finding
+    assert "no FP8 sites in none.json" in out and "placement: NE" not in out

@@ -387,7 +387,7 @@ def register_plugins(sub: Any, modules: Sequence[str] = PLUGINS) -> list[str]:
 class CubicParser(argparse.ArgumentParser):
     """Every cubic parser (sub-commands inherit the class): no abbreviations (``--step 3`` is refused,
     not taken as ``--steps``), "did you mean" for an unknown flag, a flag type's own reason for a
-    bad value, and output paths (``--report``, ``--out``, ``--json FILE``) checked while parsing,
+    bad value, and output paths (``--report``, ``--out``, ``--save``, ``--json FILE``) checked while parsing,
     before any work: an output's folder must exist (a report folder itself is made when it is
     written), a file is not a folder."""
 
@@ -396,7 +396,7 @@ class CubicParser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
 
     def add_argument(self, *args: Any, **kw: Any):
-        if any(a in ("--report", "--out") for a in args) or ("--json" in args and kw.get("metavar")):
+        if any(a in ("--report", "--out", "--save") for a in args) or ("--json" in args and kw.get("metavar")):
             kw["type"] = _output_dir if "--report" in args or kw.get("metavar") == "DIR" else _output_file
         return super().add_argument(*args, **kw)
 

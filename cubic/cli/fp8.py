@@ -171,8 +171,13 @@ def cmd_check(args) -> int:
     _threads()
     w = load_workload(args.workload)
     variants = {}
+    p = None
     if args.placement:
+        from fp8.runtime import placement_misfit
+
         p = load_placement(args.placement)
+        if misfit := placement_misfit(p, w):  # named in the placement file the user gave
+            raise SpecError(misfit[1], source=args.placement, field=misfit[0])
         variants["placement"] = FP8Choice(policy="placement", placement=p.model_dump(mode="json"))
     if args.all:
         variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
@@ -188,7 +193,9 @@ def cmd_check(args) -> int:
     print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured on {args.device}): full precision NE {base['ne']:.5f} "
           f"loss {base['loss']:.5f}")
     for name, v in r.items():
-        if name != "full_precision":
+        if name == "placement" and p is not None and not p.fp8_sites():  # "+0.000%" would read as a finding
+            print(f"  placement: no FP8 sites in {sanitize(args.placement)}: the model is the full-precision one")
+        elif name != "full_precision":
             print(f"  {name}: NE {v['ne']:.5f} ({100 * v['ne_rel_diff']:+.3f}% rel), loss {v['loss']:.5f} "
                   f"({v['loss_diff']:+.5f})")
     return 0
