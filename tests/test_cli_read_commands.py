@@ -44,7 +44,10 @@ def test_a_report_folder_is_made_when_written_in_a_folder_that_exists(tmp_path, 
     assert (tmp_path / "r" / "index.html").is_file()
 
 
-def test_trials_export_refuses_a_suffix_it_cannot_write(tmp_path, capsys):
+def test_trials_export_refuses_a_suffix_it_cannot_write(tmp_path, capsys, isolated):
+    from cubic.core.store import TrialStore
+
+    TrialStore(isolated)  # an (empty) store to export from
     assert cli.main(["trials", "export", "--out", "t.xlsx"]) == 2
     _one_line(capsys.readouterr().err, "--out", "'t.xlsx'", ".csv or .parquet")
     assert not (tmp_path / "t.xlsx").exists()
@@ -70,3 +73,16 @@ def test_fp8_check_names_the_placement_file_and_says_when_it_has_no_fp8_site(tmp
     assert cli.main(["fp8", "check", "--workload", "dlrm-small", "--placement", "none.json", "--steps", "2"]) == 0
     out = capsys.readouterr().out  # not "+0.000%", which reads as a measured finding
     assert "no FP8 sites in none.json" in out and "placement: NE" not in out
+
+
+@pytest.mark.parametrize("argv", [["trials", "show", "1"], ["trials", "export", "--out", "t.csv"], ["shard", "train"],
+                                  ["sim", "calibrate", "--from-store"]])
+def test_reading_trials_at_a_missing_store_creates_nothing(tmp_path, capsys, argv):
+    assert cli.main([*argv, "--store", "sqlite:///typo/s.db"]) == 2
+    _one_line(capsys.readouterr().err, "--store: no trial store at typo/s.db")
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "t.csv").exists()
+
+
+def test_listing_trials_before_any_run_says_so_and_makes_no_store(tmp_path, capsys):
+    assert cli.main(["trials", "list", "--store", "sqlite:///typo/s.db"]) == 0
+    assert "no trials recorded yet" in capsys.readouterr().out and not (tmp_path / "typo").exists()

@@ -51,6 +51,7 @@ def test_machine_mismatch_names_both_machines_and_the_fix():
 
 def test_train_writes_to_the_user_data_dir(tmp_path, monkeypatch, capsys):
     from cost_models.sharding_cost import ShardingCostModel
+    from cubic.core.store import TrialStore
     from sharding import collect as collect_mod
     from sharding.estimate import DEFAULT_MODEL_PATH, RANK_FEATURES, cost_model_path
 
@@ -61,6 +62,7 @@ def test_train_writes_to_the_user_data_dir(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(collect_mod, "samples_from_store", lambda store: list(range(60)))
     monkeypatch.setattr(collect_mod, "features_and_labels", lambda samples: (X, y))
     before = DEFAULT_MODEL_PATH.read_bytes()
+    TrialStore(f"sqlite:///{tmp_path}/t.db")  # shard train reads a store that exists (it does not make one)
     assert main(["shard", "train", "--store", f"sqlite:///{tmp_path}/t.db"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["wrote"] == str(tmp_path / "home" / "sharding_cost_model.json")

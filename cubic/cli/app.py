@@ -261,8 +261,13 @@ def _filters(args: argparse.Namespace, store: Any) -> dict[str, Any]:
 
 def cmd_trials_list(args: argparse.Namespace) -> int:
     from cubic.cli.run_report import trials_table
+    from cubic.core.store import NoStore
 
-    store = open_store(args)
+    try:
+        store = open_store(args, create=False)
+    except NoStore:  # nothing recorded yet: no trials, and no empty store made by looking
+        print("[]" if args.json else "no trials recorded yet")
+        return 0
     trials = store.trials(**_filters(args, store))
     if args.json:
         print(json.dumps([t.model_dump(mode="json", exclude={"result"}) for t in trials], indent=2))
@@ -278,7 +283,7 @@ def cmd_trials_list(args: argparse.Namespace) -> int:
 def cmd_trials_show(args: argparse.Namespace) -> int:
     from cubic.cli.run_report import print_result
 
-    trial = open_store(args).get_trial(args.id)
+    trial = open_store(args, create=False).get_trial(args.id)
     if trial is None:
         raise SpecError(f"no trial {args.id} in the store", field="ID")
     if args.json:
@@ -328,7 +333,7 @@ def cmd_trials_export(args: argparse.Namespace) -> int:
     if fmt is None:  # x.xlsx or x.json was written as CSV under that name
         raise SpecError(f"cannot tell the format from {out.name!r}: name it .csv or .parquet, or pass --format",
                         field="--out")
-    store = open_store(args)
+    store = open_store(args, create=False)
     n = store.export(out, fmt, **_filters(args, store))
     print(f"wrote {n} trial{'s' if n != 1 else ''} to {out} ({fmt})")
     return 0

@@ -76,12 +76,14 @@ def add_store_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="URL", default=None, help=STORE_HELP)
 
 
-def open_store(args: argparse.Namespace):
-    """The trial store the command names, after importing any results a failed write left pending."""
+def open_store(args: argparse.Namespace, create: bool = True):
+    """The trial store the command names, after importing any results a failed write left pending.
+    ``create`` False: a command that only reads; a SQLite store that does not exist is
+    ``cubic.core.store.NoStore`` (one line), not an empty store made at a mistyped path."""
     from cubic.core.store import TrialStore
 
     url = getattr(args, "store", None)
-    return import_pending(TrialStore(url, origin="--store") if url else TrialStore())
+    return import_pending(TrialStore(url, origin="--store", create=create) if url else TrialStore(create=create))
 
 
 def import_pending(store):

@@ -323,7 +323,7 @@ def cmd_train(args) -> int:
     from sharding.collect import features_and_labels, samples_from_store
     from sharding.estimate import USER_MODEL_NAME, user_data_dir
 
-    store = open_store(args)
+    store = open_store(args, create=False)
     samples = samples_from_store(store)
     if len(samples) < 30:
         raise SpecError(f"only {len(samples)} samples for this machine in the store; run `cubic shard collect` first",

@@ -147,7 +147,7 @@ def _measured_cases(args: argparse.Namespace, cluster_name: str) -> tuple[list, 
     if args.from_store:
         from cubic.cli.common import open_store
 
-        store = open_store(args)
+        store = open_store(args, create=False)
         for trial in store.trials(source="measured", status="ok"):
             if args.workload and trial.workload != args.workload:
                 continue

@@ -64,7 +64,7 @@ from cubic.core.store_db import (  # noqa: F401
     CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_MS, STATEMENT_TIMEOUT_S, StoreError, check_url, default_url,
     engine_options, redact_url, scrub_error, server_in_transition, storage_error_line)
 from cubic.core.store_pending import (  # noqa: F401
-    PENDING_ENV, PendingRow, _keep_pending, _quarantine, check_pending_line, pending_path)
+    PENDING_ENV, PendingRow, _keep_pending, _quarantine, check_pending_line, pending_for, pending_path)
 from cubic.core.store_schema import (  # noqa: F401
     SCHEMA_VERSION, Source, _ADDED_BY_MIGRATION, _JSON_COLUMNS, _SCHEMA_LOCK_KEY, _as_utc, configure_sqlite,
     finite_or_null, _migrate, _rename_old_tables, restore_nonfinite, _select_raw, utcnow, campaigns_table, metadata,
@@ -139,10 +139,14 @@ class Served:
         return self.pooled is not None and (self.good >= repeats or self.pooled.n >= 2 * repeats)
 
 
+class NoStore(SpecError):
+    """A command that only reads trials was given a SQLite store file that does not exist."""
+
+
 class TrialStore:
     """The persistent record of trials and campaigns. See the module docstring."""
 
-    def __init__(self, url: str | None = None, *, origin: str | None = None):
+    def __init__(self, url: str | None = None, *, origin: str | None = None, create: bool = True):
         if url is None:
             env = os.environ.get(STORE_ENV)
             url, origin = (env, origin or STORE_ENV) if env else (default_url(), origin or "store")
@@ -151,16 +155,20 @@ class TrialStore:
         self.url = url
         self._safe = redact_url(url)
         self.skipped: list[tuple[str, Any]] = []  # corrupt rows passed over by reads, (kind, id)
-        self.engine = self._open(url, origin)
+        self.engine = self._open(url, origin, create)
         self._create_schema()
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def _open(self, url: str, origin: str) -> Engine:
+    def _open(self, url: str, origin: str, create: bool = True) -> Engine:
         parsed = check_url(url, origin)
         if parsed.get_backend_name() == "sqlite":
             db = parsed.database
             if db and db != ":memory:" and not db.startswith("file:"):
+                if not create and not Path(db).expanduser().is_file() and not pending_for(self._safe):
+                    # a command that only reads: a mistyped path is said, not made into an empty store
+                    # (unless results wait in the pending file for it: the store is made to hold them)
+                    raise NoStore(f"no trial store at {db} (`cubic run` creates it)", field=origin)
                 try:
                     Path(db).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
                 except OSError as e:

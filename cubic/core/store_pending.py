@@ -92,6 +92,23 @@ def check_pending_line(line: str) -> tuple[str, dict[str, Any]]:
     return store, out
 
 
+def pending_for(store: str, path: Path | None = None) -> bool:
+    """Whether the pending file holds a well-formed result for ``store`` (its redacted URL): then a
+    command that only reads still opens, and so creates, that store, to import it."""
+    path = path or pending_path()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    except OSError:
+        return False
+    for ln in lines:
+        try:
+            if ln.strip() and check_pending_line(ln)[0] == store:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 def _quarantine(path: Path, line_no: int, line: str, why: str) -> None:
     """Move a bad pending line beside the file (``<file>.quarantine``), with one warning."""
     q = path.with_name(path.name + ".quarantine")
