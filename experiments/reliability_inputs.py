@@ -17,7 +17,9 @@ Attack classes (project issue 16), each with several variants, every one through
 - escapes: terminal control sequences in workload and table names must not reach the terminal raw;
 - file values: a value in a workload, config, plan, placement or space file that no run can use
   (a table width FBGEMM refuses, NaN, an unknown device, a missing calibration, a group that does not
-  divide the ranks, a placement for another model, a space value such as batch 0): named, nothing recorded.
+  divide the ranks, a placement for another model, a space value such as batch 0): named, nothing recorded;
+- traces: a command that only reads, or is refused, leaves no file behind (a mistyped --storage or
+  --store, a report or --save folder that does not exist, an export to a name it cannot write).
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -83,6 +85,7 @@ class Attack:
     rows: Callable[[Path], int] | None = None  # stored rows that must survive the command
     fsize_limit: int | None = None  # RLIMIT_FSIZE: a full disk
     quick: bool = False  # part of the reduced form run by `make test`
+    absent: tuple[str, ...] = ()  # paths (in the attack's directory) the command must not create
 
 
 def _run(attack: Attack, wd: Path) -> Outcome:
@@ -134,6 +137,9 @@ def _run(attack: Attack, wd: Path) -> Outcome:
         why.append(f"{lost} stored rows lost")
     if attack.expect_rc == (2,) and after > before:  # bad input records nothing
         why.append(f"{after - before} rows recorded")
+    made = [a for a in attack.absent if (wd / a).exists()]
+    if made:
+        why.append(f"left behind {made}")
     return Outcome(attack.cls, attack.variant, not why, proc.returncode, elapsed, traceback=tb, data_lost=lost,
                    why="; ".join(why), stderr_tail=err[-300:])
 
@@ -499,14 +505,36 @@ def _file_value_attacks() -> list[Attack]:
     return out
 
 
+def _trace_attacks() -> list[Attack]:
+    """Traces: a command that only reads, or is refused, leaves no file behind (stop 58's probe: a
+    mistyped --storage or --store became an empty database and its folders; a report folder was
+    made while parsing; an export wrote CSV under an .xlsx name; --save made its folders)."""
+    out: list[Attack] = []
+    A = out.append
+    A(Attack("traces", "campaign list at a mistyped --storage",
+             ["campaign", "list", "--storage", "sqlite:///typo/c.db"], expect_rc=(0,), one_line=False, absent=("typo",), quick=True))
+    A(Attack("traces", "campaign resume at a mistyped --storage", ["campaign", "resume", "c", "--storage",
+             "sqlite:///typo/c.db"], must_say=("typo/c.db",), absent=("typo",)))
+    A(Attack("traces", "trials show at a mistyped --store", ["trials", "show", "1", "--store", "sqlite:///typo/s.db"],
+             must_say=("--store", "typo/s.db"), absent=("typo",)))
+    A(Attack("traces", "report into a folder that does not exist", ["campaign", "report", "c", "--out", "a/b/r",
+             "--storage", "sqlite:///c.db"], must_say=("--out", "a/b"), absent=("a", "c.db")))
+    A(Attack("traces", "trials export to an .xlsx name", ["trials", "export", "--out", "t.xlsx", "--store",
+             "sqlite:///store.db"], setup=lambda d: _seed_store(d, 1), must_say=("--out", "t.xlsx"),
+             absent=("t.xlsx",), rows=_trial_rows("store.db")))
+    A(Attack("traces", "sim calibrate --save in a folder that does not exist", ["sim", "calibrate", "--save",
+             "no/p.json"], must_say=("--save",), absent=("no",)))
+    return out
+
+
 def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
             *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
-            *_file_value_attacks()]
+            *_file_value_attacks(), *_trace_attacks()]
 
 
-CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values")
+CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces")
 
 
 def run(quick: bool) -> dict[str, Any]:
