@@ -178,13 +178,22 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
 
 
 def _user_call(fn, what: str, *args):
-    """Call user code; an exception becomes one line naming what failed (exit 2 in the CLI)."""
-    try:
-        return fn(*args)
-    except SpecError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure of user code is bad input, reported in one line
-        raise SpecError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0], field="--module") from None
+    """Call user code; an exception becomes one line naming what failed (exit 2 in the CLI). Its
+    warnings are shown only when it succeeds: before an error they only push the one line down
+    (a loss on mismatched shapes warns about broadcasting, then raises)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = fn(*args)
+        except SpecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of user code is bad input, reported in one line
+            raise SpecError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0], field="--module") from None
+    for w in caught:  # as they would have been shown (to whoever records warnings now)
+        warnings._showwarnmsg(w)  # type: ignore[attr-defined]
+    return out
 
 
 def _checked_factory(factory, spec: str):

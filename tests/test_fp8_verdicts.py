@@ -142,3 +142,17 @@ def test_bad_modules_stop_with_one_line(factory, loss, words, tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     for w in words:
         assert w in err, (w, err)
+
+
+def mismatched_target_factory():
+    return nn.Sequential(nn.Linear(8, 4)), lambda step: (torch.randn(4, 8), torch.zeros(4, 3))
+
+
+def test_a_user_loss_that_warns_then_raises_is_still_one_line(tmp_path, capsys, recwarn):
+    """mse_loss on mismatched shapes warns about broadcasting, then raises: the warning printed
+    before the one error line (stop 58's probe); now kept back when the call fails."""
+    rc = main(["fp8", "probe", "--module", "tests.test_fp8_verdicts:mismatched_target_factory",
+               "--budget-sqnr", "20", "--max-batches", "4", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "the loss on batch 0 raised" in err
+    assert not [w for w in recwarn if "target size" in str(w.message)]
