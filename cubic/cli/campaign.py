@@ -212,6 +212,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from cubic.cli.common import check_local_device
 
         check_local_device(args.device)
+    if args.ray_address:
+        from cubic.cli.common import runner_part
+
+        runner_part("cubic.runners.ray_runner", "check_address", "Ray", "--ray-address")(args.ray_address)
     # the one typed record of where runs happen; stored in the campaign's context as plain JSON
     runner_ctx = RunSpec(kind=kind, simulate=args.simulate, world_size=args.world_size, steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout, device=args.device, threads=args.threads,
@@ -226,6 +230,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.objective:
         context = job_context(args, space)
     storage = args.storage or default_storage()
+    for prior in args.warm_start or ():  # known now, not after the baseline has run and been stored
+        from cubic.codesign.storage import load_meta
+
+        try:
+            load_meta(storage, prior)
+        except SpecError:
+            raise SpecError(f"no campaign {prior!r} in {redact_url(storage)} to warm-start from",
+                            field="--warm-start") from None
     names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
     if not args.objective and space.shape_knobs:  # the model's shape changes: bound its quality
         ne = _reference_ne(context, space, args.store, kind)

@@ -44,6 +44,27 @@ def _ensure_ray(address: str | None, num_cpus: float | None = None):
     return ray
 
 
+def check_address(address: str) -> None:
+    """Join the Ray cluster at ``address`` now, before a campaign starts: a malformed or unreachable
+    address is bad input (one line naming --ray-address), not a failed run per configuration."""
+    import socket
+
+    from cubic.core.spec import SpecError
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if sep and host and port.isdigit():  # Ray waits minutes on an address where nothing answers: 5 s here
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError, OverflowError) as e:
+            raise SpecError(f"nothing answers at {address} ({getattr(e, 'strerror', None) or e}): is the Ray head "
+                            "running there (`ray start --head`)?", field="--ray-address") from None
+    try:
+        _ensure_ray(address)
+    except Exception as e:  # noqa: BLE001 - whatever Ray raises, one line
+        raise SpecError(f"cannot join a Ray cluster there: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                        field="--ray-address") from None
+
+
 def _remote_run(inner, workload_json: str, config_json: str, steps: int, warmup: int):
     """Executed on a Ray worker (a generator task): "started" as soon as it holds a node, then the
     inner runner's Result (JSON) from the rebuilt value objects."""
@@ -92,6 +113,12 @@ class RayRunner(Runner):  # type: ignore[misc,valid-type]
                       config_hash=config.content_hash(), seed=config.seed)
         try:
             ray = _ensure_ray(self.address)
+        except Exception as e:  # noqa: BLE001 - no cluster to run on: not this configuration's failure
+            # (it was an "error" of the config: stored, then served to every later campaign as its result)
+            return Result.failed("killed", f"ray: cannot reach the Ray cluster at {self.address or 'a local instance'}:"
+                                 f" {type(e).__name__}: {' '.join(str(e).split())[:500]}; an infrastructure fault, "
+                                 "not this configuration's", wall_time_s=time.perf_counter() - t0, **common)
+        try:
             task = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=0)(_remote_run)
             gen = task.remote(self.inner, workload.model_dump_json(), config.model_dump_json(), steps, warmup)
             if not ray.wait([gen], timeout=self.start_timeout_s)[0]:
