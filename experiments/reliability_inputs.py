@@ -19,7 +19,8 @@ Attack classes (project issue 16), each with several variants, every one through
   (a table width FBGEMM refuses, NaN, an unknown device, a missing calibration, a group that does not
   divide the ranks, a placement for another model, a space value such as batch 0): named, nothing recorded;
 - traces: a command that only reads, or is refused, leaves no file behind (a mistyped --storage or
-  --store, a report or --save folder that does not exist, an export to a name it cannot write).
+  --store, a refused report's folder, a --save folder that does not exist, an export to a name it
+  cannot write).
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -508,7 +509,8 @@ def _file_value_attacks() -> list[Attack]:
 def _trace_attacks() -> list[Attack]:
     """Traces: a command that only reads, or is refused, leaves no file behind (stop 58's probe: a
     mistyped --storage or --store became an empty database and its folders; a report folder was
-    made while parsing; an export wrote CSV under an .xlsx name; --save made its folders)."""
+    made while parsing, so a refused command left it; an export wrote CSV under an .xlsx name;
+    --save made its folders)."""
     out: list[Attack] = []
     A = out.append
     A(Attack("traces", "campaign list at a mistyped --storage",
@@ -517,8 +519,8 @@ def _trace_attacks() -> list[Attack]:
              "sqlite:///typo/c.db"], must_say=("typo/c.db",), absent=("typo",)))
     A(Attack("traces", "trials show at a mistyped --store", ["trials", "show", "1", "--store", "sqlite:///typo/s.db"],
              must_say=("--store", "typo/s.db"), absent=("typo",)))
-    A(Attack("traces", "report into a folder that does not exist", ["campaign", "report", "c", "--out", "a/b/r",
-             "--storage", "sqlite:///c.db"], must_say=("--out", "a/b"), absent=("a", "c.db")))
+    A(Attack("traces", "report of an unknown campaign into new folders", ["campaign", "report", "c", "--out",
+             "a/b/r", "--storage", "sqlite:///c.db"], must_say=("c.db",), absent=("a", "c.db")))
     A(Attack("traces", "trials export to an .xlsx name", ["trials", "export", "--out", "t.xlsx", "--store",
              "sqlite:///store.db"], setup=lambda d: _seed_store(d, 1), must_say=("--out", "t.xlsx"),
              absent=("t.xlsx",), rows=_trial_rows("store.db")))

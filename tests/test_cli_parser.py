@@ -61,10 +61,10 @@ def test_numeric_flags_keep_their_reason(capsys, no_runs):
 def test_report_folder_created_and_a_file_refused_before_any_work(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path}/c.db"
-    # the folder's folder must exist when the command line is read; the folder itself is made only
-    # when the report is written (stop 58: it was made, parents and all, before the campaign was found)
+    # the folder (and its parents) is made only when the report is written (stop 58: it was made
+    # while the command line was read, so this refused command left it behind)
     code, _, err = run_cli(capsys, "campaign", "report", "nope", "--out", "reports/x", "--storage", storage)
-    assert code == 2 and "the folder reports does not exist" in one_line(err) and not (tmp_path / "reports").exists()
+    assert code == 2 and not (tmp_path / "reports").exists()
     (tmp_path / "taken").write_text("a file")
     code, _, err = run_cli(capsys, "campaign", "run", "--workload", "dlrm-small", "--name", "n",
                            "--report", "taken", "--storage", f"sqlite:///{tmp_path}/d.db")

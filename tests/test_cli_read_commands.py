@@ -1,7 +1,7 @@
 """Commands that read or write a user's files leave nothing behind when refused (stop 58's probe):
 a command that only reads campaigns made an empty campaign database (and its folder) at a mistyped
---storage; a report folder was made, parents and all, while parsing, before the command could be
-refused; ``trials export --out x.xlsx`` wrote CSV under that name."""
+--storage; a report folder was made while parsing, so a command refused a moment later left it;
+``trials export --out x.xlsx`` wrote CSV under that name."""
 
 import pytest
 
@@ -30,18 +30,20 @@ def test_reading_campaigns_at_a_missing_storage_creates_nothing(tmp_path, capsys
     assert not (tmp_path / "typo").exists() and not (tmp_path / "r").exists()
 
 
-def test_a_report_folder_is_made_when_written_in_a_folder_that_exists(tmp_path, capsys):
+def test_a_report_folder_is_made_when_written_not_while_parsing(tmp_path, capsys):
     assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--name", "c1", "--simulate", "h100x8",
                      "--budget", "2", "--batch", "1", "--storage", "sqlite:///c.db"]) == 0
     capsys.readouterr()
-    assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "a/b/r"]) == 2
-    _one_line(capsys.readouterr().err, "--out", "the folder a/b does not exist")
+    # refused after parsing (no such campaign): no folder left behind
+    assert cli.main(["campaign", "report", "nope", "--storage", "sqlite:///c.db", "--out", "a/b/r"]) == 2
+    _one_line(capsys.readouterr().err, "nope: no such campaign")
     assert not (tmp_path / "a").exists()
-    # refused as bad input after parsing: the report folder is not left behind either
-    assert cli.main(["campaign", "report", "nope", "--storage", "sqlite:///c.db", "--out", "r"]) == 2
-    assert not (tmp_path / "r").exists()
-    assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "r"]) == 0
-    assert (tmp_path / "r" / "index.html").is_file()
+    (tmp_path / "f").write_text("a file in the way")
+    assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "f/r"]) == 2
+    _one_line(capsys.readouterr().err, "--out", "f is a file")
+    # written: the folder and its parents are made then (`--report reports/own`, as the README does)
+    assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "a/b/r"]) == 0
+    assert (tmp_path / "a" / "b" / "r" / "index.html").is_file()
 
 
 def test_trials_export_refuses_a_suffix_it_cannot_write(tmp_path, capsys, isolated):

@@ -135,6 +135,19 @@ def test_launch_refuses_a_misfit_before_any_process_group(tmp_path):
         assert not out.exists()
 
 
+def test_one_sync_rule_for_a_config_and_a_plan():
+    """Replica sync without a 2D group: the same rule (cubic.runners.base.sync_misfit) and words when
+    a config is loaded and when a --plan is checked against it (they were written twice)."""
+    from cubic.runners.base import sync_misfit
+    from cubic.runners.distributed import check_plan
+
+    plan = mixed_plan(SMALL)  # 2 ranks in one group: 1D
+    cfg = Config(batch_size=plan.batch_size, sharding=ShardingChoice(sync="weights"))
+    why = check_plan(SMALL, plan, 2, cfg)
+    assert why.field == "sharding.sync" and why.in_config and why == sync_misfit(cfg.sharding, 2, 2)[1]
+    assert "keeps 2D replicas in step" in why and sync_misfit(cfg.sharding, 1, 2) is None
+
+
 @pytest.mark.slow  # 2 x 200 steps distributed plus 200 single-process steps per workload
 @pytest.mark.parametrize("name", ["dlrm-small", "wukong-small"])
 def test_200_steps_fall_and_match_single_process(name):

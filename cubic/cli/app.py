@@ -393,8 +393,8 @@ class CubicParser(argparse.ArgumentParser):
     """Every cubic parser (sub-commands inherit the class): no abbreviations (``--step 3`` is refused,
     not taken as ``--steps``), "did you mean" for an unknown flag, a flag type's own reason for a
     bad value, and output paths (``--report``, ``--out``, ``--save``, ``--json FILE``) checked while parsing,
-    before any work: an output's folder must exist (a report folder itself is made when it is
-    written), a file is not a folder."""
+    before any work: a file's folder must exist, a report folder can be made (it is made when written,
+    so a refused command leaves none), a file is not a folder."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         kw["allow_abbrev"] = False
@@ -444,15 +444,17 @@ class CubicParser(argparse.ArgumentParser):
 
 
 def _output_dir(text: str) -> Path:
-    """A folder a command will write into: made when it writes (a command refused as bad input
-    leaves nothing behind), in a folder that exists (a typo does not make a tree of folders)."""
+    """A folder a command will write into, made (with its parents, as `--report reports/own` in the
+    README needs) only when the command writes: a command refused as bad input leaves nothing behind.
+    Checked now, not after the work: the nearest folder that exists is a writable folder."""
     p = Path(text)
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
-    if not p.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
-    if not p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):  # known now, not after the work
-        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {p.parent} is not writable")
+    near = next(a for a in (p, *p.parents) if a.exists())
+    if not near.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is a file")
+    if not os.access(near, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is not writable")
     return p
 
 

@@ -125,7 +125,8 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
     """Optuna storage for a URL (None: in memory), with Optuna's heartbeat: a RUNNING trial whose
     worker is silent for ``grace_s`` is failed and re-enqueued (at most ``max_retry`` times).
     Creates the SQLite file and its directory (``create``; a command that only reads campaigns passes
-    False: a missing file is :class:`NoStorage`, and a typo leaves no empty database behind); connect and statement timeouts; refuses, before Optuna
+    False: a missing file is :class:`NoStorage`, and a typo leaves no empty database behind); connect
+    and statement timeouts; refuses, before Optuna
     creates anything, a database that holds something else (a pre-``cubic_`` trial store, a foreign
     ``studies`` table) and says what it found. A trial store with ``cubic_*`` tables may share the
     database. First use is serialised under a file lock (SQLite) or an advisory lock (PostgreSQL), retried otherwise."""

@@ -83,10 +83,19 @@ def check_run_config(config: Config, processes: int | None, source: str | None =
                         source=source, field="sharding.plan.world_size")
     if processes > 1 and s.group_size:
         check_group_size(s.group_size, processes, source=source, world_flag=world_flag)
-    g = s.group_size or (s.plan or {}).get("group_size") or processes
-    if processes > 1 and g == processes and (s.sync is not None or s.sync_interval is not None):
-        raise SpecError(f"keeps 2D replicas in step: it needs sharding.group_size below {world_flag} {processes} "
-                        "(a 2D plan)", source=source, field="sharding.sync" if s.sync else "sharding.sync_interval")
+    if processes > 1 and (why := sync_misfit(s, s.group_size or (s.plan or {}).get("group_size") or processes,
+                                             processes, world_flag)):
+        raise SpecError(why[1], source=source, field=why[0])
+
+
+def sync_misfit(sharding, group: int, world: int, world_name: str = "the world size") -> tuple[str, str] | None:
+    """(field, why) when a replica-sync setting cannot apply: ``sync``/``sync_interval`` keep the
+    world/group replicas of a 2D plan in step, so they need a group below the world. The one rule for
+    a config checked at load and a plan checked against it (``distributed.check_plan``)."""
+    if group == world and (sharding.sync is not None or sharding.sync_interval is not None):
+        return ("sharding.sync" if sharding.sync is not None else "sharding.sync_interval",
+                f"keeps 2D replicas in step: it needs sharding.group_size below {world_name} {world} (a 2D plan)")
+    return None
 
 
 def _nested(e: SpecError, prefix: str, source: str | None) -> SpecError:

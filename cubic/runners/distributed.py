@@ -86,7 +86,7 @@ from cubic.core.config import Config
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
 from cubic.core.spec import SpecError, Workload
-from cubic.runners.base import Runner
+from cubic.runners.base import Runner, sync_misfit
 from cubic.runners.sharded_embedding import ShardedEmbedding, TwoD
 from sharding.types import Plan
 
@@ -128,9 +128,8 @@ def check_plan(workload: Workload, plan: Plan, world: int, config: Config | None
         if want and want != plan.group_size:
             return Misfit(f"config.sharding.group_size {want} differs from the plan's group_size {plan.group_size} "
                           f"(make the plan with --group-size {want})", "sharding.group_size", True)
-        if plan.group_size == world and (config.sharding.sync or config.sharding.sync_interval):
-            return Misfit("sharding.sync / sync_interval keep 2D replicas in step: they need a 2D plan "
-                          "(group_size < world)", "sharding.sync", True)
+        if why := sync_misfit(config.sharding, plan.group_size, world):
+            return Misfit(why[1], why[0], True)
         if config.batch_size and config.batch_size != plan.batch_size:
             return Misfit(f"config.batch_size {config.batch_size} differs from the plan's per-rank batch "
                           f"{plan.batch_size}", "batch_size", True)
