@@ -183,8 +183,7 @@ def _user_call(fn, what: str, *args):
     (a loss on mismatched shapes warns about broadcasting, then raises)."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:  # under the filters in force (once, ignore...)
         try:
             out = fn(*args)
         except SpecError:
