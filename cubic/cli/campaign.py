@@ -184,7 +184,6 @@ def _base_config(kind: str):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cubic.codesign.campaign import Campaign
     from cubic.core.workloads import load_workload
 
     check_job_flags(args)
@@ -205,17 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             _note_budget(space, workload, args.steps, args.warmup)
     baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
     report_dir = Path(args.report) if args.report else None  # its folder was checked while parsing
-    if args.world_size > 1 and args.simulate:
-        raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
-                        field="--world-size")
-    if kind == "local" and not (args.ray or args.ray_address):
-        from cubic.cli.common import check_local_device
-
-        check_local_device(args.device)
-    if args.ray_address:
-        from cubic.cli.common import runner_part
-
-        runner_part("cubic.runners.ray_runner", "check_address", "Ray", "--ray-address")(args.ray_address)
+    _check_where_runs_happen(args, kind)
     # the one typed record of where runs happen; stored in the campaign's context as plain JSON
     runner_ctx = RunSpec(kind=kind, simulate=args.simulate, world_size=args.world_size, steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout, device=args.device, threads=args.threads,
@@ -230,14 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.objective:
         context = job_context(args, space)
     storage = args.storage or default_storage()
-    for prior in args.warm_start or ():  # known now, not after the baseline has run and been stored
-        from cubic.codesign.storage import load_meta
-
-        try:
-            load_meta(storage, prior)
-        except SpecError:
-            raise SpecError(f"no campaign {prior!r} in {redact_url(storage)} to warm-start from",
-                            field="--warm-start") from None
+    _check_warm_start(storage, args.warm_start or ())
     names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
     if not args.objective and space.shape_knobs:  # the model's shape changes: bound its quality
         ne = _reference_ne(context, space, args.store, kind)
@@ -246,39 +228,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         space = _at_equal_budget(space.with_ne_ceiling(ne), kind)
         print(f"cubic: tuning the model's shape ({', '.join(space.shape_knobs)}) under the {space.constraints[-1].name}: "
               f"NE <= {space.constraints[-1].max:.4f}", file=sys.stderr)
-    summaries = []
     if args.replace:
-        import optuna
-
-        from cubic.codesign.storage import open_storage
-
-        st = open_storage(storage)
-        existing = {s.study_name for s in optuna.get_all_study_summaries(st)}
-        for name, _ in names:
-            if name in existing:  # the search state goes; its runs stay in the trial store (and serve repeats)
-                optuna.delete_study(study_name=name, storage=st)
-    for name, strategy in names:
-        evaluate, featurize = _build(name, context, space, args.store)
-        c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
-                     seed=args.seed, storage=storage, patience=args.patience, max_retries=args.retries,
-                     workers=args.workers, featurize=featurize, context=context,
-                     warm_start=args.warm_start or (), listener=_listener(space))
-        evaluate.attach(c)
-        base_pair = None
-        with _interrupted_marks(evaluate.store, name):
-            if baseline is not None and name == args.name:
-                base_pair = _measure_baseline(c, evaluate, space, baseline)
-                if _baseline_cannot_run(base_pair[3]):
-                    return 1
-                _ensure_noise_floor(base_pair)
-            s = c.run()
-            # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
-            s.confirm = c.confirm(args.confirm_repeats, baseline=base_pair[:2] if base_pair and base_pair[2] else None)
-        if evaluate.store is not None:
-            evaluate.store.set_campaign_status(name, "finished")
-        summaries.append(s)
-        if space.shape_knobs and not args.json:
-            _print_ne_per_run(c, space)
+        _replace_studies(storage, [name for name, _ in names])
+    summaries = _run_campaigns(args, names, space, context, storage, baseline)
+    if summaries is None:
+        return 1
     _print(summaries, args.json, space.primary.metric)
     if report_dir is not None:
         from cubic.codesign.report import write_report
@@ -293,6 +247,78 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"({sum(s.runs for s in summaries)} runs); see the failure reasons above", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_where_runs_happen(args: argparse.Namespace, kind: str) -> None:
+    """What can be known about the runs' machine before the first run (a flag the user typed, exit 2)."""
+    if args.world_size > 1 and args.simulate:
+        raise SpecError("--world-size is for local multi-process runs; a simulated cluster has its own size",
+                        field="--world-size")
+    if kind == "local" and not (args.ray or args.ray_address):
+        from cubic.cli.common import check_local_device
+
+        check_local_device(args.device)
+    if args.ray_address:
+        from cubic.cli.common import runner_part
+
+        runner_part("cubic.runners.ray_runner", "check_address", "Ray", "--ray-address")(args.ray_address)
+
+
+def _check_warm_start(storage: str, priors) -> None:
+    """Known now, not after the baseline has run and been stored."""
+    from cubic.core.store import redact_url
+
+    for prior in priors:
+        from cubic.codesign.storage import load_meta
+
+        try:
+            load_meta(storage, prior)
+        except SpecError:
+            raise SpecError(f"no campaign {prior!r} in {redact_url(storage)} to warm-start from",
+                            field="--warm-start") from None
+
+
+def _replace_studies(storage: str, names: list[str]) -> None:
+    """The search state goes; its runs stay in the trial store (and serve repeats)."""
+    import optuna
+
+    from cubic.codesign.storage import open_storage
+
+    st = open_storage(storage)
+    existing = {s.study_name for s in optuna.get_all_study_summaries(st)}
+    for name in names:
+        if name in existing:
+            optuna.delete_study(study_name=name, storage=st)
+
+
+def _run_campaigns(args, names, space, context, storage, baseline):
+    """The campaign and its --baselines, one after the other; None when the baseline cannot run."""
+    from cubic.codesign.campaign import Campaign
+
+    summaries = []
+    for name, strategy in names:
+        evaluate, featurize = _build(name, context, space, args.store)
+        c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
+                     seed=args.seed, storage=storage, patience=args.patience, max_retries=args.retries,
+                     workers=args.workers, featurize=featurize, context=context,
+                     warm_start=args.warm_start or (), listener=_listener(space))
+        evaluate.attach(c)
+        base_pair = None
+        with _interrupted_marks(evaluate.store, name):
+            if baseline is not None and name == args.name:
+                base_pair = _measure_baseline(c, evaluate, space, baseline)
+                if _baseline_cannot_run(base_pair[3]):
+                    return None
+                _ensure_noise_floor(base_pair)
+            s = c.run()
+            # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
+            s.confirm = c.confirm(args.confirm_repeats, baseline=base_pair[:2] if base_pair and base_pair[2] else None)
+        if evaluate.store is not None:
+            evaluate.store.set_campaign_status(name, "finished")
+        summaries.append(s)
+        if space.shape_knobs and not args.json:
+            _print_ne_per_run(c, space)
+    return summaries
 
 
 def _listener(space):
