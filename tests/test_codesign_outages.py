@@ -57,11 +57,11 @@ def test_a_server_caught_restarting_at_first_attach_is_an_outage_not_bad_input(t
     url = f"sqlite:///{tmp_path}/c.db"
     real, calls = storage._check_campaign_schema, []
 
-    def flaky(u, safe, origin, why="server closed the connection unexpectedly"):
+    def flaky(u, safe, origin, why="server closed the connection unexpectedly", **kw):
         calls.append(1)
         if len(calls) == 1:
             raise OperationalError("select 1", {}, Exception(f"{why} ({u})"))
-        return real(u, safe, origin)
+        return real(u, safe, origin, **kw)
 
     monkeypatch.setattr(storage, "_check_campaign_schema", flaky)
     st = through_outages(lambda: storage.open_storage(url, heartbeat_s=None), lambda s: s, [url], wait_s=5,
@@ -70,7 +70,7 @@ def test_a_server_caught_restarting_at_first_attach_is_an_outage_not_bad_input(t
     # nothing listening (a mistyped port) is still bad input, at once
     calls.clear()
     monkeypatch.setattr(storage, "_check_campaign_schema",
-                        lambda u, safe, origin: flaky(u, safe, origin, why="Connection refused"))
+                        lambda u, safe, origin, **kw: flaky(u, safe, origin, why="Connection refused", **kw))
     with pytest.raises(SpecError, match="Connection refused"):
         storage.open_storage(url, heartbeat_s=None)
 

@@ -485,8 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(err: BaseException, args: Any = None) -> str:
     """One printable line: whitespace folded, passwords of the command's URLs removed, control
     characters shown escaped (a message may quote a name from a user file)."""
-    from cubic.core.spec import sanitize
+    from pydantic import ValidationError
 
+    from cubic.core.spec import SpecError, sanitize, spec_error_from_validation
+
+    if isinstance(err, ValidationError):  # a value object refused what reached it: its field, not pydantic's dump
+        err = spec_error_from_validation(err)
+    if (isinstance(err, SpecError) and err.field == "storage" and err.source is None
+            and hasattr(args, "storage")):  # the campaign layer's name for what the user sets with --storage
+        err = SpecError(err.message, field="--storage")
     text = " ".join(str(err).split()) or type(err).__name__
     urls = [u for u in (getattr(args, "store", None), getattr(args, "storage", None)) if isinstance(u, str)]
     if urls:

@@ -486,6 +486,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
+    if not rows:  # as `trials list` says it: an empty table reads like a broken one
+        from cubic.core.store import redact_url
+
+        print(f"no campaigns stored yet in {redact_url(args.storage or default_storage())}")
+        return 0
     from cubic.cli.common import print_table
 
     cols = ("name", "workload", "strategy", "runs", "budget", "status", "stop_reason", "created_at")

@@ -162,6 +162,32 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_float_at_most(high: float) -> Callable[[str], float]:
+    """An argparse type: a number in (0, high] (the bound of the field the flag fills, named as the flag)."""
+    def parse(text: str) -> float:
+        value = positive_float(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high:,.0f}, got {text}" if high == int(high)
+                                             else f"must be <= {high:,.2f}, got {text}")
+        return value
+    return parse
+
+
+def int_list_at_most(high: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each in [1, high]."""
+    def parse(text: str) -> list[int]:
+        try:
+            vals = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if not vals or any(v < 1 for v in vals):
+            raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        if any(v > high for v in vals):
+            raise argparse.ArgumentTypeError(f"each must be <= {high:,}, got {text!r}")
+        return vals
+    return parse
+
+
 def nonnegative_float(text: str) -> float:
     value = finite_float(text)
     if value < 0:

@@ -389,8 +389,10 @@ def register(subparsers) -> None:
     from sharding.types import PLANNERS
 
     p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
-    from cubic.cli.common import finite_float, fraction, int_at_most, nonnegative_float, nonnegative_int, positive_int
-    from cubic.core.spec import MAX_BATCH_SIZE, MAX_WORLD_SIZE
+    from cubic.cli.common import (finite_float, fraction, int_at_most, nonnegative_float, nonnegative_int,
+                                  positive_float_at_most, positive_int)
+    from cubic.core.units import GB, GIB
+    from cubic.core.spec import MAX_BATCH_SIZE, MAX_MEMORY_GB, MAX_WORLD_SIZE
 
     sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
 
@@ -398,10 +400,11 @@ def register(subparsers) -> None:
     pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
     pl.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=None)
     mem = pl.add_mutually_exclusive_group()
-    mem.add_argument("--memory-gb", type=finite_float, default=None,
+    mem.add_argument("--memory-gb", type=positive_float_at_most(MAX_MEMORY_GB), default=None,
                      help="memory per rank in decimal GB (1e9 bytes, as a workload's topology.memory_per_rank_gb); "
                           "output shows memory in GiB")
-    mem.add_argument("--memory-gib", type=finite_float, default=None, help="memory per rank in GiB (2**30 bytes)")
+    mem.add_argument("--memory-gib", type=positive_float_at_most(MAX_MEMORY_GB * GB / GIB), default=None,
+                     help="memory per rank in GiB (2**30 bytes)")
     pl.add_argument("--group-size", type=int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
     pl.add_argument("--batch-size", type=int_at_most(MAX_BATCH_SIZE), default=None, help="examples per rank per step")
     pl.add_argument("--ranks-per-node", type=positive_int, default=None)

@@ -16,19 +16,13 @@ import json
 import sys
 from typing import Any
 
-from cubic.core.spec import SpecError, group_misfit
+from cubic.cli.common import int_list_at_most
+from cubic.core.spec import MAX_BATCH_SIZE, MAX_WORLD_SIZE, SpecError, group_misfit
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024,2048,4096"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
+_gpu_list = int_list_at_most(MAX_WORLD_SIZE)
 
 
 def _params(args: argparse.Namespace):
@@ -176,10 +170,13 @@ def _measured_cases(args: argparse.Namespace, cluster_name: str) -> tuple[list, 
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from cubic.runners.calibration import StepModelCalibrator, cpu_cluster, cpu_params, measure_cpu_device
+    from cubic.runners.calibration import (StepModelCalibrator, check_factors, cpu_cluster, cpu_params,
+                                           measure_cpu_device)
     from cost_models.hardware import load_cluster
     from cubic.cli.common import stdout_console
 
+    # before anything is measured: a typo here would be found after the runs
+    factors = tuple(check_factors([f.strip() for f in args.factors.split(",") if f.strip()], field="--factors"))
     if args.cluster == "cpu":
         # fresh runs use one thread; stored trials were measured with whatever they used
         cluster = cpu_cluster(measure_cpu_device(1))
@@ -188,7 +185,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster)
         base = _params(args)
     cases, y, origin = _measured_cases(args, cluster.name)
-    factors = tuple(args.factors.split(","))
     if len(cases) < len(factors):
         raise SpecError(f"{len(cases)} measured step times found ({origin}); need at least {len(factors)}",
                         field="--from-store" if args.from_store else "--batches")
@@ -234,8 +230,8 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser("scale", help="throughput and scaling efficiency from 8 to 4096 GPUs: full sharding vs 2D")
     common(s)
     s.add_argument("--cluster", default="h100", metavar="NAME|FILE", help="h100, h200, a100 or a YAML cluster file (docs/clusters.md)")
-    s.add_argument("--gpus", type=_int_list, default=_int_list(DEFAULT_GPUS), metavar="N,N,...")
-    s.add_argument("--group-sizes", type=_int_list, default=[16, 32, 64], metavar="G,G,...",
+    s.add_argument("--gpus", type=_gpu_list, default=_gpu_list(DEFAULT_GPUS), metavar="N,N,...")
+    s.add_argument("--group-sizes", type=_gpu_list, default=[16, 32, 64], metavar="G,G,...",
                    help="2D sparse parallelism group sizes (default 16,32,64)")
     s.add_argument("--no-full", action="store_true", help="leave out full model-parallel sharding")
     s.set_defaults(func=cmd_scale)
@@ -252,7 +248,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("--workload", default=None, metavar="NAME", help="only this workload (default: the small ones)")
     c.add_argument("--from-store", action="store_true", help="fit to measured trials in the store instead of running")
     c.add_argument("--world-size", type=positive_int, default=1, help="GPUs of the stored measured trials (default 1)")
-    c.add_argument("--batches", type=_int_list, default=[64, 256, 1024], metavar="B,B,...",
+    c.add_argument("--batches", type=int_list_at_most(MAX_BATCH_SIZE), default=[64, 256, 1024], metavar="B,B,...",
                    help="batch sizes of the fresh local runs (default 64,256,1024)")
     c.add_argument("--steps", type=positive_int, default=20, help="timed steps per fresh run (default 20)")
     c.add_argument("--factors", default="gemm_eff,hbm_eff,step_overhead_s",

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -152,8 +152,9 @@ def open_storage(url: str | None, origin: str = "storage", *, heartbeat_s: int |
                       heartbeat_stale_trial_callback=RetryUnrecordedRun(max_retry=max_retry))
     for attempt in range(5):
         try:
-            with _schema_lock(url), experimental_ok():
-                _check_campaign_schema(url, safe, origin)
+            # a reader finds the schema or nothing: it makes neither tables nor the lock file
+            with (_schema_lock(url) if create else nullcontext()), experimental_ok():
+                _check_campaign_schema(url, safe, origin, must_exist=not create)
                 st = optuna.storages.RDBStorage(url, engine_kwargs=engine_options(url), **kw)
                 if st.engine.dialect.name == "sqlite":
                     # every transaction BEGIN IMMEDIATE (pysqlite's default runs the SELECT of Optuna's
@@ -194,7 +195,7 @@ def _check_optuna_version(conn: Any, safe: str, origin: str) -> None:
                         f"{row[1]}; this is optuna {optuna.__version__}, schema {SCHEMA_VERSION})", field=origin)
 
 
-def _check_campaign_schema(url: str, safe: str, origin: str) -> None:
+def _check_campaign_schema(url: str, safe: str, origin: str, must_exist: bool = False) -> None:
     from sqlalchemy import create_engine, inspect
 
     from cubic.core.store import engine_options
@@ -213,6 +214,9 @@ def _check_campaign_schema(url: str, safe: str, origin: str) -> None:
                                 "a campaign storage", field=origin)
             if "version_info" in names:
                 _check_optuna_version(conn, safe, origin)
+            elif must_exist:  # a database of something else (a trial store, say): opening it would add Optuna's tables
+                raise NoStorage(f"no campaign storage in {safe} (no Optuna tables; `cubic campaign run` creates them)",
+                                field=origin)
             for table, column in (("studies", "study_name"), ("trials", "study_id")):
                 if table in names and column not in {c["name"] for c in insp.get_columns(table)}:
                     raise SpecError(f"{safe} has a {table!r} table without {column!r}: not an Optuna campaign "

@@ -21,6 +21,7 @@ SPEC_VERSION = 1
 NEUROSHARD_HIST_BINS = 17  # NeuroShard's reuse-distance histogram: 17 log2 bins
 MAX_WORLD_SIZE = 1_000_000
 MAX_BATCH_SIZE = 10_000_000
+MAX_MEMORY_GB = 1e6  # per rank, decimal GB: more is a typo
 
 
 class SpecError(ValueError):
@@ -185,7 +186,7 @@ class Topology(Frozen):
 
     world_size: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     ranks_per_node: int = Field(default=8, ge=1, le=1024)
-    memory_per_rank_gb: float = Field(default=16.0, gt=0.0, le=1e6, description="decimal GB (1e9 bytes)")
+    memory_per_rank_gb: float = Field(default=16.0, gt=0.0, le=MAX_MEMORY_GB, description="decimal GB (1e9 bytes)")
     intra_node_bw_gbps: float = Field(default=450.0, gt=0.0, description="per-rank, e.g. NVLink")
     inter_node_bw_gbps: float = Field(default=50.0, gt=0.0, description="per-rank, e.g. RDMA NIC")
     device: str = Field(default="cpu", description="cpu, cuda, or a modelled device such as h100")

@@ -52,6 +52,16 @@ def mape(y_true: Sequence[float], y_pred: Sequence[float]) -> float:
     return float(np.mean(np.abs(p - t) / np.abs(t)) * 100.0)
 
 
+def check_factors(factors: Sequence[str], field: str = "factors") -> list[str]:
+    """The factors to fit, each one the step model has (checked before any measurement is spent)."""
+    factors = list(factors)
+    unknown = [f for f in factors if f not in FACTOR_BOUNDS]
+    if unknown or not factors:
+        raise SpecError(f"unknown factor {unknown[0] if unknown else '(none)'} "
+                        f"(fittable: {', '.join(FACTOR_BOUNDS)})", field=field)
+    return factors
+
+
 class StepModelCalibrator(BaseEstimator, RegressorMixin):
     """Fit ``factors`` of :class:`StepModelParams` so that predicted step times match measured ones.
 
@@ -71,12 +81,7 @@ class StepModelCalibrator(BaseEstimator, RegressorMixin):
     def _check(self) -> tuple[ClusterSpec, StepModelParams, list[str]]:
         if self.cluster is None:
             raise SpecError("a calibrator needs the cluster the measurements come from", field="cluster")
-        factors = list(self.factors)
-        unknown = [f for f in factors if f not in FACTOR_BOUNDS]
-        if unknown or not factors:
-            raise SpecError(f"unknown factor {unknown[0] if unknown else '(none)'} "
-                            f"(fittable: {', '.join(FACTOR_BOUNDS)})", field="factors")
-        return self.cluster, self.base_params or DEFAULT_PARAMS, factors
+        return self.cluster, self.base_params or DEFAULT_PARAMS, check_factors(self.factors)
 
     @staticmethod
     def _predict_with(params: StepModelParams, cluster: ClusterSpec, X: Sequence[Case]) -> np.ndarray:

@@ -24,7 +24,8 @@ from cubic.core.config import Config
 from cubic.core.fingerprint import versions
 from cubic.core.result import Result
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import SpecError, Workload, group_misfit, parse_model, read_structured, stable_hash
+from cubic.core.spec import (MAX_WORLD_SIZE, SpecError, Workload, group_misfit, parse_model, read_structured,
+                              stable_hash)
 from cubic.core.units import GB, gib
 
 from cubic.runners.base import Runner
@@ -82,8 +83,8 @@ class SimulatedRunner(Runner):
     source = "simulated"
 
     def __init__(self, cluster: ClusterSpec, world_size: int, params: StepModelParams | None = None):
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= 1_000_000:
-            raise SpecError(f"must be an integer in 1..1000000, got {world_size!r}", field="world_size")
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise SpecError(f"must be an integer in 1..{MAX_WORLD_SIZE}, got {world_size!r}", field="world_size")
         self.cluster = cluster
         self.world_size = world_size
         self.params = params or DEFAULT_PARAMS
@@ -108,8 +109,9 @@ class SimulatedRunner(Runner):
         if text not in CLUSTERS and not Path(text).suffix:
             raise SpecError(f"unknown cluster (known: {', '.join(CLUSTERS)}; or a .yaml/.json cluster file)",
                             source=text, field="--simulate")
-        if world_size < 1:
-            raise SpecError("the number of GPUs must be >= 1", source=str(spec), field="--simulate")
+        if not 1 <= world_size <= MAX_WORLD_SIZE:  # named as the flag, not as the runner's argument
+            raise SpecError(f"the number of GPUs must be in 1..{MAX_WORLD_SIZE:,}, got {world_size}", source=str(spec),
+                            field="--simulate")
         return cls(load_cluster(text), world_size, params)
 
     @staticmethod

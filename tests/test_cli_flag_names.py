@@ -1,0 +1,101 @@
+"""A refused value is named as the flag the user typed, and a command that only reads a database
+changes nothing in it (stop 59's probe): ``sim scale --gpus 99999999999`` and ``sim calibrate
+--batches 99999999999`` printed pydantic's multi-part dump ("1 validation error for Topology ...
+For further information visit ..."); ``shard plan --memory-gb -1`` named ``topology:
+memory_per_rank_gb``; ``sim predict --simulate h100x99999999999`` named ``world_size``; ``sim
+calibrate --factors nope`` named ``factors``, after the CPU had been measured; a campaign storage
+error named ``storage``; and ``campaign dashboard|resume|work --storage`` at a trial store wrote
+Optuna's twelve tables into it and left a ``.lock`` file beside it."""
+
+import sqlite3
+
+import pytest
+
+from cubic.cli import app as cli
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/conftest.py: a fresh directory and store
+
+
+def _one_line(err: str, *needles: str) -> None:
+    line = err.strip()
+    assert "\n" not in line and line.startswith("cubic: error:"), line
+    assert "validation error" not in line and "pydantic.dev" not in line, line
+    for n in needles:
+        assert n in line, (n, line)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sim", "scale", "--gpus", "8,99999999999"], "--gpus"),
+    (["sim", "scale", "--gpus", "8", "--group-sizes", "2000000"], "--group-sizes"),
+    (["sim", "calibrate", "--cluster", "cpu", "--batches", "99999999999"], "--batches"),
+    (["sim", "predict", "--simulate", "h100x99999999999"], "--simulate"),
+    (["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--memory-gb", "-1"], "--memory-gb"),
+    (["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--memory-gb", "1e30"], "--memory-gb"),
+    (["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--memory-gib", "999999"], "--memory-gib"),
+])
+def test_a_value_past_its_field_bound_is_named_as_the_flag(capsys, argv, flag):
+    assert cli.main(argv) == 2
+    _one_line(capsys.readouterr().err, flag)
+
+
+def test_memory_gib_accepts_its_largest_value():
+    from cubic.cli.common import positive_float_at_most
+    from cubic.core.spec import MAX_MEMORY_GB, Topology
+    from cubic.core.units import GB, GIB
+
+    parse = positive_float_at_most(MAX_MEMORY_GB * GB / GIB)
+    top = parse("931322")  # the message's bound (931,322.57) is one a user can type and have accepted
+    assert Topology(world_size=1, memory_per_rank_gb=top * GIB / GB).memory_per_rank_gb <= MAX_MEMORY_GB
+
+
+def test_an_unknown_calibration_factor_is_refused_before_anything_is_measured(capsys, monkeypatch):
+    import cubic.runners.calibration as cal
+
+    def measured(*_a, **_k):
+        raise AssertionError("the CPU was measured before --factors was read")
+
+    monkeypatch.setattr(cal, "measure_cpu_device", measured)
+    assert cli.main(["sim", "calibrate", "--cluster", "cpu", "--factors", "gemm_eff,nope"]) == 2
+    _one_line(capsys.readouterr().err, "--factors:", "unknown factor nope")
+
+
+def test_a_validation_error_reaching_the_cli_is_one_line_naming_its_field():
+    from pydantic import ValidationError
+
+    from cubic.core.spec import Topology
+
+    with pytest.raises(ValidationError) as e:
+        Topology(world_size=0)
+    line = cli._one_line(e.value)
+    assert line.startswith("world_size:") and "\n" not in line and "pydantic.dev" not in line, line
+
+
+def _tables(path):
+    with sqlite3.connect(path) as conn:
+        return sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+
+
+@pytest.mark.parametrize("verb", [["dashboard", "c1", "--port", "0"], ["resume", "c1"], ["work", "c1"],
+                                  ["report", "c1", "--out", "r"]])
+def test_reading_campaigns_from_a_trial_store_changes_nothing_in_it(tmp_path, capsys, verb):
+    from cubic.core.store import TrialStore
+
+    TrialStore(f"sqlite:///{tmp_path / 's.db'}")  # a trial store: cubic_* tables, no Optuna ones
+    before = _tables(tmp_path / "s.db")
+    assert cli.main(["campaign", *verb, "--storage", "sqlite:///s.db"]) == 2
+    _one_line(capsys.readouterr().err, "--storage:", "no campaign storage in sqlite:///s.db")
+    assert _tables(tmp_path / "s.db") == before
+    assert not (tmp_path / "s.db.lock").exists() and not (tmp_path / "r").exists()
+    assert cli.main(["campaign", "list", "--storage", "sqlite:///s.db"]) == 0
+    assert "no campaigns stored yet" in capsys.readouterr().out
+    assert _tables(tmp_path / "s.db") == before
+
+
+def test_a_campaign_storage_in_use_is_still_read(tmp_path, capsys):
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--name", "c1", "--simulate", "h100x8",
+                     "--budget", "2", "--batch", "1", "--storage", "sqlite:///c.db"]) == 0
+    capsys.readouterr()
+    assert cli.main(["campaign", "list", "--storage", "sqlite:///c.db"]) == 0
+    assert "c1" in capsys.readouterr().out
+    assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "r"]) == 0
+    assert (tmp_path / "r" / "index.html").is_file()
