@@ -99,3 +99,11 @@ def test_a_campaign_storage_in_use_is_still_read(tmp_path, capsys):
     assert "c1" in capsys.readouterr().out
     assert cli.main(["campaign", "report", "c1", "--storage", "sqlite:///c.db", "--out", "r"]) == 0
     assert (tmp_path / "r" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("metric, needle", [("", "cannot be empty"), ("nope", "cannot apply to a simulated runner")])
+def test_a_metric_the_runs_cannot_report_is_named_as_the_flag(capsys, metric, needle):
+    # an empty --metric fell back to the space's objective; an unknown one was blamed on the space file
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "m",
+                     "--budget", "1", "--storage", "sqlite:///c.db", "--metric", metric]) == 2
+    _one_line(capsys.readouterr().err, "--metric", needle)

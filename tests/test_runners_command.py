@@ -323,3 +323,19 @@ def test_a_child_that_left_the_session_ends_with_the_run(tmp_path):
     else:
         os.kill(pid, 9)
         raise AssertionError("the setsid child outlived the run")
+
+
+def test_a_stray_brace_and_an_unused_nproc_are_refused_as_typed(job):
+    # stop 59's probe: `--lr {lr` was reported as "{lr} is not passed to the job", and --nproc 3 without
+    # a {nproc} to fill ran one process per run without a word
+    with pytest.raises(SpecError, match="unclosed") as e:
+        CommandRunner(f"{job} --lr {{lr", ["lr"], metric="score")
+    assert e.value.field == "--objective" and "'{lr'" in e.value.message
+    with pytest.raises(SpecError, match="lone") as e:
+        CommandRunner(f"{job} --lr {{lr}}", ["lr"], metric="score", launcher="env X=}", nproc=1)
+    assert e.value.field == "--launcher"
+    assert CommandRunner(f"{job} --lr {{lr}} --j {{{{a}}}}", ["lr"], metric="score").command({"lr": 1})[-1] == "{a}"
+    with pytest.raises(SpecError, match="neither --launcher nor --objective has {nproc}") as e:
+        CommandRunner(f"{job} --lr {{lr}}", ["lr"], metric="score", nproc=3)
+    assert e.value.field == "--nproc"
+    assert CommandRunner(f"{job} --lr {{lr}} --n {{nproc}}", ["lr"], metric="score", nproc=3).command({"lr": 1})[-1] == "3"

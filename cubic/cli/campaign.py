@@ -197,7 +197,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     space = job_space(args) if args.objective else _workload_space(args, space_path, workload, kind)
     space = with_objective(space, args.metric, args.direction)
     if not args.objective:  # a job's metrics are whatever its command prints
-        check_space_fits_runner(space, kind, space_path)
+        try:
+            check_space_fits_runner(space, kind, space_path)
+        except SpecError as e:  # the objective the user typed, named as typed (not as the space's)
+            if args.metric and (e.field or "").startswith("objectives[0]"):
+                raise SpecError(e.message, field="--metric") from None
+            raise
         check_space_values(space, workload, kind, space_path)
         space = _at_equal_budget(space, kind)
         if kind == "local":

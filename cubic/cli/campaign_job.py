@@ -24,7 +24,7 @@ def add_job_flags(run: Any) -> None:
                    "e.g. 'torchrun --standalone --nproc-per-node {nproc}'")
     g.add_argument("--nproc", type=positive_int, default=1, help="{nproc} of --launcher (default 1; a space "
                    "parameter named nproc overrides it)")
-    g.add_argument("--metric", help="the metric to optimize (default: the space's first objective)")
+    g.add_argument("--metric", type=_metric_name, help="the metric to optimize (default: the space's first objective)")
     g.add_argument("--direction", choices=("maximize", "minimize"),
                    help="of --metric (default: the space's, else maximize)")
     g.add_argument("--prune", choices=tuple(PRUNERS), default="none",
@@ -40,6 +40,18 @@ def add_job_flags(run: Any) -> None:
                    "before the campaign: a cubic Config (with --workload) or parameter values (with --objective; a "
                    "previous winner.yaml works); default: the workload's defaults / the space's default point")
     g.add_argument("--no-baseline", action="store_true", help="measure no baseline (the answer shows no speedup)")
+
+
+def _metric_name(text: str) -> str:
+    """An empty --metric fell back to the space's objective without a word."""
+    from cubic.core.spec import sanitize
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a metric name cannot be empty (leave --metric out for the space's first "
+                                         "objective)")
+    if sanitize(text) != text:
+        raise argparse.ArgumentTypeError(f"control characters in {sanitize(text)!r}")
+    return text
 
 
 def check_job_flags(args: argparse.Namespace) -> None:

@@ -209,6 +209,10 @@ class CommandRunner:
         known = set(self.parameters) | set(RESERVED)
         used = set()
         for flag, words in (("--launcher", launch), ("--objective", job)):
+            for word in words:
+                if re.search(r"[{}]", _TOKEN.sub("", word)):  # `{lr` was reported as {lr} never used
+                    raise SpecError(f"{word!r}: an unclosed '{{' or a lone '}}' (a literal brace is written {{{{ "
+                                    "or }})", field=flag)
             for name in (n for w in words for n in placeholders(w)):
                 if name not in known:
                     raise SpecError(f"unknown placeholder {{{name}}} (the space's parameters: "
@@ -218,6 +222,10 @@ class CommandRunner:
         if unused:  # the search would vary a knob the job never sees
             raise SpecError(f"the space's parameter {unused[0]!r} is not passed to the job: put "
                             f"{{{unused[0]}}} in the command line", field="--objective")
+        if self.nproc != 1 and "nproc" not in used:  # it would change nothing, without a word
+            raise SpecError(f"{self.nproc} processes per run, but neither --launcher nor --objective has {{nproc}} "
+                            "to pass it (e.g. --launcher 'torchrun --standalone --nproc-per-node {nproc}')",
+                            field="--nproc")
         self.uses_out = "out" in used
         if not launch:  # the command line's own mistakes first, then the file it names
             _check_script(job, self.cwd or Path.cwd())
