@@ -107,3 +107,41 @@ def test_a_metric_the_runs_cannot_report_is_named_as_the_flag(capsys, metric, ne
     assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "m",
                      "--budget", "1", "--storage", "sqlite:///c.db", "--metric", metric]) == 2
     _one_line(capsys.readouterr().err, "--metric", needle)
+
+
+def test_a_trial_id_past_the_database_key_and_an_unknown_campaign_are_named(capsys, isolated):
+    # `trials show 99999999999999999999` was an OverflowError traceback (exit 1); --campaign named `campaign`
+    from cubic.core.store import TrialStore
+
+    TrialStore(isolated)
+    assert cli.main(["trials", "show", "99999999999999999999"]) == 2
+    _one_line(capsys.readouterr().err, "argument ID", "must be <=")
+    for value in ("99999999999999999999", "nope"):
+        assert cli.main(["trials", "list", "--campaign", value]) == 2
+        _one_line(capsys.readouterr().err, "--campaign:", f"no campaign '{value}'")
+
+
+def test_workers_past_a_process_s_threads_are_refused(capsys):
+    # 100000 workers on a budget of 1 ran for minutes starting threads (a timeout ended it)
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "w",
+                     "--budget", "1", "--storage", "sqlite:///c.db", "--workers", "100000"]) == 2
+    _one_line(capsys.readouterr().err, "--workers", "must be <= 1,024")
+
+
+def test_a_drain_starts_no_more_threads_than_points_waiting(monkeypatch):
+    import cubic.codesign.campaign as campaign_mod
+    from cubic.codesign.campaign import Campaign
+    from cubic.testing import space
+
+    started, real = [], campaign_mod.ThreadPoolExecutor
+
+    def pool(max_workers):
+        started.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(campaign_mod, "ThreadPoolExecutor", pool)
+    c = Campaign(space(), lambda p: {"examples_per_s": float(p["batch_size"]), "peak_mem_bytes": 1e9},
+                 strategy="random", budget=3, batch_size=3, workers=1000, seed=0)
+    s = c.run()
+    assert s.runs == 3 and s.best_point is not None
+    assert started and max(started) <= 3, started  # was 1000 threads for 3 points

@@ -24,11 +24,13 @@ from typing import Any, Callable, Iterator, Sequence
 from cubic import __version__
 from cubic.core.spec import SpecError
 from cubic.cli.common import (  # noqa: F401  (re-exported for callers of cubic.cli.app)
-    STORE_HELP, _expected_fingerprint_hash, local_runner, _make_runner, nonnegative_int, positive_float,
-    positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
+    STORE_HELP, _expected_fingerprint_hash, local_runner, _make_runner, int_at_most, nonnegative_int,
+    positive_float, positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
 
 # Modules that add nouns when present; a missing one is skipped, any other import error surfaces.
 PLUGINS = ("cubic.cli.shard", "cubic.cli.fp8", "cubic.cli.sim", "cubic.cli.campaign")
+
+MAX_ROW_ID = 2**63 - 1  # a database's integer key: a larger ID is no row (SQLite raised OverflowError)
 
 
 
@@ -253,7 +255,8 @@ def _add_run(sub: Any) -> None:
 
 def _filters(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     campaign = args.campaign
-    if campaign is not None and campaign.isdigit() and store.get_campaign(campaign) is None:
+    if (campaign is not None and campaign.isdigit() and int(campaign) <= MAX_ROW_ID
+            and store.get_campaign(campaign) is None):
         campaign = int(campaign)  # a campaign id
     return dict(campaign=campaign, workload=args.workload, source=args.source, status=args.status,
                 limit=args.limit)
@@ -358,7 +361,7 @@ def _add_trials(sub: Any) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_trials_list)
     show = verbs.add_parser("show", help="one trial in full", description="One trial: its result and config.")
-    show.add_argument("id", type=positive_int, metavar="ID", help="trial id (see 'cubic trials list')")
+    show.add_argument("id", type=int_at_most(MAX_ROW_ID), metavar="ID", help="trial id (see 'cubic trials list')")
     show.add_argument("--json", action="store_true", help="the stored trial and full Result as JSON")
     add_store_argument(show)
     show.set_defaults(func=cmd_trials_show)
@@ -491,9 +494,9 @@ def _one_line(err: BaseException, args: Any = None) -> str:
 
     if isinstance(err, ValidationError):  # a value object refused what reached it: its field, not pydantic's dump
         err = spec_error_from_validation(err)
-    if (isinstance(err, SpecError) and err.field == "storage" and err.source is None
-            and hasattr(args, "storage")):  # the campaign layer's name for what the user sets with --storage
-        err = SpecError(err.message, field="--storage")
+    if (isinstance(err, SpecError) and err.field in ("storage", "campaign") and err.source is None
+            and hasattr(args, err.field)):  # the library's name for what the user sets with the flag
+        err = SpecError(err.message, field=f"--{err.field}")
     text = " ".join(str(err).split()) or type(err).__name__
     urls = [u for u in (getattr(args, "store", None), getattr(args, "storage", None)) if isinstance(u, str)]
     if urls:

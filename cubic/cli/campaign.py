@@ -536,6 +536,7 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
 # the trial store keeps a campaign's name in 200 characters (Optuna allows 512), and the baselines
 # run as NAME-random and NAME-tpe
 MAX_NAME = 200 - len("-random")
+MAX_WORKERS = 1024  # threads in one process: more is a typo (each runs points until none is left)
 
 
 def _campaign_name(text: str) -> str:
@@ -576,7 +577,8 @@ def _add_common(q: Any) -> None:
 
 
 def _add_run(verbs: Any) -> None:
-    from cubic.cli.common import nonnegative_float, nonnegative_int, positive_float, positive_int, add_store_argument
+    from cubic.cli.common import (add_store_argument, int_at_most, nonnegative_float, nonnegative_int, positive_float,
+                                  positive_int)
 
     run = verbs.add_parser("run", help="start a campaign", description="Start a new campaign and run it to its "
                            "budget or a plateau; optionally also the random and direct-TPE baselines, and a report.")
@@ -592,7 +594,7 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--seed", type=nonnegative_int, default=0)
     run.add_argument("--patience", type=positive_int, default=None, help="stop after N rounds without improvement")
     run.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a transient failure (default 2)")
-    run.add_argument("--workers", type=positive_int, default=1, help="runs in parallel (default 1)")
+    run.add_argument("--workers", type=int_at_most(MAX_WORKERS), default=1, help="runs in parallel (default 1)")
     run.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (default 20)")
     run.add_argument("--warmup", type=nonnegative_int, default=3, help="warm-up steps per run (default 3)")
     run.add_argument("--timeout", type=positive_float, default=300.0, metavar="S", help="per run (default 300)")
@@ -656,13 +658,14 @@ def _add_resume(verbs: Any) -> None:
 
 
 def _add_work(verbs: Any) -> None:
-    from cubic.cli.common import nonnegative_float, positive_int, add_store_argument
+    from cubic.cli.common import add_store_argument, int_at_most, nonnegative_float
 
     wk = verbs.add_parser("work", help="add a worker to a campaign (several processes or machines on one storage)",
                           description="Run the points the campaign's coordinator proposes, with its stored "
                                       "settings; coordinate when no one else does; exit when it is finished.")
     wk.add_argument("name")
-    wk.add_argument("--workers", type=positive_int, default=1, help="runs in parallel in this process (default 1)")
+    wk.add_argument("--workers", type=int_at_most(MAX_WORKERS), default=1,
+                    help="runs in parallel in this process (default 1)")
     wk.add_argument("--db-wait", type=nonnegative_float, default=None, metavar="S",
                     help="after a database outage (a restart), wait this long for it to answer and go on "
                          "(default cubic.codesign.storage.DB_WAIT_S, 300; 0: stop at once)")

@@ -451,11 +451,14 @@ class Campaign:
                 if not until_empty:
                     return done
 
-        if self.workers <= 1:
+        # no more threads than points waiting (each thread runs points until none is left): 100000
+        # workers on a budget of 1 spent minutes starting threads that found nothing to run
+        threads = min(self.workers, max(1, len(self._trials(states=(_W,)))))
+        if threads <= 1:
             n = loop(0)
         else:
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                n = sum(pool.map(loop, range(self.workers)))
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                n = sum(pool.map(loop, range(threads)))
         if report is not None:
             report.runs += n
         return n
