@@ -145,3 +145,37 @@ def test_a_drain_starts_no_more_threads_than_points_waiting(monkeypatch):
     s = c.run()
     assert s.runs == 3 and s.best_point is not None
     assert started and max(started) <= 3, started  # was 1000 threads for 3 points
+
+
+@pytest.mark.parametrize("argv, flag", [
+    # `cubic run --world-size 2000000` recorded a failed trial; --threads 5000 and --steps 99999999999 ran
+    (["run", "--workload", "dlrm-small", "--world-size", "2000000"], "--world-size"),
+    (["run", "--workload", "dlrm-small", "--threads", "5000"], "--threads"),
+    (["run", "--workload", "dlrm-small", "--steps", "99999999999"], "--steps"),
+    (["run", "--workload", "dlrm-small", "--repeats", "5000"], "--repeats"),
+    # the campaign's flags were refused by its run spec, named as its fields (`repeats: Input should be ...`)
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "z", "--repeats", "5000"], "--repeats"),
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "z", "--threads", "5000"], "--threads"),
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "z", "--confirm-repeats", "20000"], "--confirm-repeats"),
+    (["campaign", "run", "--workload", "dlrm-small", "--name", "z", "--steps", "99999999999"], "--steps"),
+    # fp8's counts ran until interrupted; --target named the device, not the flag
+    (["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr", "20", "--warmup-steps", "99999999999"], "--warmup-steps"),
+    (["fp8", "check", "--workload", "dlrm-small", "--all", "--steps", "99999999999"], "--steps"),
+    (["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr", "20", "--target", "nope"], "--target"),
+])
+def test_a_run_count_past_its_bound_is_refused_at_the_flag_and_records_nothing(capsys, isolated, argv, flag):
+    from pathlib import Path
+
+    assert cli.main(argv) == 2
+    _one_line(capsys.readouterr().err, flag)
+    assert not Path(isolated.removeprefix("sqlite:///")).exists()  # the store (CUBIC_STORE) was not even made
+
+
+def test_the_flags_and_the_run_spec_share_one_bound():
+    from cubic.core.runspec import RunSpec
+    from cubic.core.spec import MAX_REPEATS, MAX_STEPS, MAX_THREADS
+
+    RunSpec(steps=MAX_STEPS, warmup=MAX_STEPS, repeats=MAX_REPEATS, threads=MAX_THREADS)  # the flags' largest values
+    for field, value in (("steps", MAX_STEPS + 1), ("repeats", MAX_REPEATS + 1), ("threads", MAX_THREADS + 1)):
+        with pytest.raises(ValueError):
+            RunSpec(**{field: value})

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from cubic import __version__
-from cubic.core.spec import SpecError
+from cubic.core.spec import MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE, SpecError
 from cubic.cli.common import (  # noqa: F401  (re-exported for callers of cubic.cli.app)
     STORE_HELP, _expected_fingerprint_hash, local_runner, _make_runner, int_at_most, nonnegative_int,
     positive_float, positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
@@ -222,22 +222,22 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="co-design config (JSON or YAML); default: all defaults "
                                                     "(with --simulate: the simulator's default, bf16 dense, as "
                                                     "`cubic sim predict`)")
-    p.add_argument("--steps", type=positive_int, default=50, help="timed training steps (default 50)")
-    p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed warm-up steps (default 5)")
+    p.add_argument("--steps", type=int_at_most(MAX_STEPS), default=50, help="timed training steps (default 50)")
+    p.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=5, help="untimed warm-up steps (default 5)")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                    help="time limit of the run in seconds (default 600)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--threads", type=int_at_most(MAX_THREADS), default=None,
                    help="intra-op threads of the run (default: torch's default, one per core); on a shared "
                         "machine 1 is faster and far less noisy")
-    p.add_argument("--world-size", type=positive_int, default=1, metavar="N",
+    p.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=1, metavar="N",
                    help="train on N local processes (torch.distributed, real all-to-alls; the same worker "
                         "torchrun starts with 'python -m cubic.runners.launch'); 1 = one process (default)")
     p.add_argument("--plan", metavar="FILE", help="sharding plan (JSON) for --world-size ranks; default: the "
                                                   "config's sharding.planner, else size_lookup_greedy")
     p.add_argument("--force", action="store_true",
                    help="run --repeats fresh repeats and report only them, even if the store holds this trial")
-    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+    p.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=1, metavar="R",
                    help="repeats of the run, each in a fresh process (default 1); the store keeps every repeat "
                         "and serves their pooled median and 95%% interval once it holds R uncontended ones")
     p.add_argument("--remeasure", action="store_true",

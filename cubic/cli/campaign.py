@@ -20,9 +20,10 @@ from typing import Any, Iterator
 
 from cubic.cli.campaign_job import (add_job_flags, check_job_flags, job_build, job_context, job_space,
                                    with_objective)
-from cubic.cli.common import default_storage
+from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import SpecError
+from cubic.core.spec import (MAX_CONFIRM_REPEATS, MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE,
+                              SpecError)
 
 STRATEGIES = ("cubic", "cubic-tpe", "cubic-gp", "cubic-nsga2", "tpe", "gp", "random")
 BASELINES = ("random", "tpe")
@@ -577,7 +578,7 @@ def _add_common(q: Any) -> None:
 
 
 def _add_run(verbs: Any) -> None:
-    from cubic.cli.common import (add_store_argument, int_at_most, nonnegative_float, nonnegative_int, positive_float,
+    from cubic.cli.common import (add_store_argument, nonnegative_float, nonnegative_int, positive_float,
                                   positive_int)
 
     run = verbs.add_parser("run", help="start a campaign", description="Start a new campaign and run it to its "
@@ -595,17 +596,17 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--patience", type=positive_int, default=None, help="stop after N rounds without improvement")
     run.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a transient failure (default 2)")
     run.add_argument("--workers", type=int_at_most(MAX_WORKERS), default=1, help="runs in parallel (default 1)")
-    run.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (default 20)")
-    run.add_argument("--warmup", type=nonnegative_int, default=3, help="warm-up steps per run (default 3)")
+    run.add_argument("--steps", type=int_at_most(MAX_STEPS), default=20, help="timed steps per run (default 20)")
+    run.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3, help="warm-up steps per run (default 3)")
     run.add_argument("--timeout", type=positive_float, default=300.0, metavar="S", help="per run (default 300)")
     run.add_argument("--device", default="auto")
-    run.add_argument("--world-size", type=positive_int, default=1,
+    run.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=1,
                      help="local processes per run (default 1); > 1 runs sharded configs with torch.distributed "
                           "(gloo), e.g. with the space cubic/data/space-sharding-cpu.yaml")
-    run.add_argument("--threads", type=positive_int, default=1,
+    run.add_argument("--threads", type=int_at_most(MAX_THREADS), default=1,
                      help="intra-op threads per local run (default 1: on a shared machine one thread per run "
                           "is faster and far less noisy than several)")
-    run.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+    run.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=1, metavar="R",
                      help="repeats per evaluated config, each a fresh process (default 1); the proxy trains on their "
                           "pooled median, every repeat is stored")
     run.add_argument("--remeasure", action="store_true",
@@ -613,7 +614,7 @@ def _add_run(verbs: Any) -> None:
                           "the stored ones)")
     from cubic.codesign.confirm import SPEEDUP_PAIRS
 
-    run.add_argument("--confirm-repeats", type=nonnegative_int, default=4, metavar="N",
+    run.add_argument("--confirm-repeats", type=int_at_most(MAX_CONFIRM_REPEATS, low=0), default=4, metavar="N",
                      help="at the end, up to N extra repeats of the two leading configs until the winner's 95%% "
                           f"interval separates from the runner-up's, then {SPEEDUP_PAIRS} back-to-back pairs of the "
                           "baseline and the winner for the speedup (default 4; 0: neither, the speedup UNPAIRED)")
@@ -643,13 +644,13 @@ def _add_run(verbs: Any) -> None:
 
 
 def _add_resume(verbs: Any) -> None:
-    from cubic.cli.common import nonnegative_int, positive_int, add_store_argument
+    from cubic.cli.common import add_store_argument, positive_int
 
     res = verbs.add_parser("resume", help="continue a stopped or killed campaign",
                            description="Continue a campaign from its stored state; no finished run is run again.")
     res.add_argument("name", type=_campaign_name)
     res.add_argument("--budget", type=positive_int, help="a new total budget")
-    res.add_argument("--confirm-repeats", type=nonnegative_int, default=None, metavar="N",
+    res.add_argument("--confirm-repeats", type=int_at_most(MAX_CONFIRM_REPEATS, low=0), default=None, metavar="N",
                      help="extra repeats of the confirm phase (default: as the campaign was started)")
     res.add_argument("--report", metavar="DIR")
     add_store_argument(res)
@@ -658,7 +659,7 @@ def _add_resume(verbs: Any) -> None:
 
 
 def _add_work(verbs: Any) -> None:
-    from cubic.cli.common import add_store_argument, int_at_most, nonnegative_float
+    from cubic.cli.common import add_store_argument, nonnegative_float
 
     wk = verbs.add_parser("work", help="add a worker to a campaign (several processes or machines on one storage)",
                           description="Run the points the campaign's coordinator proposes, with its stored "

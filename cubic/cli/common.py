@@ -131,10 +131,10 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
-def int_at_most(high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in [1, high] (a size beyond what any model holds is a typo)."""
+def int_at_most(high: int, low: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a size beyond what any model holds is a typo)."""
     def parse(text: str) -> int:
-        value = positive_int(text)
+        value = _int_at_least(text, low)
         if value > high:
             raise argparse.ArgumentTypeError(f"must be <= {high:,}, got {text}")
         return value

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 
 from cubic.core.recipes import FP8_RECIPES, TORCHAO_RECIPES
-from cubic.core.spec import SpecError
+from cubic.cli.common import int_at_most
+from cubic.core.spec import MAX_BATCH_SIZE, MAX_REPEATS, MAX_STEPS, SpecError
 
 
 def _threads() -> None:
@@ -41,8 +42,11 @@ def cmd_probe(args) -> int:
     from cubic.core.workloads import load_workload
     from fp8.recommend import probe_module, recommend
 
+    from cost_models.hardware import load_device
+
     _threads()
     out = _out_path(args.out) if args.out else None
+    load_device(args.target, field="--target")  # named as the flag, and before the probe's minutes
     w = load_workload(args.workload) if args.workload else None
     probe = None
     if args.module:
@@ -307,7 +311,7 @@ def register(subparsers) -> None:
     pr.add_argument("--require-fast", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="FP8 only where the modelled target speedup > 1 (default: yes)")
     pr.add_argument("--target", default="h100", help="device of the speed model (h100, h200 or YAML)")
-    pr.add_argument("--target-batch", type=positive_int, help="batch size for the speed prediction")
+    pr.add_argument("--target-batch", type=int_at_most(MAX_BATCH_SIZE), help="batch size for the speed prediction")
     pr.add_argument("--keep-first-last", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="input layers (raw model inputs) and the last layer stay in high precision (default: yes)")
     pr.add_argument("--unsure-margin", action=__import__("argparse").BooleanOptionalAction, default=True,
@@ -316,8 +320,8 @@ def register(subparsers) -> None:
     pr.add_argument("--mods", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="probe sites whose statistics call for Mods again with them on, and apply them where "
                          "that makes the site safe or faster (default: yes; --workload only)")
-    pr.add_argument("--warmup-steps", type=nonnegative_int, default=30, help="fp32 steps before probing (default 30)")
-    pr.add_argument("--max-batches", type=positive_int, default=24, help="probe at most this many batches")
+    pr.add_argument("--warmup-steps", type=int_at_most(MAX_STEPS, low=0), default=30, help="fp32 steps before probing (default 30)")
+    pr.add_argument("--max-batches", type=int_at_most(MAX_STEPS), default=24, help="probe at most this many batches")
     pr.add_argument("--stride", type=positive_int, default=1,
                     help="measure one training step in STRIDE, so the batches span more of training (default 1)")
     pr.add_argument("--ci-db", type=positive_float, default=1.0, help="target CI half-width in dB (default 1)")
@@ -348,7 +352,7 @@ def register(subparsers) -> None:
     ch.add_argument("--all", action="store_true", help="also train with every site in FP8")
     ch.add_argument("--recipe", choices=TORCHAO_RECIPES, default="tensorwise",
                     help="recipe for --all")
-    ch.add_argument("--steps", type=positive_int, default=150)
+    ch.add_argument("--steps", type=int_at_most(MAX_STEPS), default=150)
     ch.add_argument("--seed", type=nonnegative_int, default=0)
     ch.add_argument("--device", default="cpu", help="train here: cpu (default), cuda or cuda:N")
     ch.add_argument("--json", action="store_true")
@@ -364,7 +368,7 @@ def register(subparsers) -> None:
     ke = sub.add_parser("kernels", help="time every registered kernel for one linear shape (this device)")
     for d in ("m", "k", "n"):
         ke.add_argument(f"--{d}", type=positive_int, required=True)
-    ke.add_argument("--repeats", type=positive_int, default=7)
+    ke.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=7)
     ke.add_argument("--device", default="cpu", help="time the kernels here: cpu (default), cuda or cuda:N")
     ke.add_argument("--json", action="store_true")
     ke.set_defaults(func=cmd_kernels)

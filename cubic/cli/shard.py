@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from cubic.core.spec import SpecError, sanitize
+from cubic.core.spec import MAX_REPEATS, MAX_STEPS, SpecError, sanitize
 
 
 def _estimator(path: str | None, device: str | None = None):
@@ -444,14 +444,14 @@ def register(subparsers) -> None:
 
     ev = sub.add_parser("evaluate", help="measure a plan's cost on the real kernel")
     ev.add_argument("plan")
-    ev.add_argument("--repeats", type=positive_int, default=5)
+    ev.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=5)
     ev.add_argument("--backend", default="kernel", choices=("kernel", "torchrec"),
                     help="kernel: each rank's shard set timed on FBGEMM + modelled comm; torchrec: train under "
                          "TorchRec DMP on --world-size local gloo processes")
     ev.add_argument("--world-size", type=positive_int, default=None, help="torchrec: processes (default: the plan's)")
     ev.add_argument("--local-size", type=positive_int, default=None, help="torchrec: ranks per node (LOCAL_WORLD_SIZE)")
-    ev.add_argument("--steps", type=positive_int, default=10, help="torchrec: training steps")
-    ev.add_argument("--warmup", type=nonnegative_int, default=3, help="torchrec: steps left out of the median")
+    ev.add_argument("--steps", type=int_at_most(MAX_STEPS), default=10, help="torchrec: training steps")
+    ev.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3, help="torchrec: steps left out of the median")
     ev.add_argument("--seed", type=nonnegative_int, default=0)
     ev.add_argument("--out", default=None, help="write the plan with its measured cost")
     ev.add_argument("--json", action="store_true")
@@ -461,7 +461,7 @@ def register(subparsers) -> None:
     co.add_argument("--samples", type=positive_int, default=200)
     co.add_argument("--seed", type=nonnegative_int, default=0)
     co.add_argument("--start", type=nonnegative_int, default=0, help="first sample index (to extend a collection)")
-    co.add_argument("--repeats", type=positive_int, default=3)
+    co.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=3)
     add_store_argument(co)
     co.set_defaults(func=cmd_collect)
 
@@ -483,7 +483,7 @@ def register(subparsers) -> None:
     ex.set_defaults(func=cmd_export)
 
     ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
-    ca.add_argument("--repeats", type=positive_int, default=10)
+    ca.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=10)
     ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
                     "which `shard plan` then prefers to the packaged one")
     ca.set_defaults(func=cmd_calibrate)

@@ -16,8 +16,8 @@ import json
 import sys
 from typing import Any
 
-from cubic.cli.common import int_list_at_most
-from cubic.core.spec import MAX_BATCH_SIZE, MAX_WORLD_SIZE, SpecError, group_misfit
+from cubic.cli.common import int_at_most, int_list_at_most
+from cubic.core.spec import MAX_BATCH_SIZE, MAX_STEPS, MAX_WORLD_SIZE, SpecError, group_misfit
 
 DEFAULT_GPUS = "8,16,32,64,128,256,512,1024,2048,4096"
 
@@ -250,7 +250,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("--world-size", type=positive_int, default=1, help="GPUs of the stored measured trials (default 1)")
     c.add_argument("--batches", type=int_list_at_most(MAX_BATCH_SIZE), default=[64, 256, 1024], metavar="B,B,...",
                    help="batch sizes of the fresh local runs (default 64,256,1024)")
-    c.add_argument("--steps", type=positive_int, default=20, help="timed steps per fresh run (default 20)")
+    c.add_argument("--steps", type=int_at_most(MAX_STEPS), default=20, help="timed steps per fresh run (default 20)")
     c.add_argument("--factors", default="gemm_eff,hbm_eff,step_overhead_s",
                    help="comma-separated factors to fit (gemm_eff, hbm_eff, nvlink_eff, net_eff, overlap, step_overhead_s)")
     c.add_argument("--params", metavar="FILE", help="starting parameters for a GPU cluster")

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from cubic.core.spec import Frozen, parse_model, stable_hash
+from cubic.core.spec import (MAX_CONFIRM_REPEATS, MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE, Frozen,
+                              parse_model, stable_hash)
 
 RunnerKind = Literal["local", "distributed", "simulated", "torchrec", "command"]
 
@@ -22,16 +23,16 @@ RunnerKind = Literal["local", "distributed", "simulated", "torchrec", "command"]
 class RunSpec(Frozen):
     kind: RunnerKind = "local"
     device: str = Field(default="auto", description="torch device of local runs: auto, cpu, cuda, cuda:1")
-    threads: int | None = Field(default=None, ge=1, le=4096, description="intra-op threads (None: torch's default)")
-    world_size: int = Field(default=1, ge=1, le=1_000_000, description="processes of a distributed run")
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description="intra-op threads (None: torch's default)")
+    world_size: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE, description="processes of a distributed run")
     launcher: Literal["spawn", "torchrun"] = "spawn"
     simulate: str | None = Field(default=None, description="simulated cluster, e.g. h100x64")
-    steps: int = Field(default=20, ge=1, le=10_000_000)
-    warmup: int = Field(default=3, ge=0, le=10_000_000)
+    steps: int = Field(default=20, ge=1, le=MAX_STEPS)
+    warmup: int = Field(default=3, ge=0, le=MAX_STEPS)
     timeout: float = Field(default=300.0, gt=0)
-    repeats: int = Field(default=1, ge=1, le=1000)
+    repeats: int = Field(default=1, ge=1, le=MAX_REPEATS)
     remeasure: bool = False
-    confirm_repeats: int | None = Field(default=None, ge=0, le=10_000)
+    confirm_repeats: int | None = Field(default=None, ge=0, le=MAX_CONFIRM_REPEATS)
     ray: bool = False
     ray_address: str | None = None
     cpus_per_trial: float = Field(default=1.0, gt=0)

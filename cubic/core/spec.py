@@ -22,6 +22,11 @@ NEUROSHARD_HIST_BINS = 17  # NeuroShard's reuse-distance histogram: 17 log2 bins
 MAX_WORLD_SIZE = 1_000_000
 MAX_BATCH_SIZE = 10_000_000
 MAX_MEMORY_GB = 1e6  # per rank, decimal GB: more is a typo
+# a run's counts past these are typos: the one bound of each, for the value objects and the flags alike
+MAX_STEPS = 10_000_000
+MAX_REPEATS = 1000
+MAX_CONFIRM_REPEATS = 10_000
+MAX_THREADS = 4096
 
 
 class SpecError(ValueError):
