@@ -20,7 +20,9 @@ Attack classes (project issue 16), each with several variants, every one through
   divide the ranks, a placement for another model, a space value such as batch 0): named, nothing recorded;
 - traces: a command that only reads, or is refused, leaves no file behind (a mistyped --storage or
   --store, a refused report's folder, a --save folder that does not exist, an export to a name it
-  cannot write).
+  cannot write, a trial store given as the campaign storage);
+- flags: a value past its field's bound, or a flag that would change nothing, is refused as the flag
+  typed before any run (counts of steps, repeats, workers, GPUs; a stray brace in --objective).
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -526,6 +528,63 @@ def _trace_attacks() -> list[Attack]:
              absent=("t.xlsx",), rows=_trial_rows("store.db")))
     A(Attack("traces", "sim calibrate --save in a folder that does not exist", ["sim", "calibrate", "--save",
              "no/p.json"], must_say=("--save",), absent=("no",)))
+    # stop 59: Optuna's twelve tables were written into the trial store, and a lock file left beside it
+    A(Attack("traces", "campaign dashboard at a trial store given as --storage", ["campaign", "dashboard", "c",
+             "--port", "0", "--storage", "sqlite:///store.db"], setup=lambda d: _seed_store(d, 1),
+             must_say=("--storage", "no campaign storage"), absent=("store.db.lock",), rows=_trial_rows("store.db")))
+    return out
+
+
+JOB_SPACE = "version: 1\nname: s\nobjectives: [{metric: acc}]\nparameters:\n  - {name: lr, type: float, low: 0.001, high: 0.1}\n"
+
+
+def _flag_attacks() -> list[Attack]:
+    """Flags: a value past its field's bound, or a flag that would change nothing, is refused as the
+    flag typed, before any run (stop 59's probe: pydantic's multi-part dump; a field's inner name
+    instead of the flag; a failed trial recorded for --world-size 2000000; --steps 99999999999 and
+    --workers 100000 running until killed; a stray brace reported as an unused parameter)."""
+    out: list[Attack] = []
+    store = ["--store", "sqlite:///store.db"]
+
+    def A(variant, argv, must_say, setup=None, quick=False):
+        out.append(Attack("flags", variant, argv, setup=lambda d: (_seed_store(d, 1), setup and setup(d)),
+                          must_say=must_say, forbid=("validation error", "pydantic.dev"), rows=_trial_rows("store.db"),
+                          quick=quick, timeout_s=60))
+
+    def job(d: Path) -> None:
+        _write(d / "s.yaml", JOB_SPACE)
+        _write(d / "job.py", "import json; print(json.dumps({'acc': 0.5}))\n")
+
+    A("sim scale --gpus past the world bound", ["sim", "scale", "--gpus", "8,99999999999"], ("--gpus",), quick=True)
+    A("sim calibrate --batches past the batch bound", ["sim", "calibrate", "--cluster", "cpu", "--batches",
+                                                       "99999999999"], ("--batches",))
+    A("sim calibrate --factors unknown", ["sim", "calibrate", "--cluster", "cpu", "--factors", "nope"], ("--factors",))
+    A("sim predict --simulate past the world bound", ["sim", "predict", "--simulate", "h100x99999999999"],
+      ("--simulate",))
+    A("shard plan --memory-gb negative", ["shard", "plan", "--tables", "dlrm-small", "--world-size", "4",
+                                          "--memory-gb", "-1"], ("--memory-gb",))
+    A("run --world-size past the world bound", ["run", "--workload", "dlrm-small", "--world-size", "2000000", *store],
+      ("--world-size",))
+    A("run --steps past the step bound", ["run", "--workload", "dlrm-small", "--steps", "99999999999", *store],
+      ("--steps",))
+    A("campaign run --repeats past the repeat bound", ["campaign", "run", "--workload", "dlrm-small", "--name", "c",
+                                                       "--repeats", "5000", *store], ("--repeats",))
+    A("campaign run --workers past a process's threads", ["campaign", "run", "--workload", "dlrm-small", "--name",
+                                                          "c", "--workers", "100000", *store], ("--workers",))
+    A("fp8 probe --warmup-steps past the step bound", ["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr",
+                                                       "20", "--warmup-steps", "99999999999"], ("--warmup-steps",))
+    A("fp8 probe --target unknown", ["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr", "20", "--target",
+                                     "nope"], ("--target",))
+    A("trials show an ID past a database key", ["trials", "show", "99999999999999999999", *store], ("ID",))
+    A("trials list --campaign unknown", ["trials", "list", "--campaign", "nope", *store], ("--campaign",))
+    objective = ["campaign", "run", "--space", "s.yaml", "--budget", "1", "--no-baseline", "--name", "c",
+                 "--storage", "sqlite:///c.db", *store]
+    A("--objective with a stray brace", [*objective, "--objective", "python job.py --lr {lr"],
+      ("--objective", "unclosed"), setup=job)
+    A("--nproc with no {nproc} to fill", [*objective, "--objective", "python job.py --lr {lr}", "--nproc", "3"],
+      ("--nproc",), setup=job)
+    A("--metric empty", [*objective, "--objective", "python job.py --lr {lr}", "--metric", ""], ("--metric",),
+      setup=job)
     return out
 
 
@@ -533,10 +592,11 @@ def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
             *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
-            *_file_value_attacks(), *_trace_attacks()]
+            *_file_value_attacks(), *_trace_attacks(), *_flag_attacks()]
 
 
-CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces")
+CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces",
+           "flags")
 
 
 def run(quick: bool) -> dict[str, Any]:
