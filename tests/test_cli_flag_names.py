@@ -179,3 +179,55 @@ def test_the_flags_and_the_run_spec_share_one_bound():
     for field, value in (("steps", MAX_STEPS + 1), ("repeats", MAX_REPEATS + 1), ("threads", MAX_THREADS + 1)):
         with pytest.raises(ValueError):
             RunSpec(**{field: value})
+
+
+@pytest.mark.parametrize("var, value", [("CUBIC_DB_CONNECT_TIMEOUT_S", "abc"), ("CUBIC_DB_CONNECT_TIMEOUT_S", "-5"),
+                                        ("CUBIC_DB_STATEMENT_TIMEOUT_S", "nan")])
+def test_a_database_timeout_from_the_environment_is_named_as_the_variable(tmp_path, var, value):
+    # 'abc' was a ValueError traceback at import, before any command; -5 and nan were taken as timeouts
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from cubic.core.store import TrialStore
+
+    TrialStore(f"sqlite:///{tmp_path / 't.db'}")  # a store to open (a missing one is said before any engine)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, var: value, "PYTHONPATH": str(repo)}
+    env.pop("CUBIC_STORE", None)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from cubic.cli.app import main; sys.exit(main())",
+                           "trials", "list", "--store", f"sqlite:///{tmp_path / 't.db'}"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    _one_line(proc.stderr, f"{var}:", repr(value))
+
+
+def test_the_campaign_storage_from_the_environment_is_named_so_and_leaves_no_trial_store(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("CUBIC_CAMPAIGNS", "nonsense")
+    assert cli.main(["campaign", "list"]) == 2
+    _one_line(capsys.readouterr().err, "CUBIC_CAMPAIGNS:", "not a database URL")
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "c",
+                     "--budget", "1"]) == 2
+    _one_line(capsys.readouterr().err, "CUBIC_CAMPAIGNS:")
+    monkeypatch.delenv("CUBIC_CAMPAIGNS")
+    assert cli.main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "c",
+                     "--budget", "1", "--storage", "nonsense"]) == 2
+    _one_line(capsys.readouterr().err, "--storage:")
+    assert not (tmp_path / "trials.db").exists() and not (tmp_path / ".cubic").exists()  # was an empty store
+
+
+def test_a_default_output_folder_that_cannot_be_made_is_named_before_the_work(tmp_path, capsys, monkeypatch):
+    import cost_models.comm as comm
+
+    def measured(*_a, **_k):
+        raise AssertionError("the all-to-alls were measured before the output was checked")
+
+    monkeypatch.setattr(comm, "calibrate", measured)
+    (tmp_path / "f").write_text("a file where a folder should be")
+    monkeypatch.setenv("CUBIC_HOME", str(tmp_path / "f"))
+    assert cli.main(["shard", "calibrate-comm", "--repeats", "1"]) == 2
+    _one_line(capsys.readouterr().err, "CUBIC_HOME:", "is a file", "give --out FILE")
+    assert cli.main(["shard", "train"]) == 2
+    _one_line(capsys.readouterr().err, "CUBIC_HOME:")

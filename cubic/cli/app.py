@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 from cubic import __version__
 from cubic.core.spec import MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE, SpecError
 from cubic.cli.common import (  # noqa: F401  (re-exported for callers of cubic.cli.app)
-    STORE_HELP, _expected_fingerprint_hash, local_runner, _make_runner, int_at_most, nonnegative_int,
+    STORE_HELP, _expected_fingerprint_hash, _output_dir, local_runner, _make_runner, int_at_most, nonnegative_int,
     positive_float, positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
 
 # Modules that add nouns when present; a missing one is skipped, any other import error surfaces.
@@ -446,21 +446,6 @@ class CubicParser(argparse.ArgumentParser):
         return ns
 
 
-def _output_dir(text: str) -> Path:
-    """A folder a command will write into, made (with its parents, as `--report reports/own` in the
-    README needs) only when the command writes: a command refused as bad input leaves nothing behind.
-    Checked now, not after the work: the nearest folder that exists is a writable folder."""
-    p = Path(text)
-    if p.exists() and not p.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
-    near = next(a for a in (p, *p.parents) if a.exists())
-    if not near.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is a file")
-    if not os.access(near, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is not writable")
-    return p
-
-
 def _output_file(text: str) -> str:
     p = Path(text)
     if p.is_dir():
@@ -494,9 +479,12 @@ def _one_line(err: BaseException, args: Any = None) -> str:
 
     if isinstance(err, ValidationError):  # a value object refused what reached it: its field, not pydantic's dump
         err = spec_error_from_validation(err)
-    if (isinstance(err, SpecError) and err.field in ("storage", "campaign") and err.source is None
+    if (isinstance(err, SpecError) and err.field in ("storage", "store", "campaign") and err.source is None
             and hasattr(args, err.field)):  # the library's name for what the user sets with the flag
-        err = SpecError(err.message, field=f"--{err.field}")
+        flag = f"--{err.field}"
+        if err.field == "storage" and not args.storage and os.environ.get("CUBIC_CAMPAIGNS"):
+            flag = "CUBIC_CAMPAIGNS"  # the storage came from the environment, not from a flag
+        err = SpecError(err.message, field=flag)
     text = " ".join(str(err).split()) or type(err).__name__
     urls = [u for u in (getattr(args, "store", None), getattr(args, "storage", None)) if isinstance(u, str)]
     if urls:

@@ -225,6 +225,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.objective:
         context = job_context(args, space)
     storage = args.storage or default_storage()
+    from cubic.core.store import check_url
+
+    # before the trial store is opened: a mistyped storage URL left an empty .cubic/trials.db behind
+    check_url(storage, "--storage" if args.storage else "CUBIC_CAMPAIGNS")
     _check_warm_start(storage, args.warm_start or ())
     names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
     if not args.objective and space.shape_knobs:  # the model's shape changes: bound its quality

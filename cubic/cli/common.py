@@ -210,6 +210,37 @@ def port(text: str) -> int:
     return value
 
 
+def _output_dir(text: str) -> Path:
+    """A folder a command will write into, made (with its parents, as `--report reports/own` in the
+    README needs) only when the command writes: a command refused as bad input leaves nothing behind.
+    Checked now, not after the work: the nearest folder that exists is a writable folder."""
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    near = next(a for a in (p, *p.parents) if a.exists())
+    if not near.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is a file")
+    if not os.access(near, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create the folder {text}: {near} is not writable")
+    return p
+
+
+
+def user_data_output(name: str) -> Path:
+    """A command's default output in the user's data folder ($CUBIC_HOME, else $XDG_DATA_HOME/cubic,
+    else ~/.local/share/cubic), checked before the work as a typed --out is: a CUBIC_HOME that is a
+    file or cannot be made was found after the measurement, named by its path only."""
+    from cubic.core.fingerprint import user_data_dir
+
+    path = Path(user_data_dir()) / name
+    try:
+        _output_dir(str(path.parent))
+    except argparse.ArgumentTypeError as e:
+        where = next((v for v in ("CUBIC_HOME", "XDG_DATA_HOME") if os.environ.get(v)), "--out")
+        raise SpecError(f"{e} (where --out writes by default; give --out FILE)", field=where) from None
+    return path
+
+
 def _writable_path(path: str, what: str) -> Path:
     """Check an output path before long work starts, so a typo does not waste a run."""
     p = Path(path)

@@ -318,11 +318,12 @@ def cmd_train(args) -> int:
     from scipy.stats import spearmanr
 
     from cost_models.sharding_cost import ShardingCostModel
-    from cubic.cli.common import open_store
+    from cubic.cli.common import open_store, user_data_output
     from cubic.core.fingerprint import fingerprint, fingerprint_hash
     from sharding.collect import features_and_labels, samples_from_store
-    from sharding.estimate import USER_MODEL_NAME, user_data_dir
+    from sharding.estimate import USER_MODEL_NAME
 
+    out = Path(args.out) if args.out else user_data_output(USER_MODEL_NAME)  # checked before the fit
     store = open_store(args, create=False)
     samples = samples_from_store(store)
     if len(samples) < 30:
@@ -344,7 +345,6 @@ def cmd_train(args) -> int:
     meta = {"trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "samples": len(y),
             "store": repr(store), "fingerprint": fp, "fingerprint_hash": fingerprint_hash(fp),
             "label": "measured fwd+bwd ms (thread CPU time, FBGEMM CPU TBE, median of repeats)", **scores}
-    out = Path(args.out) if args.out else user_data_dir() / USER_MODEL_NAME
     out.parent.mkdir(parents=True, exist_ok=True)
     m.save(out, meta=meta)
     print(json.dumps({"wrote": str(out), **{k: v for k, v in meta.items() if k != "fingerprint"}}, indent=1))
@@ -372,9 +372,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from cost_models.comm import calibrate, user_calibration_path
+    from cost_models.comm import USER_CALIBRATION_NAME, calibrate
+    from cubic.cli.common import user_data_output
 
-    out = args.out or user_calibration_path()
+    out = args.out or user_data_output(USER_CALIBRATION_NAME)  # checked before the all-to-alls are measured
     doc = calibrate(repeats=args.repeats, path=out)
     print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"],
                       "machine": doc["fingerprint"].get("cpu_model"), "fingerprint_hash": doc["fingerprint_hash"],

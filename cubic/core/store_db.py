@@ -27,8 +27,28 @@ _PASSWORD_IN_URL = re.compile(r"(://[^:/?#@\s]*:)\S*@")
 # what may separate the pieces a URL parser (SQLAlchemy, libpq) splits a mistyped password into
 _URL_SEPARATORS = re.compile(r"[@/:?#&=;,\s]+")
 
-CONNECT_TIMEOUT_S = float(os.environ.get("CUBIC_DB_CONNECT_TIMEOUT_S", "10"))
-STATEMENT_TIMEOUT_S = float(os.environ.get("CUBIC_DB_STATEMENT_TIMEOUT_S", "300"))
+MAX_TIMEOUT_S = 7 * 86400.0
+_BAD_ENV: dict[str, str] = {}  # a variable that is no timeout: named when a database is opened
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """A timeout from the environment. Read at import, so a bad value cannot be raised here (it was a
+    traceback before any command ran): kept aside and named, with the variable, by :func:`engine_options`."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_S:  # NaN fails this too
+        _BAD_ENV[name] = text
+        return default
+    return value
+
+
+CONNECT_TIMEOUT_S = _seconds_from_env("CUBIC_DB_CONNECT_TIMEOUT_S", 10.0)
+STATEMENT_TIMEOUT_S = _seconds_from_env("CUBIC_DB_STATEMENT_TIMEOUT_S", 300.0)
 
 
 def redact_url(url: str | None) -> str:
@@ -136,6 +156,8 @@ def engine_options(url: str) -> dict[str, Any]:
     driver, so that a server that accepts and never answers fails in seconds instead of hanging.
     Timeouts written in the URL's query win; $CUBIC_DB_CONNECT_TIMEOUT_S (default 10) and
     $CUBIC_DB_STATEMENT_TIMEOUT_S (default 300) set them otherwise."""
+    for name, text in _BAD_ENV.items():
+        raise SpecError(f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}", field=name)
     parsed = make_url(url)
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     given = set(parsed.query)
