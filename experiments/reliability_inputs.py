@@ -22,7 +22,9 @@ Attack classes (project issue 16), each with several variants, every one through
   --store, a refused report's folder, a --save folder that does not exist, an export to a name it
   cannot write, a trial store given as the campaign storage);
 - flags: a value past its field's bound, or a flag that would change nothing, is refused as the flag
-  typed before any run (counts of steps, repeats, workers, GPUs; a stray brace in --objective).
+  typed before any run (counts of steps, repeats, workers, GPUs; a stray brace in --objective);
+- environment: a bad value in a variable cubic reads (a database timeout, the campaign storage, the
+  data folder) is named as the variable, before any work, leaving nothing behind.
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -94,9 +96,8 @@ class Attack:
 def _run(attack: Attack, wd: Path) -> Outcome:
     # the worker imports its --evaluate module by name: from the attack's directory
     path = f"{REPO}{os.pathsep}{wd}" if attack.program == WORKER else str(REPO)
-    env = {**os.environ, "PYTHONPATH": path, "CUBIC_DB_CONNECT_TIMEOUT_S": "3", **attack.env}
-    env.pop("CUBIC_STORE", None)
-    env.pop("CUBIC_CAMPAIGNS", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUBIC_STORE", "CUBIC_CAMPAIGNS")}  # the attack's own
+    env = {**env, "PYTHONPATH": path, "CUBIC_DB_CONNECT_TIMEOUT_S": "3", **attack.env}
 
     def limits():  # noqa: ANN202 -- in the child, before exec
         resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT_BYTES, MEM_LIMIT_BYTES))
@@ -588,15 +589,38 @@ def _flag_attacks() -> list[Attack]:
     return out
 
 
+def _environment_attacks() -> list[Attack]:
+    """Environment: a bad value in a variable cubic reads is named as the variable, before any work
+    (stop 59's probe: a traceback at import; a variable named as the flag it stands in for; a
+    default output folder found unusable after the measurement; an empty trial store left behind)."""
+    out: list[Attack] = []
+    store = ["--store", "sqlite:///store.db"]
+
+    def A(variant, argv, env, must_say, absent=(), quick=False):
+        out.append(Attack("environment", variant, argv, setup=lambda d: (_seed_store(d, 1), (d / "f").write_text("x")),
+                          env=env, must_say=must_say, rows=_trial_rows("store.db"), absent=absent, quick=quick,
+                          timeout_s=60))
+
+    A("CUBIC_DB_CONNECT_TIMEOUT_S not a number", ["trials", "list", *store], {"CUBIC_DB_CONNECT_TIMEOUT_S": "abc"},
+      ("CUBIC_DB_CONNECT_TIMEOUT_S",), quick=True)
+    A("CUBIC_DB_STATEMENT_TIMEOUT_S NaN", ["trials", "list", *store], {"CUBIC_DB_STATEMENT_TIMEOUT_S": "nan"},
+      ("CUBIC_DB_STATEMENT_TIMEOUT_S",))
+    A("CUBIC_CAMPAIGNS not a URL", ["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name",
+                                    "c", "--budget", "1"], {"CUBIC_CAMPAIGNS": "nonsense"}, ("CUBIC_CAMPAIGNS",),
+      absent=(".cubic",))
+    A("CUBIC_HOME a file", ["shard", "calibrate-comm", "--repeats", "1"], {"CUBIC_HOME": "f"}, ("CUBIC_HOME",))
+    return out
+
+
 def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
             *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
-            *_file_value_attacks(), *_trace_attacks(), *_flag_attacks()]
+            *_file_value_attacks(), *_trace_attacks(), *_flag_attacks(), *_environment_attacks()]
 
 
 CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces",
-           "flags")
+           "flags", "environment")
 
 
 def run(quick: bool) -> dict[str, Any]:
