@@ -586,6 +586,18 @@ def _flag_attacks() -> list[Attack]:
       ("--nproc",), setup=job)
     A("--metric empty", [*objective, "--objective", "python job.py --lr {lr}", "--metric", ""], ("--metric",),
       setup=job)
+
+    def campaign(d: Path) -> None:
+        import optuna
+
+        from cubic.codesign.storage import META_KEY
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.create_study(study_name="d", storage=f"sqlite:///{d / 'c.db'}").set_user_attr(META_KEY, {"name": "d"})
+
+    dash = ["campaign", "dashboard", "d", "--storage", "sqlite:///c.db", "--port", "0", "--host"]
+    A("dashboard --host that does not resolve", [*dash, "999.1.1.1"], ("--host",), setup=campaign)
+    A("dashboard --host empty (every interface, a URL without a host)", [*dash, ""], ("--host",), setup=campaign)
     return out
 
 

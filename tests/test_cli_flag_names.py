@@ -231,3 +231,59 @@ def test_a_default_output_folder_that_cannot_be_made_is_named_before_the_work(tm
     _one_line(capsys.readouterr().err, "CUBIC_HOME:", "is a file", "give --out FILE")
     assert cli.main(["shard", "train"]) == 2
     _one_line(capsys.readouterr().err, "CUBIC_HOME:")
+
+
+@pytest.mark.parametrize("host, port, needle", [("999.1.1.1", "0", "--host: cannot resolve"),
+                                                ("8.8.8.8", "0", "--host: cannot serve on 8.8.8.8"),
+                                                ("", "0", "argument --host: not an address"),
+                                                ("127.0.0.1", "BUSY", "--port: cannot serve on")])
+def test_the_dashboard_names_an_address_it_cannot_serve_on(capsys, host, port, needle):
+    # each was OSError's text alone ("Name or service not known"); an empty host served every interface
+    import socket
+
+    import optuna
+
+    pytest.importorskip("optuna_dashboard")
+    from cubic.codesign.storage import META_KEY
+
+    study = optuna.create_study(study_name="d", storage="sqlite:///c.db")
+    study.set_user_attr(META_KEY, {"version": 1, "name": "d"})
+    capsys.readouterr()  # Optuna's line about the study it made
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1]) if port == "BUSY" else port
+        assert cli.main(["campaign", "dashboard", "d", "--storage", "sqlite:///c.db", "--host", host,
+                         "--port", port]) == 2
+    _one_line(capsys.readouterr().err, needle)
+
+
+def test_the_dashboard_line_never_prints_the_storage_password(capsys, monkeypatch):
+    import optuna
+
+    pytest.importorskip("optuna_dashboard")
+    import optuna_dashboard
+
+    import cubic.codesign.storage as storage_mod
+    from cubic.cli import dashboard
+
+    class Server:  # serves nothing: the line is what is tested
+        server_port = 1
+
+        def serve_forever(self):
+            pass
+
+        def shutdown(self):
+            pass
+
+        def server_close(self):
+            pass
+
+    monkeypatch.setattr(storage_mod, "load_meta", lambda *a: {})
+    monkeypatch.setattr(optuna, "load_study", lambda **k: type("S", (), {"_study_id": 1})())
+    monkeypatch.setattr(optuna_dashboard, "wsgi", lambda storage: None)
+    monkeypatch.setattr(dashboard, "_serve", lambda *a: Server())
+    url = "postgresql+psycopg2://u:s3cr3t@db.example/c"
+    assert cli.main(["campaign", "dashboard", "d", "--storage", url, "--port", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "optuna-dashboard for campaign 'd'" in out and "s3cr3t" not in out and "u:***@db.example" in out, out
