@@ -10,7 +10,7 @@ from cost_models.gpu_gemm import block_speedup
 from cost_models.hardware import load_device
 from cubic.core.config import Config, FP8Choice
 from cubic.core.recipes import HIGH_PRECISION, recipe_set
-from cubic.core.spec import SpecError, Workload
+from cubic.core.spec import SpecError, Workload, call_user_code
 from fp8.dispatch import Dispatcher
 from fp8.kernels import kernels_for_recipe
 from fp8.mods import cuda_fp8_shape_problem, site_mods, suggest_mods
@@ -178,21 +178,7 @@ def probe_module(spec: str, *, recipes: tuple[str, ...] = ("bf16",) + FP8_RECIPE
 
 
 def _user_call(fn, what: str, *args):
-    """Call user code; an exception becomes one line naming what failed (exit 2 in the CLI). Its
-    warnings are shown only when it succeeds: before an error they only push the one line down
-    (a loss on mismatched shapes warns about broadcasting, then raises)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:  # under the filters in force (once, ignore...)
-        try:
-            out = fn(*args)
-        except SpecError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of user code is bad input, reported in one line
-            raise SpecError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0], field="--module") from None
-    for w in caught:  # as they would have been shown (to whoever records warnings now)
-        warnings._showwarnmsg(w)  # type: ignore[attr-defined]
-    return out
+    return call_user_code(fn, what, "--module", *args)
 
 
 def _checked_factory(factory, spec: str):

@@ -35,6 +35,7 @@ from scipy.stats import norm
 
 from cubic.core.result import Result
 from search.space import Space
+from search.strategy_names import STRATEGIES
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -629,5 +630,4 @@ def make_strategy(name: str, **kw) -> Strategy:
         return DirectOptuna(name.split("-")[-1], **kw)
     if name == "random":
         return RandomSearch()
-    raise ValueError(f"unknown strategy {name!r} (known: cubic, cubic-local, cubic-tpe, cubic-gp, cubic-nsga2, "
-                     "tpe, gp, random)")
+    raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}; cubic-local is cubic)")

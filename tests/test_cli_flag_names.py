@@ -287,3 +287,28 @@ def test_the_dashboard_line_never_prints_the_storage_password(capsys, monkeypatc
     assert cli.main(["campaign", "dashboard", "d", "--storage", url, "--port", "0"]) == 0
     out = capsys.readouterr().out
     assert "optuna-dashboard for campaign 'd'" in out and "s3cr3t" not in out and "u:***@db.example" in out, out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    # a factory of the wrong signature was a TypeError traceback
+    (["--evaluate", "json:loads"], "--evaluate: the factory json:loads(space, store_url) raised TypeError"),
+    # a factory returning no callable failed every run of the budget and exited 0
+    (["--evaluate", "cubic.testing:stand_in_runner"], "returned a StandInRunner, not evaluate(point)"),
+    # plain int/float flags: a negative lease, a batch of 0, an unknown strategy, a budget of 1e11 were taken
+    (["--evaluate", "cubic.testing:make_evaluate", "--lease", "-5"], "argument --lease: must be > 0"),
+    (["--evaluate", "cubic.testing:make_evaluate", "--batch", "0"], "argument --batch: must be >= 1"),
+    (["--evaluate", "cubic.testing:make_evaluate", "--strategy", "nope"], "argument --strategy: invalid choice"),
+    (["--evaluate", "cubic.testing:make_evaluate", "--budget", "99999999999"], "argument --budget: must be <="),
+])
+def test_the_campaign_worker_refuses_a_bad_factory_or_flag_in_one_line(tmp_path, capsys, argv, needle):
+    from cubic.codesign import worker
+
+    space = str(__import__("pathlib").Path(cli.__file__).resolve().parent.parent / "data" / "space-sim-default.yaml")
+    try:
+        code = worker.main(["run", "--storage", "sqlite:///w.db", "--name", "w", "--space", space, "--budget", "1",
+                            *argv])
+    except SystemExit as e:  # argparse's exit
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and needle in err, err
+    assert not (tmp_path / "w.db").exists()  # refused before the campaign storage is made

@@ -22,10 +22,10 @@ from cubic.cli.campaign_job import (add_job_flags, check_job_flags, job_build, j
                                    with_objective)
 from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
-from cubic.core.spec import (MAX_CONFIRM_REPEATS, MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE,
+from search.strategy_names import STRATEGIES
+from cubic.core.spec import (MAX_BUDGET, MAX_CONFIRM_REPEATS, MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE,
                               SpecError)
 
-STRATEGIES = ("cubic", "cubic-tpe", "cubic-gp", "cubic-nsga2", "tpe", "gp", "random")
 BASELINES = ("random", "tpe")
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_SPACES = {"local": DATA / "space-default.yaml", "distributed": DATA / "space-sharding-cpu.yaml",
@@ -594,8 +594,8 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--name", required=True, type=_campaign_name, help="campaign name (unique in the storage)")
     run.add_argument("--strategy", choices=STRATEGIES, default="cubic",
                      help="cubic (proxy + Optuna TPE, default), cubic-gp, cubic-nsga2; baselines: tpe, gp, random")
-    run.add_argument("--budget", type=positive_int, default=12, help="real runs (default 12)")
-    run.add_argument("--batch", type=positive_int, default=4, help="proposals validated per round (default 4)")
+    run.add_argument("--budget", type=int_at_most(MAX_BUDGET), default=12, help="real runs (default 12)")
+    run.add_argument("--batch", type=int_at_most(MAX_BUDGET), default=4, help="proposals validated per round (default 4)")
     run.add_argument("--seed", type=nonnegative_int, default=0)
     run.add_argument("--patience", type=positive_int, default=None, help="stop after N rounds without improvement")
     run.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a transient failure (default 2)")
@@ -648,12 +648,12 @@ def _add_run(verbs: Any) -> None:
 
 
 def _add_resume(verbs: Any) -> None:
-    from cubic.cli.common import add_store_argument, positive_int
+    from cubic.cli.common import add_store_argument
 
     res = verbs.add_parser("resume", help="continue a stopped or killed campaign",
                            description="Continue a campaign from its stored state; no finished run is run again.")
     res.add_argument("name", type=_campaign_name)
-    res.add_argument("--budget", type=positive_int, help="a new total budget")
+    res.add_argument("--budget", type=int_at_most(MAX_BUDGET), help="a new total budget")
     res.add_argument("--confirm-repeats", type=int_at_most(MAX_CONFIRM_REPEATS, low=0), default=None, metavar="N",
                      help="extra repeats of the confirm phase (default: as the campaign was started)")
     res.add_argument("--report", metavar="DIR")

@@ -40,6 +40,20 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return load_callable(spec, "--evaluate", "mypkg.evals:make_evaluate")
 
 
+def _evaluate(factory, args: argparse.Namespace, space):
+    """``factory(space, store_url)``, checked before the first run: a factory that raises (a wrong
+    signature, its own bug) was a traceback, and one that returns no callable failed every run of the
+    budget and exited 0."""
+    from cubic.core.spec import call_user_code
+
+    evaluate = call_user_code(factory, f"the factory {args.evaluate}(space, store_url)", "--evaluate", space,
+                              args.store)
+    if not callable(evaluate):
+        raise SpecError(f"the factory {args.evaluate} returned a {type(evaluate).__name__}, not evaluate(point)",
+                        field="--evaluate")
+    return evaluate
+
+
 def _campaign(args: argparse.Namespace, create: bool):
     from cubic.codesign.campaign import Campaign
     from cubic.codesign.storage import list_campaigns, load_meta
@@ -51,13 +65,13 @@ def _campaign(args: argparse.Namespace, create: bool):
     kw = dict(lease_s=args.lease, worker=args.worker_id)
     if args.name in {c["name"] for c in list_campaigns(args.storage)}:
         space = Space.model_validate(load_meta(args.storage, args.name)["space"])
-        return Campaign.resume(args.name, factory(space, args.store), storage=args.storage,
+        return Campaign.resume(args.name, _evaluate(factory, args, space), storage=args.storage,
                                max_retries=args.retries, listener=ProgressLines(space), **kw)
     if not create:
         raise SpecError("no such campaign", field=args.name)
     space = load_space(args.space)
     # live progress: one line per run this process makes, on stderr
-    return Campaign(space, factory(space, args.store), name=args.name, strategy=args.strategy,
+    return Campaign(space, _evaluate(factory, args, space), name=args.name, strategy=args.strategy,
                     budget=args.budget, batch_size=args.batch, seed=args.seed, storage=args.storage,
                     max_retries=args.retries, listener=ProgressLines(space), **kw)
 
@@ -98,8 +112,15 @@ class OutageLog:
 
 def main(argv: list[str] | None = None) -> int:
     from cubic.codesign.storage import DB_WAIT_S, LEASE_S, LeaseHeld, through_outages
+    from cubic.core.argtypes import int_at_most, nonnegative_float, nonnegative_int, positive_float
+    from cubic.core.spec import MAX_BUDGET
+    from search.strategy_names import STRATEGIES
 
-    p = argparse.ArgumentParser(prog="python -m cubic.codesign.worker", description=__doc__.split("\n\n")[0])
+    class OneLine(argparse.ArgumentParser):  # as the CLI's parser: one line (the usage is one --help away)
+        def error(self, message: str):
+            self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+    p = OneLine(prog="python -m cubic.codesign.worker", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("mode", choices=["run", "work"], help="run: coordinate/resume the campaign; "
                                                          "work: one of several workers")
     p.add_argument("--storage", required=True, metavar="URL", help="the campaign's Optuna storage (SQLAlchemy URL)")
@@ -107,15 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evaluate", required=True, metavar="MODULE:FACTORY")
     p.add_argument("--store", metavar="URL", help="trial store URL handed to the factory")
     p.add_argument("--space", metavar="FILE", help="space YAML (when creating)")
-    p.add_argument("--strategy", default="tpe")
-    p.add_argument("--budget", type=int, default=40)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--retries", type=int, default=2)
+    # the CLI's flag types (bounds refused in one line while parsing; they were plain int/float here)
+    p.add_argument("--strategy", default="tpe", choices=sorted(STRATEGIES))
+    p.add_argument("--budget", type=int_at_most(MAX_BUDGET), default=40)
+    p.add_argument("--batch", type=int_at_most(MAX_BUDGET), default=4)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--retries", type=int_at_most(100, low=0), default=2)
     p.add_argument("--worker-id")
-    p.add_argument("--lease", type=float, default=LEASE_S, metavar="S",
+    p.add_argument("--lease", type=positive_float, default=LEASE_S, metavar="S",
                    help=f"the coordinator's lease, renewed every third of it (default {LEASE_S:.0f})")
-    p.add_argument("--db-wait", type=float, default=DB_WAIT_S, metavar="S",
+    p.add_argument("--db-wait", type=nonnegative_float, default=DB_WAIT_S, metavar="S",
                    help="after a database outage (a restart), wait this long for it to answer, then go on "
                         f"(default {DB_WAIT_S:.0f}; 0: exit 1 at once)")
     args = p.parse_args(argv)

@@ -27,6 +27,7 @@ MAX_STEPS = 10_000_000
 MAX_REPEATS = 1000
 MAX_CONFIRM_REPEATS = 10_000
 MAX_THREADS = 4096
+MAX_BUDGET = 1_000_000  # runs of one campaign (and proposals per round)
 
 
 class SpecError(ValueError):
@@ -498,3 +499,22 @@ def load_callable(spec: str, field: str, example: str = "package.module:function
     if not callable(obj):
         raise SpecError(f"{module_name!r} has no callable {attr!r}", field=field)
     return obj
+
+
+def call_user_code(fn, what: str, field: str, *args):
+    """Call user code named on a command line (a Probe's factory, a campaign worker's evaluate
+    factory): an exception becomes one line naming ``what`` failed and the flag ``field`` (exit 2
+    in the CLI). Its warnings are shown only when it succeeds: before an error they only push the
+    one line down (a loss on mismatched shapes warns about broadcasting, then raises)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # under the filters in force (once, ignore...)
+        try:
+            out = fn(*args)
+        except SpecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of user code is bad input, reported in one line
+            raise SpecError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0], field=field) from None
+    for w in caught:  # as they would have been shown (to whoever records warnings now)
+        warnings._showwarnmsg(w)  # type: ignore[attr-defined]
+    return out
