@@ -598,6 +598,15 @@ def _flag_attacks() -> list[Attack]:
     dash = ["campaign", "dashboard", "d", "--storage", "sqlite:///c.db", "--port", "0", "--host"]
     A("dashboard --host that does not resolve", [*dash, "999.1.1.1"], ("--host",), setup=campaign)
     A("dashboard --host empty (every interface, a URL without a host)", [*dash, ""], ("--host",), setup=campaign)
+    worker = ["run", "--storage", "sqlite:///w.db", "--name", "w", "--space", str(REPO / "cubic/data/space-default.yaml"),
+              "--budget", "2"]
+    for variant, extra, say in (
+            ("worker --evaluate factory of the wrong signature", ["--evaluate", "json:loads"], ("--evaluate", "TypeError")),
+            ("worker --evaluate factory returning no callable", ["--evaluate", "cubic.testing:stand_in_runner"],
+             ("--evaluate", "not evaluate(point)")),
+            ("worker --lease negative", ["--evaluate", "cubic.testing:make_evaluate", "--lease", "-5"], ("--lease",))):
+        out.append(Attack("flags", variant, [*worker, *extra], program=WORKER, must_say=say, absent=("w.db",),
+                          timeout_s=60))
     return out
 
 

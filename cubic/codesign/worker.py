@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     class OneLine(argparse.ArgumentParser):  # as the CLI's parser: one line (the usage is one --help away)
         def error(self, message: str):
-            self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+            self.exit(2, f"cubic.codesign.worker: error: {' '.join(message.split())} (see --help)\n")
 
     p = OneLine(prog="python -m cubic.codesign.worker", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("mode", choices=["run", "work"], help="run: coordinate/resume the campaign; "
