@@ -11,7 +11,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cubic.core.spec import AccessStats, SpecError, Table, Topology, Workload, spec_error_from_validation
+from cubic.core.spec import (AccessStats, SpecError, Table, Topology, Workload, check_input_file,
+                              spec_error_from_validation)
 from cubic.core.workloads import load_workload
 
 CSV_REQUIRED = ("name", "rows", "dim", "pooling_factor")
@@ -20,8 +21,7 @@ CSV_OPTIONAL = ("zipf_alpha", "feature_group")
 
 def read_tables_csv(path: str | Path) -> list[Table]:
     p = Path(path)
-    if not p.is_file():
-        raise SpecError("no such file", source=str(p))
+    check_input_file(p)
     try:
         return _read_tables_csv(p)
     except (csv.Error, UnicodeDecodeError) as e:  # NUL bytes, oversized fields, not UTF-8

@@ -312,3 +312,18 @@ def test_the_campaign_worker_refuses_a_bad_factory_or_flag_in_one_line(tmp_path,
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and needle in err, err
     assert not (tmp_path / "w.db").exists()  # refused before the campaign storage is made
+
+
+def test_a_folder_or_a_device_given_as_a_document_is_said_to_be_one(tmp_path, capsys):
+    # each was "no such file", which sent the user looking for a typo in a path that exists
+    import os
+
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    for argv, needle in ((["run", "--workload", "d"], "d: is a folder, not a file"),
+                         (["run", "--workload", "dlrm-small", "--config", "/dev/zero"], "/dev/zero: not a regular file"),
+                         (["run", "--workload", "pipe"], "pipe: not a regular file"),
+                         (["shard", "plan", "--tables", "d", "--world-size", "2"], "d: is a folder"),
+                         (["run", "--workload", "nope.yaml"], "nope.yaml: no such file")):
+        assert cli.main(argv) == 2, argv
+        _one_line(capsys.readouterr().err, needle)

@@ -373,6 +373,17 @@ def _load_yaml(text: str, source: str) -> Any:
         loader.dispose()
 
 
+def check_input_file(p: Path) -> None:
+    """A document to read is a regular file: a folder, a device or a pipe was "no such file"."""
+    if p.is_file():
+        return
+    if p.is_dir():
+        raise SpecError("is a folder, not a file", source=str(p))
+    if p.exists():
+        raise SpecError("not a regular file (a device, a pipe or a socket)", source=str(p))
+    raise SpecError("no such file", source=str(p))
+
+
 def read_structured(path: str | Path) -> Any:
     """Parse a JSON or YAML file; a missing, oversized or unparsable file is a SpecError naming it.
 
@@ -380,8 +391,7 @@ def read_structured(path: str | Path) -> Any:
     nesting depth, and a number too long to convert names the file instead of escaping as a bare
     ValueError."""
     p = Path(path)
-    if not p.is_file():
-        raise SpecError("no such file", source=str(p))
+    check_input_file(p)
     try:
         with p.open("rb") as f:
             raw = f.read(MAX_INPUT_BYTES + 1)
