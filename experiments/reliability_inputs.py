@@ -536,7 +536,8 @@ def _trace_attacks() -> list[Attack]:
     return out
 
 
-JOB_SPACE = "version: 1\nname: s\nobjectives: [{metric: acc}]\nparameters:\n  - {name: lr, type: float, low: 0.001, high: 0.1}\n"
+JOB_SPACE = ("version: 1\nname: s\nobjectives: [{metric: acc}]\nparameters:\n"
+             "  - {name: lr, type: float, low: 0.001, high: 0.1}\n")
 
 
 def _flag_attacks() -> list[Attack]:
@@ -562,6 +563,8 @@ def _flag_attacks() -> list[Attack]:
     A("sim calibrate --factors unknown", ["sim", "calibrate", "--cluster", "cpu", "--factors", "nope"], ("--factors",))
     A("sim predict --simulate past the world bound", ["sim", "predict", "--simulate", "h100x99999999999"],
       ("--simulate",))
+    A("sim scale --sync-interval with per-step gradient sync", ["sim", "scale", "--sync-interval", "5", "--emb-sync",
+                                                                "gradients"], ("--sync-interval",))
     A("shard plan --memory-gb negative", ["shard", "plan", "--tables", "dlrm-small", "--world-size", "4",
                                           "--memory-gb", "-1"], ("--memory-gb",))
     A("run --world-size past the world bound", ["run", "--workload", "dlrm-small", "--world-size", "2000000", *store],
@@ -598,10 +601,11 @@ def _flag_attacks() -> list[Attack]:
     dash = ["campaign", "dashboard", "d", "--storage", "sqlite:///c.db", "--port", "0", "--host"]
     A("dashboard --host that does not resolve", [*dash, "999.1.1.1"], ("--host",), setup=campaign)
     A("dashboard --host empty (every interface, a URL without a host)", [*dash, ""], ("--host",), setup=campaign)
-    worker = ["run", "--storage", "sqlite:///w.db", "--name", "w", "--space", str(REPO / "cubic/data/space-default.yaml"),
-              "--budget", "2"]
+    worker = ["run", "--storage", "sqlite:///w.db", "--name", "w", "--space",
+              str(REPO / "cubic/data/space-default.yaml"), "--budget", "2"]
     for variant, extra, say in (
-            ("worker --evaluate factory of the wrong signature", ["--evaluate", "json:loads"], ("--evaluate", "TypeError")),
+            ("worker --evaluate factory of the wrong signature", ["--evaluate", "json:loads"],
+             ("--evaluate", "TypeError")),
             ("worker --evaluate factory returning no callable", ["--evaluate", "cubic.testing:stand_in_runner"],
              ("--evaluate", "not evaluate(point)")),
             ("worker --lease negative", ["--evaluate", "cubic.testing:make_evaluate", "--lease", "-5"], ("--lease",))):

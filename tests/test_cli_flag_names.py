@@ -327,3 +327,10 @@ def test_a_folder_or_a_device_given_as_a_document_is_said_to_be_one(tmp_path, ca
                          (["run", "--workload", "nope.yaml"], "nope.yaml: no such file")):
         assert cli.main(argv) == 2, argv
         _one_line(capsys.readouterr().err, needle)
+
+
+def test_a_sync_interval_with_per_step_gradient_sync_is_refused(capsys):
+    # it changed nothing, without a word (a config's sync_interval with sync: gradients is refused at load)
+    assert cli.main(["sim", "scale", "--sync-interval", "5", "--emb-sync", "gradients"]) == 2
+    _one_line(capsys.readouterr().err, "--sync-interval:", "--emb-sync weights")
+    assert cli.main(["sim", "predict", "--workload", "dlrm-small", "--sync-interval", "5", "--json"]) == 0

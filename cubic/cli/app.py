@@ -25,7 +25,8 @@ from cubic import __version__
 from cubic.core.spec import MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE, SpecError
 from cubic.cli.common import (  # noqa: F401  (re-exported for callers of cubic.cli.app)
     STORE_HELP, _expected_fingerprint_hash, _output_dir, local_runner, _make_runner, int_at_most, nonnegative_int,
-    positive_float, positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar, stdout_console)
+    positive_float, positive_int, _simulated_runner, _writable_path, add_store_argument, open_store, progress_bar,
+    stdout_console)
 
 # Modules that add nouns when present; a missing one is skipped, any other import error surfaces.
 PLUGINS = ("cubic.cli.shard", "cubic.cli.fp8", "cubic.cli.sim", "cubic.cli.campaign")

@@ -595,13 +595,15 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--strategy", choices=STRATEGIES, default="cubic",
                      help="cubic (proxy + Optuna TPE, default), cubic-gp, cubic-nsga2; baselines: tpe, gp, random")
     run.add_argument("--budget", type=int_at_most(MAX_BUDGET), default=12, help="real runs (default 12)")
-    run.add_argument("--batch", type=int_at_most(MAX_BUDGET), default=4, help="proposals validated per round (default 4)")
+    run.add_argument("--batch", type=int_at_most(MAX_BUDGET), default=4,
+                     help="proposals validated per round (default 4)")
     run.add_argument("--seed", type=nonnegative_int, default=0)
     run.add_argument("--patience", type=positive_int, default=None, help="stop after N rounds without improvement")
     run.add_argument("--retries", type=nonnegative_int, default=2, help="retries of a transient failure (default 2)")
     run.add_argument("--workers", type=int_at_most(MAX_WORKERS), default=1, help="runs in parallel (default 1)")
     run.add_argument("--steps", type=int_at_most(MAX_STEPS), default=20, help="timed steps per run (default 20)")
-    run.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3, help="warm-up steps per run (default 3)")
+    run.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3,
+                     help="warm-up steps per run (default 3)")
     run.add_argument("--timeout", type=positive_float, default=300.0, metavar="S", help="per run (default 300)")
     run.add_argument("--device", default="auto")
     run.add_argument("--world-size", type=int_at_most(MAX_WORLD_SIZE), default=1,

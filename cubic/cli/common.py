@@ -134,7 +134,6 @@ def _output_dir(text: str) -> Path:
     return p
 
 
-
 def user_data_output(name: str) -> Path:
     """A command's default output in the user's data folder ($CUBIC_HOME, else $XDG_DATA_HOME/cubic,
     else ~/.local/share/cubic), checked before the work as a typed --out is: a CUBIC_HOME that is a

@@ -320,7 +320,8 @@ def register(subparsers) -> None:
     pr.add_argument("--mods", action=__import__("argparse").BooleanOptionalAction, default=True,
                     help="probe sites whose statistics call for Mods again with them on, and apply them where "
                          "that makes the site safe or faster (default: yes; --workload only)")
-    pr.add_argument("--warmup-steps", type=int_at_most(MAX_STEPS, low=0), default=30, help="fp32 steps before probing (default 30)")
+    pr.add_argument("--warmup-steps", type=int_at_most(MAX_STEPS, low=0), default=30,
+                    help="fp32 steps before probing (default 30)")
     pr.add_argument("--max-batches", type=int_at_most(MAX_STEPS), default=24, help="probe at most this many batches")
     pr.add_argument("--stride", type=positive_int, default=1,
                     help="measure one training step in STRIDE, so the batches span more of training (default 1)")

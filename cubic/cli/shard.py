@@ -452,7 +452,8 @@ def register(subparsers) -> None:
     ev.add_argument("--world-size", type=positive_int, default=None, help="torchrec: processes (default: the plan's)")
     ev.add_argument("--local-size", type=positive_int, default=None, help="torchrec: ranks per node (LOCAL_WORLD_SIZE)")
     ev.add_argument("--steps", type=int_at_most(MAX_STEPS), default=10, help="torchrec: training steps")
-    ev.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3, help="torchrec: steps left out of the median")
+    ev.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=3,
+                    help="torchrec: steps left out of the median")
     ev.add_argument("--seed", type=nonnegative_int, default=0)
     ev.add_argument("--out", default=None, help="write the plan with its measured cost")
     ev.add_argument("--json", action="store_true")

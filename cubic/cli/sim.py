@@ -34,6 +34,9 @@ def _params(args: argparse.Namespace):
     if getattr(args, "emb_sync", None):
         update["emb_sync"] = args.emb_sync
     if getattr(args, "sync_interval", None):
+        if update.get("emb_sync", params.emb_sync) == "gradients":  # it changed nothing, without a word
+            raise SpecError("only with weight averaging (--emb-sync weights): per-step gradient sync has no "
+                            "interval", field="--sync-interval")
         update["emb_sync_interval"] = args.sync_interval
     return params.model_copy(update=update) if update else params
 

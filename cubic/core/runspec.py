@@ -23,7 +23,8 @@ RunnerKind = Literal["local", "distributed", "simulated", "torchrec", "command"]
 class RunSpec(Frozen):
     kind: RunnerKind = "local"
     device: str = Field(default="auto", description="torch device of local runs: auto, cpu, cuda, cuda:1")
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description="intra-op threads (None: torch's default)")
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS,
+                                description="intra-op threads (None: torch's default)")
     world_size: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE, description="processes of a distributed run")
     launcher: Literal["spawn", "torchrun"] = "spawn"
     simulate: str | None = Field(default=None, description="simulated cluster, e.g. h100x64")
