@@ -453,7 +453,7 @@ class Campaign:
 
         # no more threads than points waiting (each thread runs points until none is left): 100000
         # workers on a budget of 1 spent minutes starting threads that found nothing to run
-        threads = min(self.workers, max(1, len(self._trials(states=(_W,)))))
+        threads = 1 if self.workers <= 1 else min(self.workers, max(1, len(self._trials(states=(_W,)))))
         if threads <= 1:
             n = loop(0)
         else:
