@@ -267,7 +267,7 @@ def to_torchrec_json(plan: Plan, local_size: int | None = None) -> dict:
     for t in plan.tables:
         lay = layouts[t.name]
         out["parameters"][t.name] = {
-            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel,
+            "sharding_type": lay.sharding_type, "compute_kernel": lay.compute_kernel, "shape": [t.rows, t.dim],
             "cache_load_factor": lay.cache_load_factor, "ranks": lay.ranks,
             "constraints": {"sharding_types": [lay.sharding_type], "pooling_factors": [t.pooling_factor]},
             "shards": None if lay.shards is None else [
@@ -342,11 +342,15 @@ def EmbeddingModuleShardingPlan_of(pss: dict):
     return EmbeddingModuleShardingPlan(pss)
 
 
-def load_plan(path, module_path: str = "", device: str | None = None, local_size: int | None = None,
-              world_size: int | None = None, local_world_size: int | None = None):
+def load_plan(path, module_path: str | None = None, device: str | None = None, local_size: int | None = None,
+              world_size: int | None = None, local_world_size: int | None = None, model=None):
     """A ``torchrec.distributed.types.ShardingPlan`` for ``DistributedModelParallel(plan=...)``.
 
     ``path``: a cubic plan (``cubic shard plan --out``) or its export (``cubic shard export``).
+    ``model``: the module DMP will wrap; the plan is checked against it (:func:`check_model`): its
+    embedding collection at ``module_path`` (found when there is one and no path is given), every
+    table by name, rows and dim. Without it nothing is checked: DMP leaves a collection the plan does
+    not name unsharded, without a word.
     ``module_path``: where the EmbeddingBagCollection sits in the model DMP wraps ("" when DMP wraps
     the collection itself, e.g. "sparse_arch.embedding_bag_collection" in TorchRec's DLRM).
     ``device``: "cuda" or "cpu" (default: the plan's). ``local_size``: ranks per node (default: the
@@ -358,7 +362,7 @@ def load_plan(path, module_path: str = "", device: str | None = None, local_size
     from cubic.core.spec import read_structured
 
     return load_plan_dict(read_structured(path), module_path, device, local_size, source=str(path),
-                          world_size=world_size, local_world_size=local_world_size)
+                          world_size=world_size, local_world_size=local_world_size, model=model)
 
 
 def job_sizes(world_size: int | None = None, local_world_size: int | None = None) -> tuple[int | None, int | None]:
@@ -397,8 +401,69 @@ def check_job(plan_world: int, plan_local: int, layouts: dict[str, Layout], sour
                         field="local_world_size")
 
 
-def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, local_size: int | None = None,
-                   source: str = "plan", world_size: int | None = None, local_world_size: int | None = None):
+def embedding_collections(model) -> dict:
+    """``{path: module}`` of the model's EmbeddingBagCollections and EmbeddingCollections (what DMP's
+    default sharders shard)."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
+
+
+def check_model(model, module_path: str | None, shapes: dict[str, tuple[int, int] | None], source: str,
+                field: str = "tables") -> str:
+    """The path of the collection DMP shards with the plan, checked against ``model``; SpecError (one
+    line) otherwise. Unchecked, a path naming no collection left every table unsharded without a word
+    (DMP shards only what the plan names), a model table the plan lacks was TorchRec's ``KeyError``, a
+    table of another shape its shard-size ``ValueError``, and a plan table the model lacks passed."""
+    found = embedding_collections(model)
+    names = ", ".join(repr(n) for n in found) or "none"
+    if module_path is None:
+        if len(found) != 1:
+            raise SpecError(f"the model has {len(found)} embedding collections ({names}); name the one to shard "
+                            "with module_path", source=source, field="module_path")
+        module_path = next(iter(found))
+    elif module_path not in found:
+        raise SpecError(f"the model has no EmbeddingBagCollection or EmbeddingCollection at {module_path!r} (its "
+                        f"collections: {names}); DMP would leave its tables unsharded", source=source,
+                        field="module_path")
+    coll = found[module_path]
+    cfgs = coll.embedding_bag_configs() if hasattr(coll, "embedding_bag_configs") else coll.embedding_configs()
+    have = {c.name: (int(c.num_embeddings), int(c.embedding_dim)) for c in cfgs}
+    where = f"the model's {module_path!r}" if module_path else "the model"
+    extra, missing = sorted(set(shapes) - set(have)), sorted(set(have) - set(shapes))
+    if extra:
+        raise SpecError(f"table {extra[0]!r} is in the plan but not in {where} (its tables: "
+                        f"{', '.join(sorted(have))}): a plan for another model; re-plan with this model's tables",
+                        source=source, field=field)
+    if missing:
+        raise SpecError(f"{where} has table {missing[0]!r}, which the plan does not place; re-plan with this "
+                        "model's tables", source=source, field=field)
+    for name in sorted(shapes):
+        if shapes[name] is not None and shapes[name] != have[name]:
+            (r, d), (mr, md) = shapes[name], have[name]
+            raise SpecError(f"table {name!r}: the plan places {r} rows x {d} dims, {where} has {mr} x {md}; re-plan "
+                            "with this model's tables", source=source, field=f"{field}.{name}")
+    return module_path
+
+
+def _shapes(layouts: dict[str, Layout], doc: dict) -> dict[str, tuple[int, int] | None]:
+    """An export's (rows, dim) per table: its ``shape`` (written since stop 60), else the extent of its
+    shards; None for a data-parallel table of an older export (no shards to read it from)."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for name, lay in layouts.items():
+        shape = doc["parameters"][name].get("shape")
+        if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) for x in shape):
+            out[name] = (shape[0], shape[1])
+        elif lay.shards:
+            out[name] = (max(ro + n for ro, n, _, _, _ in lay.shards), max(co + c for _, _, co, c, _ in lay.shards))
+        else:
+            out[name] = None
+    return out
+
+
+def load_plan_dict(doc: dict, module_path: str | None = None, device: str | None = None, local_size: int | None = None,
+                   source: str = "plan", world_size: int | None = None, local_world_size: int | None = None,
+                   model=None):
     """:func:`load_plan` of an already parsed document (a cubic plan or its export)."""
     _require()
     from sharding.types import plan_from_dict
@@ -413,11 +478,15 @@ def load_plan_dict(doc: dict, module_path: str = "", device: str | None = None, 
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
                             field="world_size") from None
+        shapes, field = _shapes(layouts, doc), "parameters"
     else:
         plan = plan_from_dict(doc, source=source)
         layouts = torchrec_layout(plan, local_size)
         L = local_size_of(plan, local_size)
         dev = _device_name(device or plan.topology.device)
         plan_world = plan.world_size
+        shapes, field = {t.name: (t.rows, t.dim) for t in plan.tables}, "tables"
     check_job(plan_world, L, layouts, source, world_size, local_world_size)
-    return ShardingPlan({module_path: EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, L))})
+    if model is not None:
+        module_path = check_model(model, module_path, shapes, source, field)
+    return ShardingPlan({module_path or "": EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, L))})

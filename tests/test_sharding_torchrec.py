@@ -212,3 +212,97 @@ def test_load_plan_checks_the_jobs_world_and_local_size(tmp_path, monkeypatch):
         assert load_plan(src).plan[""]["twrw"].ranks == [2, 3]
         monkeypatch.delenv("WORLD_SIZE")
         monkeypatch.delenv("LOCAL_WORLD_SIZE")
+
+
+def _model(tables, meta=True):
+    """A job's model: the collection under ``sparse.ebc``, beside a dense layer (as TorchRec's DLRM)."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    m = torch.nn.Module()
+    m.sparse = torch.nn.Module()
+    m.sparse.ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"]) for n, r, d in tables],
+        device=torch.device("meta" if meta else "cpu"))
+    m.dense = torch.nn.Linear(4, 4)
+    return m
+
+
+@needs_torchrec
+@pytest.mark.parametrize("exported", [False, True])
+def test_load_plan_checks_the_model_it_will_shard(tmp_path, exported):
+    """A plan loaded with the job's model: the collection is found, or the one line names what does not
+    fit (the path, a table either side lacks, rows or dim). Unchecked, DMP ran a wrong path without a
+    word, leaving the tables unsharded (test_dmp_leaves_an_unnamed_collection_unsharded)."""
+    from sharding.torchrec_adapter import load_plan
+
+    plan = every_type_plan()
+    path = plan.save(tmp_path / "plan.json")
+    if exported:
+        assert main(["shard", "export", str(path), "--out", str(tmp_path / "tr.json")]) == 0
+        path = tmp_path / "tr.json"
+    mine = [(t.name, t.rows, t.dim) for t in plan.tables]
+    sp = load_plan(path, model=_model(mine))
+    assert list(sp.plan) == ["sparse.ebc"] and set(sp.plan["sparse.ebc"]) == {t.name for t in plan.tables}
+    assert list(load_plan(path, module_path="sparse.ebc", model=_model(mine)).plan) == ["sparse.ebc"]
+    field = "parameters" if exported else "tables"
+    cases = {
+        "module_path: the model has no EmbeddingBagCollection or EmbeddingCollection at 'sparse_arch.ebc'":
+            dict(module_path="sparse_arch.ebc", model=_model(mine)),
+        "module_path: the model has no EmbeddingBagCollection or EmbeddingCollection at ''":
+            dict(module_path="", model=_model(mine)),
+        f"{field}: table 'dp' is in the plan but not in the model's 'sparse.ebc'": dict(model=_model(mine[:-1])),
+        f"{field}: the model's 'sparse.ebc' has table 'extra'": dict(model=_model(mine + [("extra", 10, 4)])),
+        f"{field}.rw: table 'rw': the plan places 943 rows x 8 dims, the model's 'sparse.ebc' has 944 x 8":
+            dict(model=_model([(n, r + (n == "rw"), d) for n, r, d in mine])),
+        f"{field}.cw: table 'cw': the plan places 50 rows x 24 dims, the model's 'sparse.ebc' has 50 x 32":
+            dict(model=_model([(n, r, 32 if n == "cw" else d) for n, r, d in mine])),
+    }
+    for msg, kw in cases.items():
+        with pytest.raises(SpecError) as e:
+            load_plan(path, **kw)
+        assert str(e.value).startswith(f"{path}: {msg}"), str(e.value)
+        assert "\n" not in str(e.value)
+    two = _model(mine)
+    two.other = _model(mine).sparse.ebc
+    with pytest.raises(SpecError, match="module_path: the model has 2 embedding collections .'sparse.ebc', 'other'."):
+        load_plan(path, model=two)
+
+
+_UNNAMED = """
+import json, os, sys
+import torch, torch.distributed as dist
+from torchrec.distributed import DistributedModelParallel
+from cubic.runners.base import free_port
+from sharding.torchrec_adapter import load_plan_dict
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from test_sharding_torchrec import _model, plan_of, Shard, Table
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+dist.init_process_group("gloo", rank=0, world_size=1)
+tables = [Table(name="t0", rows=100, dim=8), Table(name="t1", rows=50, dim=16)]
+doc = json.loads(plan_of(tables, [Shard(table=t.name, sharding_type="table_wise", rank=0, rows=t.rows, cols=t.dim)
+                                  for t in tables], 1, 1).model_dump_json())
+out = {}
+for path in ("sparse_arch.ebc", None):
+    model = _model([(t.name, t.rows, t.dim) for t in tables])
+    sp = load_plan_dict(doc, module_path=path, model=None if path else model, device="cpu")
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sp)
+    out[path or next(iter(sp.plan))] = type(dmp.module.sparse.ebc).__name__
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@needs_torchrec
+def test_dmp_leaves_an_unnamed_collection_unsharded():
+    """Why the check above exists, on TorchRec itself (one gloo process): DMP given a plan for a path
+    where the model has no collection runs, and its collection stays an unsharded
+    EmbeddingBagCollection; at the path the check finds, DMP shards it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _UNNAMED, __file__], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {
+        "sparse_arch.ebc": "EmbeddingBagCollection", "sparse.ebc": "ShardedEmbeddingBagCollection"}

@@ -102,8 +102,9 @@ def _dmp(tables, plan_doc: dict, local: int, seed: int, optimizer: bool):
     from sharding.torchrec_adapter import load_plan_dict
 
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR} if optimizer else {}
-    plan = load_plan_dict(plan_doc, device="cpu", local_size=local)
-    dmp = DistributedModelParallel(module=_ebc(tables, torch.device("meta")), device=torch.device("cpu"), plan=plan,
+    ebc = _ebc(tables, torch.device("meta"))
+    plan = load_plan_dict(plan_doc, device="cpu", local_size=local, model=ebc)  # as a user's job loads it
+    dmp = DistributedModelParallel(module=ebc, device=torch.device("cpu"), plan=plan,
                                    sharders=[EmbeddingBagCollectionSharder(fused_params=fused)])
     full = _full_weights(tables, seed)
     with torch.no_grad():
