@@ -24,7 +24,10 @@ Attack classes (project issue 16), each with several variants, every one through
 - flags: a value past its field's bound, or a flag that would change nothing, is refused as the flag
   typed before any run (counts of steps, repeats, workers, GPUs; a stray brace in --objective);
 - environment: a bad value in a variable cubic reads (a database timeout, the campaign storage, the
-  data folder) is named as the variable, before any work, leaving nothing behind.
+  data folder) is named as the variable, before any work, leaving nothing behind;
+- job loaders: a user's TorchRec job (``experiments/reliability/_plan_job.py``, not the CLI) loads a
+  plan that does not fit its model (the collection's path, a table either side lacks, rows, dim):
+  refused in one line before DMP, never run with the tables unsharded or failed deep in TorchRec.
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -58,6 +61,7 @@ MEM_LIMIT_BYTES = 8 * 2**30  # a regression (an alias bomb expanding) fails this
 ESC = "\x1b"
 CLI = "import sys; from cubic.cli.app import main; sys.exit(main(sys.argv[1:]))"
 WORKER = "import sys; from cubic.codesign.worker import main; sys.exit(main(sys.argv[1:]))"
+JOB = "import sys; from experiments.reliability._plan_job import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass
@@ -637,15 +641,46 @@ def _environment_attacks() -> list[Attack]:
     return out
 
 
+def _job_loader_attacks() -> list[Attack]:
+    """A plan loaded by the job it is for, against the job's model (stop 60: DMP ran a plan under a
+    path with no collection, tables unsharded, without a word; a missing table was TorchRec's KeyError,
+    another shape a shard-size ValueError naming no table; a table the model lacks passed)."""
+    from cubic.core.spec import Table, Topology
+    from sharding.torchrec_adapter import to_torchrec_json
+    from sharding.types import Plan, Shard
+
+    mine = [["t0", 100, 8], ["t1", 50, 16]]
+    plan = Plan(planner="hand", world_size=1, group_size=1, batch_size=8, topology=Topology(world_size=1),
+                tables=[Table(name=n, rows=r, dim=d) for n, r, d in mine],
+                shards=[Shard(table=n, sharding_type="table_wise", rank=0, rows=r, cols=d) for n, r, d in mine])
+    docs = {"plan.json": json.loads(plan.model_dump_json()), "tr.json": to_torchrec_json(plan)}
+    out: list[Attack] = []
+
+    def A(variant, tables, must_say, at="sparse.ebc", module_path="sparse.ebc", doc="plan.json", rc=(2,)):
+        model = json.dumps({"at": at, "tables": tables, "module_path": module_path})
+        out.append(Attack("job loaders", variant, [doc, model], program=JOB, expect_rc=rc, one_line=rc == (2,),
+                          setup=lambda d: _write(d / doc, json.dumps(docs[doc])), must_say=must_say, timeout_s=120,
+                          quick=variant.startswith("a path")))
+
+    A("the model it was planned for runs sharded", mine, ("ShardedEmbeddingBagCollection",), rc=(0,))
+    A("a path where the model has no collection", mine, ("module_path",), module_path="sparse_arch.ebc")
+    A("a model table the plan lacks", [*mine, ["t2", 10, 4]], ("tables", "'t2'"))
+    A("a plan table the model lacks", mine[:1], ("tables", "'t1'"))
+    A("a table of other rows", [["t0", 200, 8], mine[1]], ("tables.t0", "200"))
+    A("an export, a table of other dim", [mine[0], ["t1", 50, 32]], ("parameters.t1", "32"), doc="tr.json")
+    return out
+
+
 def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
             *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
-            *_file_value_attacks(), *_trace_attacks(), *_flag_attacks(), *_environment_attacks()]
+            *_file_value_attacks(), *_trace_attacks(), *_flag_attacks(), *_environment_attacks(),
+            *_job_loader_attacks()]
 
 
 CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces",
-           "flags", "environment")
+           "flags", "environment", "job loaders")
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -723,7 +758,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("variants")
     ax.set_ylim(0, max(v["variants"] for v in c) * 1.3 + 1)
     t = res["total"]
-    ax.set_title(f"hostile inputs through the real CLI{' (reduced form)' if res['quick'] else ''}: "
+    ax.set_title(f"hostile inputs through the real CLI and a user's job{' (reduced form)' if res['quick'] else ''}: "
                  f"{t['defects']} defects in {t['variants']} variants", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
