@@ -12,6 +12,7 @@ collection left unsharded is exit 1 (the defect the check exists for). On a ``lo
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -39,9 +40,9 @@ def main(argv: list[str]) -> int:
         device=torch.device("meta")))
     model.dense = torch.nn.Linear(4, 4)
     try:
-        try:
+        if "model" in inspect.signature(load_plan).parameters:
             plan = load_plan(path, module_path=spec["module_path"], model=model, world_size=1, device="cpu")
-        except TypeError:  # the loader before it took the model
+        else:  # the loader before it took the model
             plan = load_plan(path, module_path=spec["module_path"] or "", world_size=1, device="cpu")
     except SpecError as e:
         print(f"cubic: {e}", file=sys.stderr)
