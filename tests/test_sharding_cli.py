@@ -36,6 +36,20 @@ def test_plan_2d_from_workload(tmp_path, capsys):
     assert doc["group_size"] == 2 and doc["world_size"] == 4
 
 
+def test_2d_export_says_what_has_not_run_it(tmp_path, capsys):
+    """A 2D plan's consumer is TorchRec's DMPCollection, which asserts CUDA: the export says it has not
+    been run under it (a 1D export says nothing more than before)."""
+    for group, note in ((2, True), (4, False)):
+        out = tmp_path / f"p{group}.json"
+        assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--group-size", str(group),
+                     "--memory-gb", "2", "--planner", "lookup_greedy", "--out", str(out)]) == 0
+        capsys.readouterr()
+        assert main(["shard", "export", str(out), "--out", str(tmp_path / f"tr{group}.json")]) == 0
+        err = capsys.readouterr().err
+        assert ("DMPCollection(plan=load_plan(...), sharding_group_size=2, world_size=4)" in err) == note, err
+        assert ("has not run a cubic plan" in err) == note
+
+
 @pytest.mark.parametrize("body,needle", [
     ("a,0,8,1,1.0\n", "rows"),
     ("a,10,8,1,1.0\na,10,8,1,1.0\n", "duplicated"),

@@ -368,6 +368,12 @@ def cmd_export(args) -> int:
         print(f"wrote {args.out}")
     else:
         print(text)
+    if doc["replicas"] > 1:  # what cubic has not run says so where the user reads it
+        G, W = doc["world_size"], doc["world_size"] * doc["replicas"]
+        print(f"cubic: note: a 2D plan ({doc['replicas']} replicas of groups of {G}): TorchRec runs it with "
+              f"DMPCollection(plan=load_plan(...), sharding_group_size={G}, world_size={W}); a group's layout is "
+              "what DMP runs (checked on CPU), but DMPCollection, CUDA-only in TorchRec 1.9, has not run a cubic "
+              "plan: check the first steps of your job", file=sys.stderr)
     return 0
 
 
