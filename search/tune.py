@@ -148,8 +148,20 @@ class CubicSearcher(Searcher):
             json.dump(self._doc(), f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path) as f:
-            self._load(json.load(f))
+        """Load :meth:`save`'s document; anything else is one ValueError naming the file (a torn or
+        foreign checkpoint was a bare JSONDecodeError, TypeError or KeyError: 'dists')."""
+        before = dict(self.__dict__)
+        try:
+            with open(checkpoint_path) as f:
+                doc = json.load(f)
+            if not isinstance(doc, dict) or doc.get("version") != 2:
+                raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else None!r}, not 2")
+            self._load(doc)
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            self.__dict__.clear()
+            self.__dict__.update(before)  # the searcher as it was, not half loaded
+            raise ValueError(f"{checkpoint_path}: not a CubicSearcher checkpoint ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())})") from None
 
     # Tune pickles its TuneConfig (this searcher in it) when a Tuner is built, and an Optuna study
     # holds locks: the pickled form carries the checkpoint's document (finished trials) instead

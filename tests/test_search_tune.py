@@ -43,6 +43,30 @@ def test_suggest_complete_save_restore(tmp_path):
     assert r.suggest("n") == s.suggest("n")
 
 
+def test_restore_of_what_is_no_checkpoint_names_the_file_and_keeps_the_searcher(tmp_path):
+    """A torn, foreign or other-version file was a bare JSONDecodeError, TypeError or KeyError: 'dists',
+    and a half-loaded searcher; now one ValueError naming the file, the searcher as it was."""
+    import json
+
+    s = CubicSearcher(SPACE, metric="loss", mode="min", seed=0, batch_size=2)
+    cfg = s.suggest("t0")
+    s.on_trial_complete("t0", {"loss": curve(cfg, MAX_T)})
+    good = tmp_path / "good"
+    s.save(str(good))
+    doc = json.loads(good.read_text())
+    bad = {"torn": good.read_text()[:40], "a list": "[]", "version 1": json.dumps({**doc, "version": 1}),
+           "no trials": json.dumps({k: v for k, v in doc.items() if k != "trials"}),
+           "mode sideways": json.dumps({**doc, "mode": "sideways"})}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"^{tmp_path / name}: not a CubicSearcher checkpoint") as e:
+            s.restore(str(tmp_path / name))
+        assert "\n" not in str(e.value)
+        assert s._mode == "min" and len(s.study.trials) == 1  # the searcher as it was
+    s.restore(str(good))
+    assert len(s.study.trials) == 1
+
+
 def test_a_searcher_given_its_space_pickles_as_tune_does():
     """Tuner(...) pickles its TuneConfig with the searcher in it: a searcher built with its space and
     mode (its Optuna study already made, which holds locks) must pickle, before and after trials."""
