@@ -30,6 +30,8 @@ from ray.tune.search import Searcher
 
 from search.optuna_sampler import CubicSampler
 
+CHECKPOINT_VERSION = 2  # what save writes and restore takes
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -122,7 +124,7 @@ class CubicSearcher(Searcher):
 
         finished = [t for t in self._study.get_trials(deepcopy=True)
                     if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)] if self._study else []
-        return {"version": 2, "metric": self._metric, "mode": self._mode, "seed": self._seed,
+        return {"version": CHECKPOINT_VERSION, "metric": self._metric, "mode": self._mode, "seed": self._seed,
                 "batch_size": self._batch_size, "max_t": self._max_t,
                 "dists": {k: distribution_to_json(d) for k, d in (self._dists or {}).items()},
                 "trials": [{"state": t.state.name, "value": t.value, "params": t.params,
@@ -154,8 +156,9 @@ class CubicSearcher(Searcher):
         try:
             with open(checkpoint_path) as f:
                 doc = json.load(f)
-            if not isinstance(doc, dict) or doc.get("version") != 2:
-                raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else None!r}, not 2")
+            if not isinstance(doc, dict) or doc.get("version") != CHECKPOINT_VERSION:
+                raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else None!r}, "
+                                 f"not {CHECKPOINT_VERSION}")
             self._load(doc)
         except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
             self.__dict__.clear()
