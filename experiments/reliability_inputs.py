@@ -656,8 +656,8 @@ def _job_loader_attacks() -> list[Attack]:
     docs = {"plan.json": json.loads(plan.model_dump_json()), "tr.json": to_torchrec_json(plan)}
     out: list[Attack] = []
 
-    def A(variant, tables, must_say, at="sparse.ebc", module_path="sparse.ebc", doc="plan.json", rc=(2,)):
-        model = json.dumps({"at": at, "tables": tables, "module_path": module_path})
+    def A(variant, tables, must_say, module_path="sparse.ebc", doc="plan.json", rc=(2,)):
+        model = json.dumps({"at": "sparse.ebc", "tables": tables, "module_path": module_path})
         out.append(Attack("job loaders", variant, [doc, model], program=JOB, expect_rc=rc, one_line=rc == (2,),
                           setup=lambda d: _write(d / doc, json.dumps(docs[doc])), must_say=must_say, timeout_s=120,
                           quick=variant.startswith("a path")))
