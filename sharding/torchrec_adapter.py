@@ -446,18 +446,27 @@ def check_model(model, module_path: str | None, shapes: dict[str, tuple[int, int
     return module_path
 
 
-def _shapes(layouts: dict[str, Layout], doc: dict) -> dict[str, tuple[int, int] | None]:
+def _shapes(layouts: dict[str, Layout], doc: dict, source: str) -> dict[str, tuple[int, int] | None]:
     """An export's (rows, dim) per table: its ``shape`` (written since stop 60), else the extent of its
-    shards; None for a data-parallel table of an older export (no shards to read it from)."""
+    shards; None for a data-parallel table of an older export (no shards to read it from). A ``shape``
+    that is not two positive integers, or that its own shards overrun, is refused naming it: the
+    check against the model must not rest on a value the rest of the export contradicts."""
     out: dict[str, tuple[int, int] | None] = {}
     for name, lay in layouts.items():
         shape = doc["parameters"][name].get("shape")
-        if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) for x in shape):
-            out[name] = (shape[0], shape[1])
-        elif lay.shards:
-            out[name] = (max(ro + n for ro, n, _, _, _ in lay.shards), max(co + c for _, _, co, c, _ in lay.shards))
-        else:
-            out[name] = None
+        extent = ((max(ro + n for ro, n, _, _, _ in lay.shards), max(co + c for _, _, co, c, _ in lay.shards))
+                  if lay.shards else None)
+        if shape is None:
+            out[name] = extent
+            continue
+        if not (isinstance(shape, list) and len(shape) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape)):
+            raise SpecError(f"{shape!r} is not [rows, dim], two positive integers", source=source,
+                            field=f"parameters.{name}.shape")
+        if extent is not None and (extent[0] > shape[0] or extent[1] > shape[1]):
+            raise SpecError(f"the table is {shape[0]} x {shape[1]} but its shards cover {extent[0]} x {extent[1]}",
+                            source=source, field=f"parameters.{name}.shape")
+        out[name] = (shape[0], shape[1])
     return out
 
 
@@ -478,7 +487,7 @@ def load_plan_dict(doc: dict, module_path: str | None = None, device: str | None
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"not an exported TorchRec plan ({type(e).__name__}: {e})", source=source,
                             field="world_size") from None
-        shapes, field = _shapes(layouts, doc), "parameters"
+        shapes, field = _shapes(layouts, doc, source), "parameters"
     else:
         plan = plan_from_dict(doc, source=source)
         layouts = torchrec_layout(plan, local_size)

@@ -269,6 +269,31 @@ def test_load_plan_checks_the_model_it_will_shard(tmp_path, exported):
         load_plan(path, model=two)
 
 
+
+def test_an_exports_shape_is_checked_before_the_model_is(tmp_path):
+    """An export's ``shape`` decides the check against the model: one that is not two positive
+    integers, or that the table's own shards overrun, is refused naming it (it was ignored and the
+    shape read off the shards instead, where the rest of the export parser refuses)."""
+    from sharding.torchrec_adapter import load_plan
+
+    plan = every_type_plan()
+    assert main(["shard", "export", str(plan.save(tmp_path / "plan.json")), "--out", str(tmp_path / "tr.json")]) == 0
+    doc = json.loads((tmp_path / "tr.json").read_text())
+    mine = [(t.name, t.rows, t.dim) for t in plan.tables]
+    rows = doc["parameters"]["rw"]["shape"][0]
+    for shape, why in ((["a", 8], "is not [rows, dim]"), ([rows, 8, 1], "is not [rows, dim]"), ([0, 8], "is not"),
+                       ([True, 8], "is not"), ([rows - 1, 8], f"its shards cover {rows} x 8")):
+        bad = json.loads(json.dumps(doc))
+        bad["parameters"]["rw"]["shape"] = shape
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(SpecError) as e:
+            load_plan(tmp_path / "bad.json", model=_model(mine))
+        assert str(e.value).startswith(f"{tmp_path / 'bad.json'}: parameters.rw.shape: ") and why in str(e.value), e.value
+    del doc["parameters"]["rw"]["shape"]  # an export before stop 60: read off the shards
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert set(load_plan(tmp_path / "old.json", model=_model(mine)).plan["sparse.ebc"]) == {t.name for t in plan.tables}
+
+
 _UNNAMED = """
 import json, os, sys
 import torch, torch.distributed as dist
