@@ -48,14 +48,15 @@ Schema (JSON, ``version`` 1)::
           "reason": "why it is kept in high precision" | null
         }
       },
-      "module_filter": ["<module name>", ...]   # the FP8 sites: torchao's module_filter_fn
+      "module_filter": ["<module name>", ...]   # the FP8 sites (torchao's module_filter_fn per recipe:
+                                                # fp8.torchao_export.module_filter_fn)
     }
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -199,6 +200,10 @@ class Placement(Frozen):
     def fp8_sites(self) -> dict[str, SitePlacement]:
         return {n: s for n, s in self.sites.items() if s.recipe is not None}
 
+    def recipes(self) -> list[str]:
+        """The FP8 sites' recipes: one torchao ``convert_to_float8_training`` call each."""
+        return sorted({str(s.recipe) for s in self.fp8_sites().values()})
+
     def kernels(self) -> dict[str, str]:
         return {n: s.kernel for n, s in self.fp8_sites().items()}  # type: ignore[misc]
 
@@ -210,12 +215,6 @@ def parse_placement(data: Any, source: str = "placement") -> Placement:
 
 def load_placement(path: str) -> Placement:
     return parse_placement(read_structured(path), source=str(path))
-
-
-def module_filter_fn(placement: Placement) -> Callable[[Any, str], bool]:
-    """torchao's ``module_filter_fn(module, fqn) -> bool``: convert exactly the placement's FP8 sites."""
-    names = set(placement.module_filter)
-    return lambda module, fqn: fqn in names
 
 
 def noise_power(sqnr_db: float) -> float:

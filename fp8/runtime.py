@@ -70,9 +70,15 @@ def apply_fp8(model: nn.Module, fp8_choice: FP8Choice, workload: Workload | None
     return apply_placement(model, placement, track_error=track_error, dispatch=dispatch)
 
 
-def _misfit(sites: dict[str, nn.Linear], name: str, site) -> str | None:
-    """Why a placement's site does not fit the model's linear sites (None when it does)."""
+def site_misfit(sites: dict[str, nn.Linear], name: str, site) -> str | None:
+    """Why a placement's site does not fit the model's linear sites (None when it does). A site the
+    model holds under a longer name (the placement probed on a sub-module) is named: the fix is to
+    apply the placement to that sub-module, not to rename."""
     if name not in sites:
+        under = sorted(n for n in sites if n.endswith("." + name))
+        if under:
+            return (f"the model has no linear site of this name, but has {', '.join(map(repr, under[:3]))}: a "
+                    "placement probed on a sub-module? apply it to that sub-module")
         near = ", ".join(sorted(sites)[:3]) + (", ..." if len(sites) > 3 else "")
         return f"the model has no linear site of this name ({len(sites)} sites: {near}): a placement for another model?"
     if (sites[name].in_features, sites[name].out_features) != (site.k, site.n):
@@ -91,7 +97,7 @@ def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str
         dense = build_dense(workload)
     sites = {f"dense.{n}": m for n, m in linear_sites(dense).items()}
     for name, site in placement.sites.items():
-        if why := _misfit(sites, name, site):
+        if why := site_misfit(sites, name, site):
             return f"sites.{name}", why
     return None
 
@@ -105,7 +111,7 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
     chosen = placement.sites if dispatch else placement.fp8_sites()
     modded = {n: s.applied_mods for n, s in placement.sites.items() if s.applied_mods}
     for name in modded:
-        if why := _misfit(sites, name, placement.sites[name]):
+        if why := site_misfit(sites, name, placement.sites[name]):
             raise SpecError(why, source="fp8.placement", field=f"sites.{name}")
     inner = apply_site_mods(model, modded)
     sites = linear_sites(model)
@@ -114,7 +120,7 @@ def apply_placement(model: nn.Module, placement: Placement, *, track_error: bool
     for name, site in chosen.items():
         if dispatch and site.recipe is None and not (site.dispatch and site.dispatch.get("kernel") in KERNELS):
             continue
-        if name not in inner and (why := _misfit(sites, name, site)):  # a modded site was checked above
+        if name not in inner and (why := site_misfit(sites, name, site)):  # a modded site was checked above
             raise SpecError(why, source="fp8.placement", field=f"sites.{name}")
         mod = sites[name]
         kernel = site.kernel

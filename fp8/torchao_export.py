@@ -27,6 +27,10 @@ channels zeroed), and the outlier channels' GEMM runs in the layer's precision b
 the same weight. It picks its outlier channels on the first batch the job runs it on and keeps them
 in its ``outlier`` buffer (state_dict), so a job resumed from its own checkpoint (``apply`` first,
 then ``load_state_dict``) keeps the same channels.
+
+A job with its own torchao calls uses :func:`module_filter_fn` instead, one call per recipe: it is
+checked as ``apply`` is (every site by name and shape in the job's model, only torchao recipes), and
+refuses what a name filter cannot do (the sites of two recipes in one call, a site's Mods).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import inspect
 import pprint
 import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from cubic.core.recipes import TORCHAO_RECIPES
@@ -114,6 +119,64 @@ def apply_plan(model, plan):
 def apply_placement_torchao(model, placement: Placement, source: str = "placement"):
     """Apply ``placement`` to ``model`` with torchao (in place; see the module docstring)."""
     return apply_plan(model, torchao_plan(placement, source))
+
+
+@dataclass(frozen=True)
+class SiteFilter:
+    """torchao's ``module_filter_fn(module, fqn) -> bool`` for one ``convert_to_float8_training``
+    call: exactly the placement's FP8 sites in ``recipe`` (None: a placement with no FP8 site)."""
+
+    recipe: str | None
+    sites: frozenset[str]
+
+    def __call__(self, module, fqn: str) -> bool:
+        return fqn in self.sites
+
+    def config(self):
+        """torchao's ``Float8LinearConfig`` for this recipe (the config the call must be given)."""
+        from torchao.float8 import Float8LinearConfig
+
+        # no FP8 site: any config converts nothing
+        return Float8LinearConfig.from_recipe_name(self.recipe or "tensorwise")
+
+
+def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
+                     source: str = "placement") -> SiteFilter:
+    """The module filter for one ``convert_to_float8_training(model, config=f.config(),
+    module_filter_fn=f)`` call: the FP8 sites of ``recipe`` (may be omitted when the placement has one).
+
+    Checked before torchao runs, each a :class:`~cubic.core.spec.SpecError` naming the file and
+    field, because a name filter fails silently: a site the model lacks (the placement probed on a
+    sub-module, or for another model) or has in another shape; sites of several recipes in one call
+    (torchao would run them all in the one config given); a site with Mods (a filter cannot apply
+    them: use ``cubic fp8 export --format torchao``); a recipe torchao does not run. ``model`` is
+    required: a filter that matches nothing converts nothing, without a word.
+    """
+    from fp8.runtime import linear_sites, site_misfit
+
+    plan = torchao_plan(placement, source)
+    recipes = plan["recipes"]
+    counts = ", ".join(f"{r}: {len(s)}" for r, s in recipes.items())
+    if recipe is None and len(recipes) > 1:
+        raise SpecError(f"the FP8 sites are in {len(recipes)} recipes ({counts}) and torchao converts one recipe per "
+                        "call: call module_filter_fn(placement, recipe, model=model) once per placement.recipes(), "
+                        "each with its .config(), or apply the export (cubic fp8 export --format torchao)",
+                        source=source, field="sites")
+    recipe = recipe if recipe is not None else next(iter(recipes), None)
+    if recipe is not None and recipe not in recipes:
+        raise SpecError(f"no FP8 site is in recipe {recipe!r} (the placement's: {counts or 'none'})",
+                        source=source, field="sites")
+    names = recipes.get(recipe, [])
+    modded = [n for n in names if n in plan["mods"]]
+    if modded:
+        raise SpecError(f"site {modded[0]!r} carries Mods ({', '.join(m['name'] for m in plan['mods'][modded[0]])}) "
+                        "that a module filter cannot apply: apply the export (cubic fp8 export --format torchao)",
+                        source=source, field=f"sites.{modded[0]}.applied_mods")
+    linears = linear_sites(model)
+    for name in names:
+        if why := site_misfit(linears, name, placement.sites[name]):
+            raise SpecError(why, source=source, field=f"sites.{name}")
+    return SiteFilter(recipe, frozenset(names))
 
 
 def export_module(placement: Placement, source: str = "placement") -> str:

@@ -10,7 +10,7 @@ from cubic.core.spec import SpecError
 from cubic.core.workloads import load_workload
 from fp8.dispatch import Dispatcher
 from fp8.kernels import KERNELS, Fp8Linear
-from fp8.placement import choose, module_filter_fn, parse_placement
+from fp8.placement import choose, parse_placement
 from fp8.probe import Probe, Welford
 from fp8.runtime import apply_fp8
 
@@ -111,7 +111,6 @@ def test_runtime_applies_placement_and_all_and_rejects_bad_sites():
     model = apply_fp8(build_model(w), FP8Choice(policy="placement", placement=_doc()), w)
     assert isinstance(model.dense.bottom.fc[1], Fp8Linear) and not isinstance(model.dense.bottom.fc[0], Fp8Linear)
     assert model.dense.bottom.fc[1].kernel.name == "scaled_mm_rowwise"
-    assert module_filter_fn(parse_placement(_doc()))(None, "dense.bottom.fc.1")
     every = apply_fp8(build_model(w), FP8Choice(policy="all", recipe="tensorwise"), w)
     linears = [m for m in every.modules() if isinstance(m, nn.Linear)]
     assert linears and all(isinstance(m, Fp8Linear) for m in linears)

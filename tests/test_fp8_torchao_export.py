@@ -16,7 +16,7 @@ pytest.importorskip("torchao.float8")
 
 from cubic.core.spec import SpecError  # noqa: E402
 from fp8.placement import parse_placement  # noqa: E402
-from fp8.torchao_export import apply_placement_torchao, export_module, torchao_plan  # noqa: E402
+from fp8.torchao_export import apply_placement_torchao, export_module, module_filter_fn, torchao_plan  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Enum subclass.*")
 
@@ -116,6 +116,58 @@ def test_bad_placements_are_refused_with_the_site_named(tmp_path):
         apply_placement_torchao(m, _placement())
     with pytest.raises(ValueError, match="no nn.Linear"):
         apply_placement_torchao(nn.Sequential(nn.Linear(32, 64)), _placement())
+
+
+
+def test_a_jobs_own_torchao_calls_convert_exactly_the_sites_through_the_filter():
+    """README's loop for a job with its own torchao calls: one module_filter_fn per recipe, each
+    with its config, converts exactly the placement's sites in their recipes, as the export does."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    p = _placement(**{"2": _site(64, 64, "rowwise", "scaled_mm_rowwise")})
+    assert p.recipes() == ["rowwise", "rowwise_with_gw_hp", "tensorwise"]
+    model = _model()
+    for recipe in p.recipes():
+        f = module_filter_fn(p, recipe, model=model)
+        assert f.recipe == recipe and f.config() == Float8LinearConfig.from_recipe_name(recipe)
+        convert_to_float8_training(model, config=f.config(), module_filter_fn=f)
+    assert _converted(model) == {n: Float8LinearConfig.from_recipe_name(r) for n, r in
+                                 (("2", "rowwise"), ("4", "rowwise_with_gw_hp"), ("6", "tensorwise"))}
+    one = _placement(**{"2": _site(64, 64, "rowwise", "scaled_mm_rowwise"), "4": _site(64, 48, "rowwise", "scaled_mm_rowwise"),
+                        "6": _site(48, 1, reason="kept")})
+    f = module_filter_fn(one, model=_model())  # one recipe: it may be omitted
+    assert f.recipe == "rowwise" and f.sites == {"2", "4"}
+    none = parse_placement({"sites": {"0": _site(32, 64, reason="kept")}, "module_filter": []})
+    assert module_filter_fn(none, model=_model()).sites == frozenset()
+
+
+def test_the_filter_refuses_what_a_name_filter_would_do_silently():
+    """Each of these converted the wrong modules, or none, without a word through a bare name filter
+    (before stop 61: a model wrapped in another module converted nothing; one call with another
+    recipe's config converted every site in it; a site's Mods were skipped; block128 ran as the
+    config given)."""
+    p = _placement(**{"2": _site(64, 64, "rowwise", "scaled_mm_rowwise")})
+    wrapped = nn.Module()
+    wrapped.net = _model()
+    cases = {
+        r"sites: the FP8 sites are in 3 recipes \(rowwise: 1, rowwise_with_gw_hp: 1, tensorwise: 1\)":
+            lambda: module_filter_fn(p, model=_model()),
+        r"sites: no FP8 site is in recipe 'mx32'": lambda: module_filter_fn(p, "mx32", model=_model()),
+        r"sites.2: the model has no linear site of this name, but has 'net.2': a placement probed on a sub-module":
+            lambda: module_filter_fn(p, "rowwise", model=wrapped),
+        r"sites.6: shape mismatch: placement says k=48, n=1; model has 48, 2":
+            lambda: module_filter_fn(p, "tensorwise", model=nn.Sequential(*list(_model())[:6], nn.Linear(48, 2))),
+        r"sites.2.applied_mods: site '2' carries Mods \(clamp_outliers\)":
+            lambda: module_filter_fn(_placement(), "rowwise", model=_model()),
+        r"sites.4.recipe: recipe 'block128' is not a torchao": lambda: module_filter_fn(
+            _placement(**{"4": _site(64, 48, "block128", "emulated_block128")}), "rowwise", model=_model()),
+    }
+    for msg, call in cases.items():
+        with pytest.raises(SpecError, match=r"^placement: " + msg) as e:
+            call()
+        assert "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="model"):  # without the model nothing could be checked
+        module_filter_fn(p, "rowwise")
 
 
 def test_cli_export_writes_the_module_and_refuses_bad_input(tmp_path):
