@@ -145,8 +145,9 @@ def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
     """The module filter for one ``convert_to_float8_training(model, config=f.config(),
     module_filter_fn=f)`` call: the FP8 sites of ``recipe`` (may be omitted when the placement has one).
 
-    Checked before torchao runs, each a :class:`~cubic.core.spec.SpecError` naming the file and
-    field, because a name filter fails silently: a site the model lacks (the placement probed on a
+    Checked before torchao runs, the whole placement at every call (so the first call refuses, before
+    any module is converted), each a :class:`~cubic.core.spec.SpecError` naming the file and field,
+    because a name filter fails silently: a site the model lacks (the placement probed on a
     sub-module, or for another model) or has in another shape; sites of several recipes in one call
     (torchao would run them all in the one config given); a site with Mods (a filter cannot apply
     them: use ``cubic fp8 export --format torchao``); a recipe torchao does not run. ``model`` is
@@ -166,17 +167,17 @@ def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
     if recipe is not None and recipe not in recipes:
         raise SpecError(f"no FP8 site is in recipe {recipe!r} (the placement's: {counts or 'none'})",
                         source=source, field="sites")
-    names = recipes.get(recipe, [])
-    modded = [n for n in names if n in plan["mods"]]
-    if modded:
-        raise SpecError(f"site {modded[0]!r} carries Mods ({', '.join(m['name'] for m in plan['mods'][modded[0]])}) "
-                        "that a module filter cannot apply: apply the export (cubic fp8 export --format torchao)",
-                        source=source, field=f"sites.{modded[0]}.applied_mods")
+    # every FP8 site, not only this recipe's: the first call refuses, before any module is converted
+    # (a converted Float8Linear is still an nn.Linear of the same shape, so later calls pass again)
+    for name, mods in plan["mods"].items():
+        raise SpecError(f"site {name!r} carries Mods ({', '.join(m['name'] for m in mods)}) that a module filter "
+                        "cannot apply: apply the export (cubic fp8 export --format torchao)",
+                        source=source, field=f"sites.{name}.applied_mods")
     linears = linear_sites(model)
-    for name in names:
+    for name in plan["shapes"]:
         if why := site_misfit(linears, name, placement.sites[name]):
             raise SpecError(why, source=source, field=f"sites.{name}")
-    return SiteFilter(recipe, frozenset(names))
+    return SiteFilter(recipe, frozenset(recipes.get(recipe, [])))
 
 
 def export_module(placement: Placement, source: str = "placement") -> str:
