@@ -27,7 +27,10 @@ Attack classes (project issue 16), each with several variants, every one through
   data folder) is named as the variable, before any work, leaving nothing behind;
 - job loaders: a user's TorchRec job (``experiments/reliability/_plan_job.py``, not the CLI) loads a
   plan that does not fit its model (the collection's path, a table either side lacks, rows, dim):
-  refused in one line before DMP, never run with the tables unsharded or failed deep in TorchRec.
+  refused in one line before DMP, never run with the tables unsharded or failed deep in TorchRec; a
+  user's torchao job (``_fp8_job.py``) applies a placement with its own calls through
+  ``module_filter_fn`` (a wrapped model, another shape, one call for three recipes, Mods, block128):
+  refused in one line, never converting other modules, none, or in another recipe.
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -62,6 +65,7 @@ ESC = "\x1b"
 CLI = "import sys; from cubic.cli.app import main; sys.exit(main(sys.argv[1:]))"
 WORKER = "import sys; from cubic.codesign.worker import main; sys.exit(main(sys.argv[1:]))"
 JOB = "import sys; from experiments.reliability._plan_job import main; sys.exit(main(sys.argv[1:]))"
+FP8_JOB = "import sys; from experiments.reliability._fp8_job import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass
@@ -668,6 +672,41 @@ def _job_loader_attacks() -> list[Attack]:
     A("a plan table the model lacks", mine[:1], ("tables", "'t1'"))
     A("a table of other rows", [["t0", 200, 8], mine[1]], ("tables.t0", "200"))
     A("an export, a table of other dim", [mine[0], ["t1", 50, 32]], ("parameters.t1", "32"), doc="tr.json")
+    return out + _fp8_job_attacks()
+
+
+def _fp8_job_attacks() -> list[Attack]:
+    """A placement applied by a torchao job's own calls (stop 61: a bare name filter converted nothing
+    for a wrapped model, every site in the one config given, a site without its Mods, and block128
+    was a traceback deep in torchao)."""
+
+    def site(k, n, recipe=None, kernel=None, mods=()):
+        return {"m": 128, "k": k, "n": n, "recipe": recipe, "kernel": kernel, "safe": recipe is not None,
+                "applied_mods": list(mods), "reason": None if recipe else "kept in high precision"}
+
+    def doc(**over):
+        sites = {"0": site(32, 64), "2": site(64, 64, "rowwise", "scaled_mm_rowwise"),
+                 "4": site(64, 48, "rowwise_with_gw_hp", "scaled_mm_rowwise_with_gw_hp"),
+                 "6": site(48, 1, "tensorwise", "scaled_mm_tensorwise"), **over}
+        return {"workload": "toy", "sites": sites, "module_filter": sorted(n for n, v in sites.items() if v["recipe"])}
+
+    out: list[Attack] = []
+
+    def A(variant, must_say, placement=None, wrap=False, last_out=1, one_call=None, rc=(2,), quick=False):
+        text = json.dumps(placement or doc())
+        out.append(Attack("job loaders", variant, ["fp8.json", json.dumps(
+            {"wrap": wrap, "last_out": last_out, "one_call": one_call})], program=FP8_JOB, expect_rc=rc,
+            one_line=rc == (2,), setup=lambda d: _write(d / "fp8.json", text), must_say=must_say, timeout_s=120,
+            quick=quick))
+
+    A("torchao: the model it was probed on, one call per recipe", ("exactly the placement's sites",), rc=(0,))
+    A("torchao: the model wrapped in the job's module", ("sites.", "'net."), wrap=True, quick=True)
+    A("torchao: a site of another shape", ("sites.6", "shape"), last_out=2)
+    A("torchao: one call for three recipes", ("sites", "3 recipes"), one_call="rowwise")
+    A("torchao: a site with Mods", ("sites.2.applied_mods",), placement=doc(**{"2": site(
+        64, 64, "rowwise", "scaled_mm_rowwise", mods=[{"name": "clamp_outliers", "params": {"alpha": 8.0}}])}))
+    A("torchao: a site in block128", ("sites.4.recipe", "block128"),
+      placement=doc(**{"4": site(64, 48, "block128", "emulated_block128")}))
     return out
 
 

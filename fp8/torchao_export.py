@@ -28,7 +28,8 @@ the same weight. It picks its outlier channels on the first batch the job runs i
 in its ``outlier`` buffer (state_dict), so a job resumed from its own checkpoint (``apply`` first,
 then ``load_state_dict``) keeps the same channels.
 
-A job with its own torchao calls uses :func:`module_filter_fn` instead, one call per recipe: it is
+A job with its own torchao calls uses :func:`placement_filters` (:func:`module_filter_fn` per
+recipe) instead, one call per recipe: each is
 checked as ``apply`` is (every site by name and shape in the job's model, only torchao recipes), and
 refuses what a name filter cannot do (the sites of two recipes in one call, a site's Mods).
 """
@@ -36,6 +37,7 @@ refuses what a name filter cannot do (the sites of two recipes in one call, a si
 from __future__ import annotations
 
 import inspect
+import os
 import pprint
 import textwrap
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ from typing import Any
 
 from cubic.core.recipes import TORCHAO_RECIPES
 from cubic.core.spec import SpecError
-from fp8.placement import Placement
+from fp8.placement import Placement, load_placement
 
 PLAN_VERSION = 1
 
@@ -160,8 +162,8 @@ def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
     counts = ", ".join(f"{r}: {len(s)}" for r, s in recipes.items())
     if recipe is None and len(recipes) > 1:
         raise SpecError(f"the FP8 sites are in {len(recipes)} recipes ({counts}) and torchao converts one recipe per "
-                        "call: call module_filter_fn(placement, recipe, model=model) once per placement.recipes(), "
-                        "each with its .config(), or apply the export (cubic fp8 export --format torchao)",
+                        "call: one filter per recipe, each with its .config(), is placement_filters(placement, "
+                        "model=model); or apply the export (cubic fp8 export --format torchao)",
                         source=source, field="sites")
     recipe = recipe if recipe is not None else next(iter(recipes), None)
     if recipe is not None and recipe not in recipes:
@@ -178,6 +180,20 @@ def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
         if why := site_misfit(linears, name, placement.sites[name]):
             raise SpecError(why, source=source, field=f"sites.{name}")
     return SiteFilter(recipe, frozenset(recipes.get(recipe, [])))
+
+
+def placement_filters(placement: Placement | str | os.PathLike, *, model) -> list[SiteFilter]:
+    """One checked :func:`module_filter_fn` per recipe of ``placement`` (a :class:`Placement`, or a
+    file read with :func:`fp8.placement.load_placement`, then named in every error)::
+
+        for f in placement_filters("fp8.json", model=model):
+            convert_to_float8_training(model, config=f.config(), module_filter_fn=f)
+    """
+    source = "placement"
+    if not isinstance(placement, Placement):
+        source = str(placement)
+        placement = load_placement(source)
+    return [module_filter_fn(placement, r, model=model, source=source) for r in placement.recipes()]
 
 
 def export_module(placement: Placement, source: str = "placement") -> str:
