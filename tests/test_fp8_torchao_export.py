@@ -16,7 +16,8 @@ pytest.importorskip("torchao.float8")
 
 from cubic.core.spec import SpecError  # noqa: E402
 from fp8.placement import parse_placement  # noqa: E402
-from fp8.torchao_export import apply_placement_torchao, export_module, module_filter_fn, torchao_plan  # noqa: E402
+from fp8.torchao_export import (apply_placement_torchao, export_module, module_filter_fn, placement_filters,  # noqa: E402
+                                torchao_plan)
 
 warnings.filterwarnings("ignore", message=".*Enum subclass.*")
 
@@ -139,6 +140,22 @@ def test_a_jobs_own_torchao_calls_convert_exactly_the_sites_through_the_filter()
     assert f.recipe == "rowwise" and f.sites == {"2", "4"}
     none = parse_placement({"sites": {"0": _site(32, 64, reason="kept")}, "module_filter": []})
     assert module_filter_fn(none, model=_model()).sites == frozenset()
+
+
+def test_placement_filters_reads_the_file_and_names_it(tmp_path):
+    """README's two lines: the filters of a placement file, one per recipe; an error names the file."""
+    from torchao.float8 import convert_to_float8_training
+
+    p = _placement(**{"2": _site(64, 64, "rowwise", "scaled_mm_rowwise")})
+    path = tmp_path / "fp8.json"
+    path.write_text(p.model_dump_json())
+    model = _model()
+    for f in placement_filters(path, model=model):
+        convert_to_float8_training(model, config=f.config(), module_filter_fn=f)
+    assert _converted(model) == _converted(apply_placement_torchao(_model(), p))
+    assert [f.recipe for f in placement_filters(p, model=_model())] == p.recipes()
+    with pytest.raises(SpecError, match=rf"^{path}: sites.6: shape mismatch"):
+        placement_filters(path, model=nn.Sequential(*list(_model())[:6], nn.Linear(48, 2)))
 
 
 def test_the_filter_refuses_what_a_name_filter_would_do_silently():
