@@ -28,10 +28,10 @@ the same weight. It picks its outlier channels on the first batch the job runs i
 in its ``outlier`` buffer (state_dict), so a job resumed from its own checkpoint (``apply`` first,
 then ``load_state_dict``) keeps the same channels.
 
-A job with its own torchao calls uses :func:`placement_filters` (:func:`module_filter_fn` per
-recipe) instead, one call per recipe: each is
-checked as ``apply`` is (every site by name and shape in the job's model, only torchao recipes), and
-refuses what a name filter cannot do (the sites of two recipes in one call, a site's Mods).
+A job with its own torchao calls uses :func:`placement_filters` instead (one :func:`module_filter_fn`
+per recipe, one call each): checked as ``apply`` is (every site by name and shape in the job's
+model, only torchao recipes), and refusing what a name filter cannot do (the sites of two recipes in
+one call, a site's Mods).
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ def module_filter_fn(placement: Placement, recipe: str | None = None, *, model,
                         source=source, field="sites")
     # every FP8 site, not only this recipe's: the first call refuses, before any module is converted
     # (a converted Float8Linear is still an nn.Linear of the same shape, so later calls pass again)
-    for name, mods in plan["mods"].items():
+    if plan["mods"]:
+        name, mods = next(iter(plan["mods"].items()))
         raise SpecError(f"site {name!r} carries Mods ({', '.join(m['name'] for m in mods)}) that a module filter "
                         "cannot apply: apply the export (cubic fp8 export --format torchao)",
                         source=source, field=f"sites.{name}.applied_mods")

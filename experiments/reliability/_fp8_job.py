@@ -8,11 +8,11 @@ JOB_JSON: ``{"wrap": bool, "last_out": int, "one_call": str | null}``: the job's
 module when ``wrap``, its last layer ``last_out`` wide; the job converts it as README says (one
 ``convert_to_float8_training`` per filter of ``placement_filters(PLACEMENT, model=model)``, each
 with its config), or, with ``one_call``, once with that recipe's config and
-``module_filter_fn(placement, model=model)`` (a user who assumed one recipe). A placement refused is ``cubic: <its line>`` and exit 2; a job
-whose converted modules are not the placement's sites in their recipes, at the placement's shapes
-and with its Mods, is exit 1 (the defect the check exists for); exit 0 when they are. On the code
-before stop 61 (a bare name filter in ``fp8.placement``) the job does what it could then: filter by
-name and pass the config it had.
+``module_filter_fn(placement, model=model)`` (a user who assumed one recipe). A placement refused
+is ``cubic: <its line>`` and exit 2; a job whose converted modules are not the placement's sites in
+their recipes, at the placement's shapes and with its Mods, is exit 1 (the defect the check exists
+for); exit 0 when they are. On the code before stop 61 (a bare name filter in ``fp8.placement``) the
+job does what it could then: filter by name and pass the config it had.
 """
 
 from __future__ import annotations
