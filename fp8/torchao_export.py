@@ -93,7 +93,9 @@ def apply_plan(model, plan):
     for site, (k, n) in plan["shapes"].items():
         mod = found.get(site)
         if mod is None:
-            raise ValueError(f"FP8 placement site {site!r}: the model has no nn.Linear of this name")
+            under = sorted(name for name in found if name.endswith("." + site))[:3]
+            raise ValueError(f"FP8 placement site {site!r}: the model has no nn.Linear of this name" + (
+                f", but has {', '.join(map(repr, under))}: apply the placement to that sub-module" if under else ""))
         if (mod.in_features, mod.out_features) != (k, n):
             raise ValueError(f"FP8 placement site {site!r}: the placement says in={k}, out={n}; the model has "
                              f"in={mod.in_features}, out={mod.out_features}")

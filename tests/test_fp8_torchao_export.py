@@ -115,8 +115,12 @@ def test_bad_placements_are_refused_with_the_site_named(tmp_path):
         m = _model()
         m[4] = nn.Linear(64, 32)
         apply_placement_torchao(m, _placement())
-    with pytest.raises(ValueError, match="no nn.Linear"):
+    with pytest.raises(ValueError, match="no nn.Linear of this name$"):
         apply_placement_torchao(nn.Sequential(nn.Linear(32, 64)), _placement())
+    wrapped = nn.Module()
+    wrapped.net = _model()  # the job's module around the model the placement was probed on
+    with pytest.raises(ValueError, match="site '2': the model has no nn.Linear of this name, but has 'net.2': apply"):
+        apply_placement_torchao(wrapped, _placement())
 
 
 
