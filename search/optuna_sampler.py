@@ -54,13 +54,27 @@ POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's 
 CONSTRAINTS_KEY = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
 
 
+def none_token(dist: BaseDistribution) -> str | None:
+    """The text that stands for Optuna's ``None`` choice in a cubic space (whose values are numbers,
+    text and booleans, ``None`` meaning a parameter not set): ``"None"``, or ``"<None>"`` ... when a
+    choice is that text already. None when ``dist`` has no ``None`` choice."""
+    if not isinstance(dist, CategoricalDistribution) or None not in dist.choices:
+        return None
+    token = "None"
+    while token in dist.choices:
+        token = f"<{token}>"
+    return token
+
+
 def parameter_of(name: str, dist: BaseDistribution) -> Parameter:
-    """A cubic space parameter for an Optuna distribution (the same values, the same scale)."""
+    """A cubic space parameter for an Optuna distribution (the same values, the same scale; a
+    ``None`` choice as :func:`none_token`)."""
     if isinstance(dist, CategoricalDistribution):
         # Optuna's choices carry no scale; positive numbers spanning a decade or more (learning
         # rates, batch sizes as lists) are geometric: the proxy sees them on a log scale, else
         # every choice but the largest sits near 0 of its feature
-        ch = list(dist.choices)
+        token = none_token(dist)
+        ch = [token if c is None else c for c in dist.choices]
         geometric = all(_is_number(c) and c > 0 for c in ch) and max(ch) >= 10 * min(ch)
         return Parameter(name=name, type="categorical", choices=ch, log=geometric)
     if isinstance(dist, IntDistribution):
@@ -112,6 +126,7 @@ class CubicSampler(BaseSampler):
         self._lock = threading.Lock()
         self._cache: dict[tuple, list[dict[str, Any]]] = {}
         self._bound: tuple[str, Strategy] | None = None
+        self._none_tokens: dict[str, str] = {}  # parameter -> the text its None choice is searched as
         self.last_proposal_: dict[str, Any] = {}
 
     # ---- Optuna's BaseSampler ----------------------------------------------------------------
@@ -167,7 +182,9 @@ class CubicSampler(BaseSampler):
         n_con = max((len(t.system_attrs.get(CONSTRAINTS_KEY) or ()) for t in trials), default=0)
         constraints = [Constraint(metric=f"constraint_{j}", name=f"constraint {j}", max=0.0) for j in range(n_con)]
         if self._space is not None:
+            self._none_tokens = {}
             return self._space.model_copy(update={"objectives": objectives, "constraints": constraints})
+        self._none_tokens = {n: t for n, d in search_space.items() if (t := none_token(d)) is not None}
         params = [parameter_of(n, search_space[n]) for n in sorted(search_space)]
         return Space(name=f"optuna:{study.study_name}", objectives=objectives, constraints=constraints,
                      parameters=params)
@@ -185,7 +202,7 @@ class CubicSampler(BaseSampler):
         for t in trials:
             if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
                 continue
-            point = {p.name: t.params[p.name] for p in space.parameters if p.name in t.params}
+            point = self._point_of(space, t.params)
             if any(p.name not in point for p in space.parameters if not p.when):
                 continue  # a trial from before a parameter existed: not a point of this space
             cons = list(t.system_attrs.get(CONSTRAINTS_KEY) or ())
@@ -207,6 +224,11 @@ class CubicSampler(BaseSampler):
         # a pruned trial: its last report plus the complete ones' median gain after that step, never
         # credited above the worst complete one (as TPE ranks it)
         return credit_pruned(space, out)
+
+    def _point_of(self, space: Space, params: dict[str, Any]) -> dict[str, Any]:
+        """A trial's parameters as a point of ``space`` (a ``None`` choice as its text)."""
+        return {p.name: self._none_tokens[p.name] if params[p.name] is None and p.name in self._none_tokens
+                else params[p.name] for p in space.parameters if p.name in params}
 
     def _featurizer_for(self, space: Space):
         """The featurizer with its prior columns named by the study's objectives (``space_for``
@@ -248,8 +270,7 @@ class CubicSampler(BaseSampler):
         taken = {space.key(o.point) for o in history}
         running = [t for t in trials if t.number != trial.number and t.state in (TrialState.RUNNING, TrialState.WAITING)]
         taken |= {t.system_attrs[POINT_KEY] for t in running if POINT_KEY in t.system_attrs}
-        taken |= {space.key({p.name: t.params[p.name] for p in space.parameters if p.name in t.params})
-                  for t in running if t.params}
+        taken |= {space.key(self._point_of(space, t.params)) for t in running if t.params}
         m, k = self.round_of(len(history))
         for _ in range(8):
             point = self._pick(strategy, space, history[:m], k, taken, ("round", m, len(history[:m])), trial.number)
@@ -266,7 +287,9 @@ class CubicSampler(BaseSampler):
                 break
             taken.add(key)
         study._storage.set_trial_system_attr(trial._trial_id, STATE_KEY, strategy.state_dict())
-        return {name: point[name] for name in search_space if name in point}
+        back = self._none_tokens
+        return {name: None if name in back and point[name] == back[name] else point[name]
+                for name in search_space if name in point}
 
     def round_of(self, n_finished: int) -> tuple[int, int]:
         """(first trial, size) of the proposal round that the next trial belongs to, given how many

@@ -178,6 +178,33 @@ def test_geometric_numeric_choices_are_modelled_on_a_log_scale():
     assert not parameter_of("b", CategoricalDistribution([True, False])).log
 
 
+
+def test_a_none_choice_is_searched_like_any_other():
+    """Optuna allows None among a categorical's choices (``suggest_categorical("act", [None, ...])``);
+    the study crashed at its second trial with pydantic's four-error dump (a cubic space's values have
+    no None). None is searched as a text of its own, distinct from a choice spelled "None"."""
+    from optuna.distributions import CategoricalDistribution
+
+    from search.optuna_sampler import none_token, parameter_of
+
+    dist = CategoricalDistribution([None, "relu", "None"])
+    assert none_token(dist) == "<None>" and parameter_of("act", dist).choices == ["<None>", "relu", "None"]
+    assert none_token(CategoricalDistribution(["relu", "gelu"])) is None
+
+    def objective(trial):
+        act = trial.suggest_categorical("act", [None, "relu", "None"])
+        x = trial.suggest_float("x", 0, 1)
+        return (x - 0.3) ** 2 + {None: 0.0, "relu": 1.0, "None": 2.0}[act]
+
+    study = optuna.create_study(sampler=CubicSampler(strategy=fast_strategy(), seed=0, batch_size=2))
+    study.optimize(objective, n_trials=14)
+    states = {t.state for t in study.trials}
+    assert states == {optuna.trial.TrialState.COMPLETE}
+    seen = [t.params["act"] for t in study.trials[1:]]  # after the first trial: the sampler's proposals
+    assert None in seen and all(a in (None, "relu", "None") for a in seen)
+    assert study.best_trial.params["act"] is None
+
+
 def test_rounds_start_at_one_point_and_grow_to_batch_size():
     s = CubicSampler(batch_size=4)
     rounds = sorted({s.round_of(n) for n in range(60)})

@@ -43,6 +43,20 @@ def test_suggest_complete_save_restore(tmp_path):
     assert r.suggest("n") == s.suggest("n")
 
 
+
+def test_a_none_choice_in_a_tune_space():
+    """``tune.choice([None, ...])`` (a Tune space converted to Optuna's): suggested and learned from."""
+    s = CubicSearcher({"norm": tune.choice([None, "layer"]), "lr": tune.loguniform(1e-4, 1e-1)}, metric="loss",
+                      mode="min", seed=0, batch_size=2)
+    seen = []
+    for i in range(6):
+        cfg = s.suggest(f"t{i}")
+        seen.append(cfg["norm"])
+        s.on_trial_complete(f"t{i}", {"loss": (cfg["norm"] is not None) + abs(math.log10(cfg["lr"]) + 2)})
+    assert set(seen) <= {None, "layer"} and None in seen[1:]
+    assert {t.state for t in s.study.trials} == {optuna.trial.TrialState.COMPLETE}
+
+
 def test_restore_of_what_is_no_checkpoint_names_the_file_and_keeps_the_searcher(tmp_path):
     """A torn, foreign or other-version file was a bare JSONDecodeError, TypeError or KeyError: 'dists',
     and a half-loaded searcher; now one ValueError naming the file, the searcher as it was."""
