@@ -6,9 +6,10 @@ The sampler is a thin adapter over :class:`search.strategies.ProxyGuided` (the s
 cubic space, the study's finished trials become the strategy's history, and each proposal round
 of points (one at first, up to ``batch_size``: :meth:`CubicSampler.round_of`) is handed out one
 trial at a time. Parameters the strategy does not model (conditional ones outside the
-intersection, or ones first seen in this trial) go to an ordinary
-Optuna sampler (``independent_sampler``, RandomSampler by default), as Optuna's own relative
-samplers do.
+intersection, ones first seen in this trial, and ones a cubic space cannot hold: an integer range
+past 2**53, a float step cutting the range into more than 1e15 values, a name empty or over 200
+characters; one warning each) go to an ordinary Optuna sampler (``independent_sampler``,
+RandomSampler by default), as Optuna's own relative samplers do.
 
 What it learns from, as Optuna treats it:
 
@@ -33,6 +34,7 @@ trials, with the running ones excluded.
 
 from __future__ import annotations
 
+import logging
 import threading
 import zlib
 from typing import Any, Callable, Sequence
@@ -43,6 +45,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from cubic.core.result import Result
 from search.space import Constraint, Objective, Parameter, Space, _is_number
@@ -52,6 +55,7 @@ from search.strategies import Observation, ProxyGuided, SearchContext, Strategy,
 STATE_KEY = "cubic:strategy_state"
 POINT_KEY = "cubic:point"  # the point's key, written at once: another worker's running trial may have no params yet
 CONSTRAINTS_KEY = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
+_logger = logging.getLogger(__name__)
 
 
 def none_token(dist: BaseDistribution) -> str | None:
@@ -127,6 +131,7 @@ class CubicSampler(BaseSampler):
         self._cache: dict[tuple, list[dict[str, Any]]] = {}
         self._bound: tuple[str, Strategy] | None = None
         self._none_tokens: dict[str, str] = {}  # parameter -> the text its None choice is searched as
+        self._unmodelled: set[str] = set()  # parameters a cubic space cannot hold (warned once each)
         self.last_proposal_: dict[str, Any] = {}
 
     # ---- Optuna's BaseSampler ----------------------------------------------------------------
@@ -137,7 +142,21 @@ class CubicSampler(BaseSampler):
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         if self._space is not None:
             return {p.name: p.distribution() for p in self._space.parameters}
-        return {name: d for name, d in self._intersection.calculate(study).items() if not d.single()}
+        out = {}
+        for name, d in self._intersection.calculate(study).items():
+            if d.single():
+                continue
+            try:
+                parameter_of(name, d)
+            except ValueError as e:  # (pydantic's ValidationError is one) left to the independent sampler
+                if name not in self._unmodelled:
+                    self._unmodelled.add(name)
+                    why = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else str(e)
+                    _logger.warning(f"CubicSampler: parameter {name!r} is sampled independently, not by cubic's "
+                                    f"search: {why}")
+                continue
+            out[name] = d
+        return out
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:

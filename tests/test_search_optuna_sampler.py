@@ -205,6 +205,29 @@ def test_a_none_choice_is_searched_like_any_other():
     assert study.best_trial.params["act"] is None
 
 
+
+def test_a_parameter_no_cubic_space_holds_is_sampled_independently(caplog):
+    """Optuna takes an int range past 2**53 (a seed), a float step of 1e-16, any name; a cubic space
+    does not, and each stopped the user's study at its second trial with pydantic's dump. Such a
+    parameter goes to the independent sampler, as Optuna's relative samplers do, with one warning;
+    the others are still cubic's."""
+    def objective(trial):
+        seed = trial.suggest_int("seed", 0, 2**62)
+        x = trial.suggest_float("x", 0, 1, step=1e-16)
+        y = trial.suggest_float("y" * 201, 0, 1)
+        z = trial.suggest_float("z", 0, 1)
+        return (seed % 7) / 7 + x + y + (z - 0.5) ** 2
+
+    sampler = CubicSampler(strategy=fast_strategy(), seed=0)
+    study = optuna.create_study(sampler=sampler)
+    with caplog.at_level("WARNING", logger="search.optuna_sampler"):
+        study.optimize(objective, n_trials=6)
+    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    assert set(sampler.infer_relative_search_space(study, study.trials[-1])) == {"z"}
+    said = [r.getMessage() for r in caplog.records if "sampled independently" in r.getMessage()]
+    assert len(said) == 3 and any("'seed'" in m and "2**53" in m for m in said), said
+
+
 def test_rounds_start_at_one_point_and_grow_to_batch_size():
     s = CubicSampler(batch_size=4)
     rounds = sorted({s.round_of(n) for n in range(60)})
