@@ -30,7 +30,9 @@ Attack classes (project issue 16), each with several variants, every one through
   refused in one line before DMP, never run with the tables unsharded or failed deep in TorchRec; a
   user's torchao job (``_fp8_job.py``) applies a placement with its own calls through
   ``module_filter_fn`` (a wrapped model, another shape, one call for three recipes, Mods, block128):
-  refused in one line, never converting other modules, none, or in another recipe.
+  refused in one line, never converting other modules, none, or in another recipe; a user's Optuna
+  study (``_optuna_job.py``) with parameters Optuna takes and a cubic space does not hold as they are
+  (a None choice, an int range past 2**53, a tiny float step, a long name): every trial completes.
 
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
@@ -66,6 +68,7 @@ CLI = "import sys; from cubic.cli.app import main; sys.exit(main(sys.argv[1:]))"
 WORKER = "import sys; from cubic.codesign.worker import main; sys.exit(main(sys.argv[1:]))"
 JOB = "import sys; from experiments.reliability._plan_job import main; sys.exit(main(sys.argv[1:]))"
 FP8_JOB = "import sys; from experiments.reliability._fp8_job import main; sys.exit(main(sys.argv[1:]))"
+OPTUNA_JOB = "import sys; from experiments.reliability._optuna_job import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass
@@ -707,7 +710,19 @@ def _fp8_job_attacks() -> list[Attack]:
         64, 64, "rowwise", "scaled_mm_rowwise", mods=[{"name": "clamp_outliers", "params": {"alpha": 8.0}}])}))
     A("torchao: a site in block128", ("sites.4.recipe", "block128"),
       placement=doc(**{"4": site(64, 48, "block128", "emulated_block128")}))
-    return out
+    return out + _optuna_job_attacks()
+
+
+def _optuna_job_attacks() -> list[Attack]:
+    """A user's Optuna study with CubicSampler, on parameters Optuna takes (stop 61: each but the
+    control stopped the study at its second trial with pydantic's dump)."""
+    from experiments.reliability._optuna_job import TRIALS
+
+    return [Attack("job loaders", f"optuna: {variant}", [kind], program=OPTUNA_JOB, expect_rc=(0,), one_line=False,
+                   must_say=(f"{TRIALS} of {TRIALS} trials COMPLETE",), timeout_s=120, quick=kind == "none")
+            for kind, variant in (("control", "a plain study"), ("none", "a categorical with a None choice"),
+                                  ("seed", "an int range past 2**53"), ("step", "a float step of 1e-16"),
+                                  ("name", "a 201-character parameter name"))]
 
 
 def attacks(wd: Path, port: int) -> list[Attack]:
