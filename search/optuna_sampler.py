@@ -151,7 +151,8 @@ class CubicSampler(BaseSampler):
             except ValueError as e:  # (pydantic's ValidationError is one) left to the independent sampler
                 if name not in self._unmodelled:
                     self._unmodelled.add(name)
-                    why = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else str(e)
+                    why = (e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError)
+                           else str(e))
                     _logger.warning(f"CubicSampler: parameter {name!r} is sampled independently, not by cubic's "
                                     f"search: {why}")
                 continue
