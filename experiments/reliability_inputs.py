@@ -675,7 +675,7 @@ def _job_loader_attacks() -> list[Attack]:
     A("a plan table the model lacks", mine[:1], ("tables", "'t1'"))
     A("a table of other rows", [["t0", 200, 8], mine[1]], ("tables.t0", "200"))
     A("an export, a table of other dim", [mine[0], ["t1", 50, 32]], ("parameters.t1", "32"), doc="tr.json")
-    return out + _fp8_job_attacks()
+    return out + _fp8_job_attacks() + _optuna_job_attacks()
 
 
 def _fp8_job_attacks() -> list[Attack]:
@@ -710,7 +710,7 @@ def _fp8_job_attacks() -> list[Attack]:
         64, 64, "rowwise", "scaled_mm_rowwise", mods=[{"name": "clamp_outliers", "params": {"alpha": 8.0}}])}))
     A("torchao: a site in block128", ("sites.4.recipe", "block128"),
       placement=doc(**{"4": site(64, 48, "block128", "emulated_block128")}))
-    return out + _optuna_job_attacks()
+    return out
 
 
 def _optuna_job_attacks() -> list[Attack]:
