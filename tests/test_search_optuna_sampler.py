@@ -73,7 +73,6 @@ def test_optimize_with_constraints_failures_and_pruning():
     assert len(set(keys)) == len(keys)  # nothing proposed twice
 
 
-
 def test_a_pruned_trial_is_credited_the_gain_complete_trials_made_after_its_step():
     sampler = CubicSampler(strategy=fast_strategy(), seed=0)
     study = optuna.create_study(sampler=sampler)
@@ -178,7 +177,6 @@ def test_geometric_numeric_choices_are_modelled_on_a_log_scale():
     assert not parameter_of("b", CategoricalDistribution([True, False])).log
 
 
-
 def test_a_none_choice_is_searched_like_any_other():
     """Optuna allows None among a categorical's choices (``suggest_categorical("act", [None, ...])``);
     the study crashed at its second trial with pydantic's four-error dump (a cubic space's values have
@@ -203,7 +201,6 @@ def test_a_none_choice_is_searched_like_any_other():
     seen = [t.params["act"] for t in study.trials[1:]]  # after the first trial: the sampler's proposals
     assert None in seen and all(a in (None, "relu", "None") for a in seen)
     assert study.best_trial.params["act"] is None
-
 
 
 def test_a_parameter_no_cubic_space_holds_is_sampled_independently(caplog):
