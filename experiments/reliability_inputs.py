@@ -25,8 +25,8 @@ Attack classes (project issue 16), each with several variants, every one through
   typed before any run (counts of steps, repeats, workers, GPUs; a stray brace in --objective);
 - environment: a bad value in a variable cubic reads (a database timeout, the campaign storage, the
   data folder) is named as the variable, before any work, leaving nothing behind;
-- job loaders: a user's TorchRec job (``experiments/reliability/_plan_job.py``, not the CLI) loads a
-  plan that does not fit its model (the collection's path, a table either side lacks, rows, dim):
+- job loaders (``experiments/reliability/job_attacks.py``): a user's TorchRec job (``_plan_job.py``,
+  not the CLI) loads a plan that does not fit its model (the collection's path, a table either side lacks, rows, dim):
   refused in one line before DMP, never run with the tables unsharded or failed deep in TorchRec; a
   user's torchao job (``_fp8_job.py``) applies a placement with its own calls through
   ``module_filter_fn`` (a wrapped model, another shape, one call for three recipes, Mods, block128):
@@ -37,7 +37,7 @@ Attack classes (project issue 16), each with several variants, every one through
 A variant passes when the command ends within its limit, without a traceback, with the expected
 exit code and (for bad input) exactly one ``cubic: ...`` line on stderr that says what it must,
 with nothing forbidden (a secret, a raw ESC) in its output, with no stored row lost, and (for bad
-input) no row recorded.
+input) no row recorded (``experiments/reliability/attack.py`` runs and judges one attack).
 Writes results/reliability_inputs.json with ``targets``.
 """
 
@@ -45,16 +45,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import resource
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,111 +57,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-MEM_LIMIT_BYTES = 8 * 2**30  # a regression (an alias bomb expanding) fails this child, not the machine
+from experiments.reliability.attack import CLI, WORKER, Attack, Outcome, run_attack, write_file  # noqa: E402
+from experiments.reliability.job_attacks import job_loader_attacks  # noqa: E402
+
 ESC = "\x1b"
-CLI = "import sys; from cubic.cli.app import main; sys.exit(main(sys.argv[1:]))"
-WORKER = "import sys; from cubic.codesign.worker import main; sys.exit(main(sys.argv[1:]))"
-JOB = "import sys; from experiments.reliability._plan_job import main; sys.exit(main(sys.argv[1:]))"
-FP8_JOB = "import sys; from experiments.reliability._fp8_job import main; sys.exit(main(sys.argv[1:]))"
-OPTUNA_JOB = "import sys; from experiments.reliability._optuna_job import main; sys.exit(main(sys.argv[1:]))"
-
-
-@dataclass
-class Outcome:
-    cls: str
-    variant: str
-    ok: bool
-    rc: int | None
-    elapsed_s: float
-    hung: bool = False
-    traceback: bool = False
-    data_lost: int = 0
-    why: str = ""
-    stderr_tail: str = ""
-
-
-@dataclass
-class Attack:
-    cls: str
-    variant: str
-    argv: list[str]
-    setup: Callable[[Path], None] | None = None
-    expect_rc: tuple[int, ...] = (2,)
-    must_say: tuple[str, ...] = ()  # substrings of stderr (the file, field or row named)
-    forbid: tuple[str, ...] = ()  # anywhere in stdout+stderr
-    one_line: bool = True  # stderr holds exactly one line (besides "cubic: warning:" lines)
-    timeout_s: float = 60.0
-    program: str = CLI
-    env: dict[str, str] = field(default_factory=dict)
-    rows: Callable[[Path], int] | None = None  # stored rows that must survive the command
-    fsize_limit: int | None = None  # RLIMIT_FSIZE: a full disk
-    quick: bool = False  # part of the reduced form run by `make test`
-    absent: tuple[str, ...] = ()  # paths (in the attack's directory) the command must not create
-
-
-def _run(attack: Attack, wd: Path) -> Outcome:
-    # the worker imports its --evaluate module by name: from the attack's directory
-    path = f"{REPO}{os.pathsep}{wd}" if attack.program == WORKER else str(REPO)
-    env = {k: v for k, v in os.environ.items() if k not in ("CUBIC_STORE", "CUBIC_CAMPAIGNS")}  # the attack's own
-    env = {**env, "PYTHONPATH": path, "CUBIC_DB_CONNECT_TIMEOUT_S": "3", **attack.env}
-
-    def limits():  # noqa: ANN202 -- in the child, before exec
-        resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT_BYTES, MEM_LIMIT_BYTES))
-        if attack.fsize_limit is not None:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
-            resource.setrlimit(resource.RLIMIT_FSIZE, (attack.fsize_limit, attack.fsize_limit))
-
-    before = attack.rows(wd) if attack.rows else 0
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-P", "-c", attack.program, *attack.argv], cwd=wd, env=env,
-                              capture_output=True, text=True, errors="replace", timeout=attack.timeout_s,
-                              preexec_fn=limits)
-    except subprocess.TimeoutExpired as e:
-        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return Outcome(attack.cls, attack.variant, False, None, round(time.monotonic() - t0, 2), hung=True,
-                       why=f"no answer within {attack.timeout_s:g} s", stderr_tail=err[-300:])
-    elapsed = round(time.monotonic() - t0, 2)
-    out, err = proc.stdout, proc.stderr
-    # a campaign's live progress: a line per run, and the baseline's
-    progress = re.compile(r"^(.* run \d+/\d+ \(trial \d+\): |baseline \()")
-    lines = [ln for ln in err.splitlines()
-             if ln.strip() and not ln.startswith("cubic: warning:") and not progress.match(ln)]
-    why = []
-    tb = "Traceback (most recent call last)" in err
-    if tb:
-        why.append("traceback")
-    if proc.returncode not in attack.expect_rc:
-        why.append(f"exit {proc.returncode}, expected {attack.expect_rc}")
-    if attack.one_line and (len(lines) != 1 or not lines[0].startswith(("cubic: ", "cubic.codesign.worker: "))):
-        why.append(f"{len(lines)} stderr lines, expected one 'cubic: ...' line")
-    for s in attack.must_say:
-        if s not in err:
-            why.append(f"stderr does not say {s!r}")
-    for s in attack.forbid:
-        if s in out or s in err:
-            why.append(f"output holds {s!r}")
-    after = attack.rows(wd) if attack.rows else 0
-    lost = max(0, before - after)
-    if lost:
-        why.append(f"{lost} stored rows lost")
-    if attack.expect_rc == (2,) and after > before:  # bad input records nothing
-        why.append(f"{after - before} rows recorded")
-    made = [a for a in attack.absent if (wd / a).exists()]
-    if made:
-        why.append(f"left behind {made}")
-    return Outcome(attack.cls, attack.variant, not why, proc.returncode, elapsed, traceback=tb, data_lost=lost,
-                   why="; ".join(why), stderr_tail=err[-300:])
 
 
 # -- helpers for the attacks ----------------------------------------------------------------------
 
 from cubic.testing import silent_server  # noqa: E402  (shared with the tests)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:
@@ -256,7 +155,7 @@ def _hang_attacks(port: int) -> list[Attack]:
              ["trials", "export", "--out", "x.csv", "--store", pg], must_say=("timeout",), timeout_s=30))
     A(Attack("hangs", "worker --storage silent postgres",
              ["run", "--storage", pg, "--name", "x", "--evaluate", "evalmod:make"], program=WORKER,
-             setup=lambda d: _write(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
+             setup=lambda d: write_file(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
              must_say=("timeout",), timeout_s=30))
     return out
 
@@ -277,7 +176,7 @@ def _secret_attacks() -> list[Attack]:
     A(Attack("secrets", "worker --storage password", ["run", "--storage",
              "postgresql+psycopg2://bob:a@TopSecretPart/x9@127.0.0.1:1/db", "--name", "x", "--evaluate",
              "evalmod:make"], program=WORKER,
-             setup=lambda d: _write(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
+             setup=lambda d: write_file(d / "evalmod.py", "def make(**kw):\n    return lambda p: {'y': 1.0}\n"),
              forbid=("TopSecretPart",)))
     return out
 
@@ -292,7 +191,7 @@ def _stray_code_attacks() -> list[Attack]:
         A(Attack("stray code", f"{mod}.py in the cwd of cubic run",
                  ["run", "--workload", "dlrm-small", "--steps", "1", "--warmup", "0", "--threads", "1",
                   "--store", "sqlite:///store.db", "--force"],
-                 setup=lambda d, m=mod: _write(d / f"{m}.py", "open('STRAY_RAN', 'w').write('x')\n"
+                 setup=lambda d, m=mod: write_file(d / f"{m}.py", "open('STRAY_RAN', 'w').write('x')\n"
                                                               "raise SystemExit('stray module imported')\n"),
                  expect_rc=(0,), one_line=False, forbid=("stray module imported",), timeout_s=240,
                  quick=mod == "json"))
@@ -306,20 +205,20 @@ def _unbounded_file_attacks() -> list[Attack]:
 
     # unbounded inputs
     A(Attack("unbounded", "alias bomb in --config", ["run", "--workload", "dlrm-small", "--config", "bomb.yaml",
-             "--store", "sqlite:///store.db"], setup=lambda d: _write(d / "bomb.yaml", alias_bomb()),
+             "--store", "sqlite:///store.db"], setup=lambda d: write_file(d / "bomb.yaml", alias_bomb()),
              must_say=("bomb.yaml", "expands"), quick=True))
     A(Attack("unbounded", "alias bomb in a workload", ["workloads", "show", "wl.yaml"],
-             setup=lambda d: _write(d / "wl.yaml", alias_bomb() + "name: x\n"), must_say=("wl.yaml",)))
+             setup=lambda d: write_file(d / "wl.yaml", alias_bomb() + "name: x\n"), must_say=("wl.yaml",)))
     A(Attack("unbounded", "alias bomb under probe: in a placement",
              ["fp8", "check", "--workload", "dlrm-small", "--placement", "pl.yaml", "--steps", "1"],
-             setup=lambda d: _write(d / "pl.yaml", "version: 1\nprobe:\n" + "".join(
+             setup=lambda d: write_file(d / "pl.yaml", "version: 1\nprobe:\n" + "".join(
                  "  " + ln + "\n" for ln in alias_bomb().splitlines())), must_say=("pl.yaml", "probe")))
     A(Attack("unbounded", "recursive alias", ["workloads", "show", "rec.yaml"],
-             setup=lambda d: _write(d / "rec.yaml", "name: &n x\ntables: &t [*t]\n"), must_say=("rec.yaml",)))
+             setup=lambda d: write_file(d / "rec.yaml", "name: &n x\ntables: &t [*t]\n"), must_say=("rec.yaml",)))
     A(Attack("unbounded", "nesting 10000 deep", ["workloads", "show", "deep.json"],
-             setup=lambda d: _write(d / "deep.json", "[" * 10000 + "]" * 10000), must_say=("deep.json",)))
+             setup=lambda d: write_file(d / "deep.json", "[" * 10000 + "]" * 10000), must_say=("deep.json",)))
     A(Attack("unbounded", "33 MiB workload", ["workloads", "show", "big.yaml"],
-             setup=lambda d: _write(d / "big.yaml", "# " + "x" * (33 * 2**20) + "\n"), must_say=("big.yaml",)))
+             setup=lambda d: write_file(d / "big.yaml", "# " + "x" * (33 * 2**20) + "\n"), must_say=("big.yaml",)))
     return out
 
 
@@ -339,23 +238,23 @@ def _unbounded_size_attacks() -> list[Attack]:
                  ["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--name", "s",
                   "--simulate", "h100x8", "--budget", "2", "--batch", "2", "--storage", "sqlite:///c.db",
                   "--store", "sqlite:///store.db", "--json"],
-                 setup=lambda d, p=param: _write(d / "space.yaml", space_head + f"  - {p}\n"),
+                 setup=lambda d, p=param: write_file(d / "space.yaml", space_head + f"  - {p}\n"),
                  expect_rc=expect, one_line=expect == (2,), must_say=() if expect == (0,) else ("space.yaml",),
                  timeout_s=180))
     A(Attack("unbounded", "realistic two-int space is accepted",
              ["campaign", "run", "--workload", "wukong-small", "--space", "space.yaml", "--name", "two",
               "--simulate", "h100x8", "--budget", "2", "--batch", "2", "--storage", "sqlite:///c.db",
               "--store", "sqlite:///store.db", "--json"],
-             setup=lambda d: _write(d / "space.yaml", space_head + "  - {name: batch_size, type: int, low: 256, "
+             setup=lambda d: write_file(d / "space.yaml", space_head + "  - {name: batch_size, type: int, low: 256, "
                                     "high: 65536}\n  - {name: model.mlp_width, type: int, low: 64, high: 4096}\n"),
              expect_rc=(0,), one_line=False, timeout_s=180))
     for v, world, batch in [("world 1e12", 10**12, 64), ("batch 1e12", 1, 10**12)]:
         A(Attack("unbounded", f"shard evaluate plan {v}", ["shard", "evaluate", "plan.json", "--repeats", "1"],
-                 setup=lambda d, w=world, b=batch: _write(d / "plan.json", json.dumps(_plan_doc(w, b))),
+                 setup=lambda d, w=world, b=batch: write_file(d / "plan.json", json.dumps(_plan_doc(w, b))),
                  must_say=("plan.json",)))
     A(Attack("unbounded", "shard evaluate plan batch 1e7 x group (memory)",
              ["shard", "evaluate", "plan.json", "--repeats", "1"],
-             setup=lambda d: _write(d / "plan.json", json.dumps(
+             setup=lambda d: write_file(d / "plan.json", json.dumps(
                  {**_plan_doc(1, 10_000_000), "tables": [{"name": "t0", "rows": 1000, "dim": 4096,
                                                           "pooling_factor": 10000.0}],
                   "shards": [{"table": "t0", "sharding_type": "table_wise", "rank": 0, "rows": 1000,
@@ -411,11 +310,11 @@ def _message_attacks() -> list[Attack]:
 
     # messages that name what is wrong
     A(Attack("messages", "5000-digit integer in a JSON workload", ["workloads", "show", "w.json"],
-             setup=lambda d: _write(d / "w.json", json.dumps(toy_workload()).replace('"rows": 1000',
+             setup=lambda d: write_file(d / "w.json", json.dumps(toy_workload()).replace('"rows": 1000',
                                                                                        '"rows": ' + "9" * 5000)),
              must_say=("w.json", "tables.0.rows"), quick=True))
     A(Attack("messages", "5000-digit integer in a YAML workload", ["workloads", "show", "w.yaml"],
-             setup=lambda d: _write(d / "w.yaml", "name: x\nbatch_size: " + "9" * 5000 + "\n"),
+             setup=lambda d: write_file(d / "w.yaml", "name: x\nbatch_size: " + "9" * 5000 + "\n"),
              must_say=("w.yaml", "batch_size")))
     A(Attack("messages", "corrupt stored row: trials list", ["trials", "list", "--store", "sqlite:///store.db",
              "--json"], setup=lambda d: _seed_store(d, 3, corrupt=2), expect_rc=(0,), one_line=False,
@@ -427,7 +326,7 @@ def _message_attacks() -> list[Attack]:
              "sqlite:///store.db"], setup=lambda d: _seed_store(d, 3, corrupt=2), one_line=False,
              must_say=("trial 2",), rows=_trial_rows("store.db")))
     A(Attack("messages", "plan with batch 1e30", ["shard", "evaluate", "plan.json"],
-             setup=lambda d: _write(d / "plan.json", json.dumps(_plan_doc(1, 10**30))),
+             setup=lambda d: write_file(d / "plan.json", json.dumps(_plan_doc(1, 10**30))),
              must_say=("plan.json", "batch_size")))
     return out
 
@@ -441,18 +340,18 @@ def _escape_attacks() -> list[Attack]:
     evil = f"evil{ESC}]0;pwned{ESC}\\{ESC}[2J"
     A(Attack("escapes", "workload name in cubic run (simulated)",
              ["run", "--workload", "w.json", "--simulate", "h100x8", "--steps", "2", "--warmup", "0", "--store",
-              "sqlite:///store.db"], setup=lambda d: _write(d / "w.json", json.dumps(toy_workload(evil))),
+              "sqlite:///store.db"], setup=lambda d: write_file(d / "w.json", json.dumps(toy_workload(evil))),
              expect_rc=(0,), one_line=False, forbid=(ESC,), quick=True))
     A(Attack("escapes", "workload name in trials list", ["trials", "list", "--store", "sqlite:///store.db"],
              setup=lambda d: _seed_store(d, 2, name=evil), expect_rc=(0,), one_line=False, forbid=(ESC,)))
     A(Attack("escapes", "table name in shard plan",
              ["shard", "plan", "--tables", "w.json", "--world-size", "2", "--memory-gb", "8", "--planner",
               "size_greedy"],
-             setup=lambda d: _write(d / "w.json", json.dumps(toy_workload(tables=[
+             setup=lambda d: write_file(d / "w.json", json.dumps(toy_workload(tables=[
                  {"name": evil, "rows": 1000, "dim": 16}]))), expect_rc=(0,), one_line=False, forbid=(ESC,)))
     A(Attack("escapes", "workload name in an error", ["run", "--workload", "w.json", "--simulate", "h100x8",
              "--store", "sqlite:///store.db"],
-             setup=lambda d: _write(d / "w.json", json.dumps(toy_workload(evil, tables=[
+             setup=lambda d: write_file(d / "w.json", json.dumps(toy_workload(evil, tables=[
                  {"name": "a", "rows": 10, "dim": 4}, {"name": "a", "rows": 10, "dim": 4}]))), forbid=(ESC,)))
     return out
 
@@ -463,7 +362,7 @@ def _wl_file(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
 
     doc = load_workload("dlrm-small").model_dump(mode="json")
     edit(doc)
-    _write(path, json.dumps(doc))
+    write_file(path, json.dumps(doc))
 
 
 def _dlrm_placement(d: Path, site: str, shape: tuple[int, int] | None) -> None:
@@ -472,7 +371,7 @@ def _dlrm_placement(d: Path, site: str, shape: tuple[int, int] | None) -> None:
     doc = {"workload": "dlrm-small", "module_filter": [site], "sites": {site: {
         "m": 512, "k": shape[0] if shape else 16, "n": shape[1] if shape else 16, "recipe": "tensorwise",
         "kernel": "scaled_mm_tensorwise", "safe": True}}}
-    _write(d / "c.json", json.dumps({"fp8": {"policy": "placement", "placement": doc}}))
+    write_file(d / "c.json", json.dumps({"fp8": {"policy": "placement", "placement": doc}}))
 
 
 def _file_value_attacks() -> list[Attack]:
@@ -501,22 +400,22 @@ def _file_value_attacks() -> list[Attack]:
     A("missing topology.comm_calibration", run2, wl(lambda w: w["topology"].update(comm_calibration="nope.json")),
       ("w.json", "topology.comm_calibration", "nope.json"))
     cfg = ["run", "--workload", "dlrm-small", "--steps", "2", "--warmup", "0", "--config", "c.yaml", *store]
-    A("fp8 budget policy without budget_sqnr_db", cfg, lambda d: _write(d / "c.yaml", "fp8: {policy: budget}\n"),
+    A("fp8 budget policy without budget_sqnr_db", cfg, lambda d: write_file(d / "c.yaml", "fp8: {policy: budget}\n"),
       ("c.yaml", "fp8.budget_sqnr_db"))
     A("group_size that does not divide --world-size", [*cfg, "--world-size", "4"],
-      lambda d: _write(d / "c.yaml", "sharding: {planner: greedy, group_size: 3}\n"),
+      lambda d: write_file(d / "c.yaml", "sharding: {planner: greedy, group_size: 3}\n"),
       ("c.yaml", "sharding.group_size", "--world-size 4"))
     A("replica sync without a 2D group", [*cfg, "--world-size", "2"],
-      lambda d: _write(d / "c.yaml", "sharding: {planner: greedy, sync: weights}\n"), ("c.yaml", "sharding.sync"))
+      lambda d: write_file(d / "c.yaml", "sharding: {planner: greedy, sync: weights}\n"), ("c.yaml", "sharding.sync"))
     A("placement for a site the model lacks", [*cfg[:-3], "c.json", *store],
       lambda d: _dlrm_placement(d, "dense.layers.0.lcb.proj", None), ("c.json", "fp8.placement.sites"))
     A("plan whose group does not divide its ranks", ["shard", "evaluate", "p.json"],
-      lambda d: _write(d / "p.json", json.dumps(_plan_doc(4, 64) | {"group_size": 3})), ("p.json", "group_size"))
+      lambda d: write_file(d / "p.json", json.dumps(_plan_doc(4, 64) | {"group_size": 3})), ("p.json", "group_size"))
     space = ("version: 1\nname: s\nobjectives: [{metric: examples_per_s}]\nparameters:\n"
              "  - {name: batch_size, type: categorical, choices: [512, 0]}\n")
     A("space value no run can use", ["campaign", "run", "--workload", "dlrm-small", "--name", "c", "--budget", "2",
                                      "--space", "s.yaml", "--storage", "sqlite:///c.db", *store],
-      lambda d: _write(d / "s.yaml", space), ("s.yaml", "parameters.0", "batch_size = 0"))
+      lambda d: write_file(d / "s.yaml", space), ("s.yaml", "parameters.0", "batch_size = 0"))
     return out
 
 
@@ -565,8 +464,8 @@ def _flag_attacks() -> list[Attack]:
                           quick=quick, timeout_s=60))
 
     def job(d: Path) -> None:
-        _write(d / "s.yaml", JOB_SPACE)
-        _write(d / "job.py", "import json; print(json.dumps({'acc': 0.5}))\n")
+        write_file(d / "s.yaml", JOB_SPACE)
+        write_file(d / "job.py", "import json; print(json.dumps({'acc': 0.5}))\n")
 
     A("sim scale --gpus past the world bound", ["sim", "scale", "--gpus", "8,99999999999"], ("--gpus",), quick=True)
     A("sim calibrate --batches past the batch bound", ["sim", "calibrate", "--cluster", "cpu", "--batches",
@@ -648,89 +547,12 @@ def _environment_attacks() -> list[Attack]:
     return out
 
 
-def _job_loader_attacks() -> list[Attack]:
-    """A plan loaded by the job it is for, against the job's model (stop 60: DMP ran a plan under a
-    path with no collection, tables unsharded, without a word; a missing table was TorchRec's KeyError,
-    another shape a shard-size ValueError naming no table; a table the model lacks passed)."""
-    from cubic.core.spec import Table, Topology
-    from sharding.torchrec_adapter import to_torchrec_json
-    from sharding.types import Plan, Shard
-
-    mine = [["t0", 100, 8], ["t1", 50, 16]]
-    plan = Plan(planner="hand", world_size=1, group_size=1, batch_size=8, topology=Topology(world_size=1),
-                tables=[Table(name=n, rows=r, dim=d) for n, r, d in mine],
-                shards=[Shard(table=n, sharding_type="table_wise", rank=0, rows=r, cols=d) for n, r, d in mine])
-    docs = {"plan.json": json.loads(plan.model_dump_json()), "tr.json": to_torchrec_json(plan)}
-    out: list[Attack] = []
-
-    def A(variant, tables, must_say, module_path="sparse.ebc", doc="plan.json", rc=(2,)):
-        model = json.dumps({"at": "sparse.ebc", "tables": tables, "module_path": module_path})
-        out.append(Attack("job loaders", variant, [doc, model], program=JOB, expect_rc=rc, one_line=rc == (2,),
-                          setup=lambda d: _write(d / doc, json.dumps(docs[doc])), must_say=must_say, timeout_s=120,
-                          quick=variant.startswith("a path")))
-
-    A("the model it was planned for runs sharded", mine, ("ShardedEmbeddingBagCollection",), rc=(0,))
-    A("a path where the model has no collection", mine, ("module_path",), module_path="sparse_arch.ebc")
-    A("a model table the plan lacks", [*mine, ["t2", 10, 4]], ("tables", "'t2'"))
-    A("a plan table the model lacks", mine[:1], ("tables", "'t1'"))
-    A("a table of other rows", [["t0", 200, 8], mine[1]], ("tables.t0", "200"))
-    A("an export, a table of other dim", [mine[0], ["t1", 50, 32]], ("parameters.t1", "32"), doc="tr.json")
-    return out + _fp8_job_attacks() + _optuna_job_attacks()
-
-
-def _fp8_job_attacks() -> list[Attack]:
-    """A placement applied by a torchao job's own calls (stop 61: a bare name filter converted nothing
-    for a wrapped model, every site in the one config given, a site without its Mods, and block128
-    was a traceback deep in torchao)."""
-
-    def site(k, n, recipe=None, kernel=None, mods=()):
-        return {"m": 128, "k": k, "n": n, "recipe": recipe, "kernel": kernel, "safe": recipe is not None,
-                "applied_mods": list(mods), "reason": None if recipe else "kept in high precision"}
-
-    def doc(**over):
-        sites = {"0": site(32, 64), "2": site(64, 64, "rowwise", "scaled_mm_rowwise"),
-                 "4": site(64, 48, "rowwise_with_gw_hp", "scaled_mm_rowwise_with_gw_hp"),
-                 "6": site(48, 1, "tensorwise", "scaled_mm_tensorwise"), **over}
-        return {"workload": "toy", "sites": sites, "module_filter": sorted(n for n, v in sites.items() if v["recipe"])}
-
-    out: list[Attack] = []
-
-    def A(variant, must_say, placement=None, wrap=False, last_out=1, one_call=None, rc=(2,), quick=False):
-        text = json.dumps(placement or doc())
-        out.append(Attack("job loaders", variant, ["fp8.json", json.dumps(
-            {"wrap": wrap, "last_out": last_out, "one_call": one_call})], program=FP8_JOB, expect_rc=rc,
-            one_line=rc == (2,), setup=lambda d: _write(d / "fp8.json", text), must_say=must_say, timeout_s=120,
-            quick=quick))
-
-    A("torchao: the model it was probed on, one call per recipe", ("exactly the placement's sites",), rc=(0,))
-    A("torchao: the model wrapped in the job's module", ("sites.", "'net."), wrap=True, quick=True)
-    A("torchao: a site of another shape", ("sites.6", "shape"), last_out=2)
-    A("torchao: one call for three recipes", ("sites", "3 recipes"), one_call="rowwise")
-    A("torchao: a site with Mods", ("sites.2.applied_mods",), placement=doc(**{"2": site(
-        64, 64, "rowwise", "scaled_mm_rowwise", mods=[{"name": "clamp_outliers", "params": {"alpha": 8.0}}])}))
-    A("torchao: a site in block128", ("sites.4.recipe", "block128"),
-      placement=doc(**{"4": site(64, 48, "block128", "emulated_block128")}))
-    return out
-
-
-def _optuna_job_attacks() -> list[Attack]:
-    """A user's Optuna study with CubicSampler, on parameters Optuna takes (stop 61: each but the
-    control stopped the study at its second trial with pydantic's dump)."""
-    from experiments.reliability._optuna_job import TRIALS
-
-    return [Attack("job loaders", f"optuna: {variant}", [kind], program=OPTUNA_JOB, expect_rc=(0,), one_line=False,
-                   must_say=(f"{TRIALS} of {TRIALS} trials COMPLETE",), timeout_s=120, quick=kind == "none")
-            for kind, variant in (("control", "a plain study"), ("none", "a categorical with a None choice"),
-                                  ("seed", "an int range past 2**53"), ("step", "a float step of 1e-16"),
-                                  ("name", "a 201-character parameter name"))]
-
-
 def attacks(wd: Path, port: int) -> list[Attack]:
     """Every attack, class by class in the order of CLASSES."""
     return [*_hang_attacks(port), *_secret_attacks(), *_stray_code_attacks(), *_unbounded_file_attacks(),
             *_unbounded_size_attacks(), *_traceback_attacks(), *_message_attacks(), *_escape_attacks(),
             *_file_value_attacks(), *_trace_attacks(), *_flag_attacks(), *_environment_attacks(),
-            *_job_loader_attacks()]
+            *job_loader_attacks()]
 
 
 CLASSES = ("hangs", "secrets", "stray code", "unbounded", "tracebacks", "messages", "escapes", "file values", "traces",
@@ -746,7 +568,7 @@ def run(quick: bool) -> dict[str, Any]:
             wd.mkdir()
             if attack.setup:
                 attack.setup(wd)
-            o = _run(attack, wd)
+            o = run_attack(attack, wd)
             if (wd / "STRAY_RAN").exists():
                 o.ok, o.why = False, (o.why + "; " if o.why else "") + "a module from the cwd was imported"
             outcomes.append(o)
