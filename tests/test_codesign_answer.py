@@ -6,6 +6,7 @@ import yaml
 from cubic.cli.app import main
 from cubic.codesign.answer import campaign_answer, default_point, fmt, read_baseline_point, write_answer
 from cubic.codesign.campaign import Campaign
+from cubic.codesign.importance import Importance, KnobImportance
 from cubic.codesign.storage import load_meta
 from cubic.core.config import Config, load_config
 from cubic.core.spec import SpecError
@@ -56,8 +57,14 @@ def test_speedup_against_a_measured_baseline_single_sample(tmp_path):
     md = ans.markdown()
     assert "today's job" in md and "ne (lower is better)" in md and "peak memory (GiB" in md
     assert f"| batch | 64 | {best.params['batch']}" in md  # the knob, with the baseline's value
-    with_imp = campaign_answer(space, meta, study, trials, importance={"batch": 0.9, "lr": 0.1}).markdown()
+    imp = Importance(knobs={"batch": KnobImportance(0.9, 0.6, 1.0), "lr": KnobImportance(0.1, 0.0, 0.4)},
+                     runs=8, resamples=100, first_share=0.9)
+    with_imp = campaign_answer(space, meta, study, trials, importance=imp).markdown()
     assert "| batch | 64 |" in with_imp.split("| lr |")[0]  # most important first
+    assert "| 0.90 [0.60–1.00] |" in with_imp  # the share with its interval over the runs
+    assert "batch ranks first in 90% of them: which knob mattered most is not resolved at 8 runs" in with_imp
+    why = campaign_answer(space, meta, study, trials, no_importance="3 completed runs (needs 4)").markdown()
+    assert "which knobs mattered is not known: 3 completed runs (needs 4)" in why and "| importance" not in why
 
 
 def test_interval_from_both_runs_and_none_when_the_baseline_failed(tmp_path):

@@ -25,12 +25,10 @@ from typing import Any
 
 from cubic.core.units import GIB
 from cubic.codesign.campaign import BASELINE_KEY
+from cubic.codesign.importance import Importance
 from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, trial_observation
 from search.space import Space
 from search.strategies import objective_value
-
-MIN_IMPORTANCE_RUNS = 4  # fANOVA needs a few completed runs (the report computes it from 4)
-
 
 def fmt(x: float | None) -> str:
     """A number for people: 3 significant digits, thousands separated, no exponent in between."""
@@ -118,7 +116,7 @@ class Answer:
     interval: tuple[float, float] | None = None
     interval_note: str = ""
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)  # (what, baseline, winner, change)
-    knobs: list[tuple[str, str, str, float | None]] = field(default_factory=list)  # (name, base, win, importance)
+    knobs: list[tuple[str, str, str, str]] = field(default_factory=list)  # (name, base, win, importance)
     notes: list[str] = field(default_factory=list)
     command: str | None = None  # a user's job: the winner's command line
     config: dict[str, Any] | None = None  # cubic's campaigns: the winner's Config document
@@ -173,7 +171,7 @@ class Answer:
         baseline column; no importances: no importance column)."""
         tables = [(["", "baseline", "winner", "change"], [list(r) for r in self.rows]),
                   (["knob", "baseline", "winner", "importance"],
-                   [[n, b, w, "" if i is None else fmt(i)] for n, b, w, i in self.knobs])]
+                   [list(k) for k in self.knobs])]
         out = []
         for head, rows in tables:
             if not rows:
@@ -248,7 +246,8 @@ def _interval(metric: str, direction: str, win: dict[str, float], base: dict[str
     return iv, note
 
 
-def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, importance: dict[str, float] | None = None,
+def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, importance: Importance | None = None,
+                    no_importance: str | None = None,
                     winner_doc: dict[str, Any] | None = None, source: str = "measured") -> Answer:
     ctx = meta.get("context", {})
     m = space.primary.metric
@@ -268,8 +267,7 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         b = bm.get(mem)
         ans.rows.append((f"peak memory (GiB, {mem})", "–" if b is None else fmt(b / GIB), fmt(wm[mem] / GIB),
                          "" if b is None else _pct(wm[mem], b)))
-    # completed runs: a PRUNED trial has values too (Optuna gives it its last report)
-    _knobs(ans, space, dict(best.params), base, importance, n_complete=sum(t.state.name == "COMPLETE" for t in trials))
+    _knobs(ans, space, dict(best.params), base, importance, no_importance)
     if ctx.get("workload") and ans.config is not None:
         ans.run_command = run_command(ctx)
     from search.curves import early_ranking
@@ -471,9 +469,9 @@ def _runnable(space: Space, point: dict[str, Any], used: dict[str, Any]) -> dict
 
 
 def _knobs(ans: Answer, space: Space, win: dict[str, Any], base: dict[str, Any] | None,
-           importance: dict[str, float] | None, n_complete: int) -> None:
+           importance: Importance | None, no_importance: str | None) -> None:
     bp = dict((base or {}).get("point") or {})
-    imp = importance or {}
+    imp = importance.knobs if importance is not None else {}
     rows = []
     for p in space.parameters:
         if p.name not in win and p.name not in bp:
@@ -481,16 +479,18 @@ def _knobs(ans: Answer, space: Space, win: dict[str, Any], base: dict[str, Any] 
         w, b = win.get(p.name, "inactive"), bp.get(p.name, "–" if base is None else "default")
         if base is not None and w == b and p.name not in imp:
             continue
-        rows.append((p.name, _show(b), _show(w) + (" (unchanged)" if base is not None and w == b else ""),
-                     imp.get(p.name)))
-    rows.sort(key=lambda r: -(r[3] or 0))
-    ans.knobs = rows
-    if base is not None and all(r[2].endswith("(unchanged)") for r in rows):
+        k = imp.get(p.name)
+        same = " (unchanged)" if base is not None and w == b else ""
+        rows.append((k.value if k else -1.0, p.name, _show(b), _show(w) + same,
+                     f"{k.value:.2f} [{k.lo:.2f}–{k.hi:.2f}]" if k else ""))
+    rows.sort(key=lambda r: -r[0])
+    ans.knobs = [r[1:] for r in rows]
+    if base is not None and all(r[2].endswith("(unchanged)") for r in ans.knobs):
         ans.notes.append("the winner is the baseline configuration: nothing the campaign tried beat it")
-    if importance is not None and not imp:  # None: not computed (the report computes it)
-        why = (f"only {n_complete} completed runs (fANOVA needs {MIN_IMPORTANCE_RUNS})"
-               if n_complete < MIN_IMPORTANCE_RUNS else "fANOVA could not separate the knobs")
-        ans.notes.append(f"which knobs mattered is not known: {why}")
+    if importance is not None:
+        ans.notes.append(importance.note(ans.metric))
+    elif no_importance:  # the report tried: say why there is no importance column
+        ans.notes.append(f"which knobs mattered is not known: {no_importance}")
 
 
 def _show(v: Any) -> str:

@@ -4,7 +4,8 @@ inlined: it opens without a network), and the winning config as a job config.
 Figures: best-so-far against the number of real runs (with the best's 95% band and the baseline
 campaigns), the objective against memory (or the second objective) with the Pareto front, every
 run (hover: its config, result, NE, memory, measured/served), the proxy's prediction at proposal
-time against the run (with Kendall tau), and parameter importance (optuna.importance, fANOVA).
+time against the run (with Kendall tau), and parameter importance (optuna.importance, fANOVA, with its bootstrap interval:
+:mod:`cubic.codesign.importance`).
 Every figure says whether its runs were measured or SIMULATED; a figure with nothing to show is
 not drawn and the page says why in one line. The answer (cubic.codesign.answer: the winner
 against the baseline) comes first. The winner is
@@ -25,6 +26,7 @@ import numpy as np
 import optuna
 
 from cubic.codesign.answer import campaign_answer, feasible_best, fmt, interval_text, write_answer
+from cubic.codesign.importance import knob_importance
 from cubic.codesign.storage import load_meta, open_storage
 from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, trial_observation
 from cubic.core.units import GIB
@@ -325,12 +327,18 @@ def _fig_predicted(go, space, pairs, tau, label):
 
 
 def _fig_importance(go, space, importance):
-    names = list(importance)[::-1]
-    fig = go.Figure(go.Bar(x=[importance[n] for n in names], y=names, orientation="h",
+    names = list(importance.knobs)[::-1]
+    k = importance.knobs
+    fig = go.Figure(go.Bar(x=[k[n].value for n in names], y=names, orientation="h",
+                           error_x=dict(type="data", symmetric=False, array=[max(0.0, k[n].hi - k[n].value) for n in names],
+                                        arrayminus=[max(0.0, k[n].value - k[n].lo) for n in names]),
                            hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
-    _layout(fig, "which knobs mattered (fANOVA)", f"importance for {space.primary.metric}", "",
-            height=max(220, 40 * len(names) + 120))
-    return fig, "How much of the variance of the objective each parameter explains (fANOVA over the completed runs)."
+    _layout(fig, "which knobs mattered (fANOVA, 95% bootstrap interval over the runs)",
+            f"importance for {space.primary.metric}", "", height=max(220, 40 * len(names) + 120))
+    return fig, (f"How much of the variance of the objective each parameter explains (fANOVA over the "
+                 f"{importance.runs} completed runs); the bars' whiskers: 95% interval over {importance.resamples} "
+                 f"bootstrap resamples of the runs; {importance.first} ranks first in {importance.first_share:.0%} of them "
+                 f"({'resolved' if importance.resolved else 'not resolved'}).")
 
 
 def _plotly():
@@ -381,22 +389,6 @@ def _proposal_pairs(space: Space, trials, runs) -> list[tuple[float, float, dict
     return [(t.user_attrs["predicted"].get(m), r["value"], r) for t, r in zip(trials, runs)
             if t.user_attrs.get("predicted") and r["ok"] and t.user_attrs["predicted"].get(m) is not None
             and r["value"] is not None]
-
-
-def _importance(study, trials, skipped: list[str]) -> dict[str, float]:
-    """Parameter importance (fANOVA over the completed runs); empty, with the reason in ``skipped``,
-    when there are too few runs or it fails."""
-    importance = {}
-    try:
-        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if len(complete) >= 4:
-            importance = optuna.importance.get_param_importances(
-                study, target=lambda t: t.values[0], evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
-        else:
-            skipped.append(f"parameter importance: {len(complete)} completed runs (needs 4)")
-    except Exception as e:  # too few runs, or every run identical in some parameter
-        skipped.append(f"parameter importance unavailable: {type(e).__name__}: {e}")
-    return importance
 
 
 def _write_winner(out: Path, space: Space, winner: dict[str, Any] | None, confirm: dict[str, Any] | None,
@@ -499,20 +491,24 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
         figures.append(("predicted_vs_measured", "Proxy prediction against the run",
                         *_fig_predicted(go, space, pairs, tau, label)))
 
-    importance = _importance(study, trials, skipped)
-    if importance:
+    n_skipped = len(skipped)
+    importance = knob_importance(study, trials, skipped)
+    no_importance = skipped[-1] if importance is None and len(skipped) > n_skipped else None
+    if importance is not None:
         figures.append(("importance", "Which knobs mattered", *_fig_importance(go, space, importance)))
 
     winner = winner_job_config(space, meta, trials, store_url)
     confirm = study.user_attrs.get("confirm")
     _write_winner(out, space, winner, confirm, ci_names(m))
-    answer = campaign_answer(space, meta, study, trials, importance=importance, winner_doc=winner, source=label)
+    answer = campaign_answer(space, meta, study, trials, importance=importance, no_importance=no_importance,
+                             winner_doc=winner, source=label)
     write_answer(out, answer)  # answer.md, and winner.yaml as `cubic run --config` takes it
 
     summary = _summary(name, meta, study, trials, runs, ctx, label, tau, winner, confirm, m)
     page = out / "index.html"
     page.write_text(_page(name, ctx, label, answer, out, figures, skipped, summary, runs, space, mem))
-    (out / "summary.json").write_text(json.dumps({**summary, "confirm": confirm, "importance": importance,
+    (out / "summary.json").write_text(json.dumps({**summary, "confirm": confirm,
+                                                  "importance": importance.as_dict() if importance else None,
                                                   "figures": [f for f, *_ in figures], "not_drawn": skipped},
                                                  indent=2, default=str))
     return page
