@@ -44,6 +44,9 @@ def test_the_page_is_self_contained_with_the_answer_first_and_interactive_figure
     assert page.count("plotly.js v") >= 1 and len(page) > 1_000_000  # the bundle itself, once, inline
     figures = json.loads((rep / "summary.json").read_text())["figures"]
     assert {"best_so_far", "pareto", "runs", "importance"} <= set(figures)
+    importance = json.loads((rep / "summary.json").read_text())["importance"]
+    assert importance["runs"] >= 4 and importance["resamples"] > 0  # each share with its interval
+    assert all(k["lo"] <= k["hi"] for k in importance["knobs"].values())
     for f in figures:
         assert f"id=\"fig-{f}\"" in page
     assert page.count("Plotly.newPlot(") == len(figures)

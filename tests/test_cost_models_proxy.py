@@ -132,3 +132,21 @@ def test_the_gp_fits_its_hyperparameters_under_priors_and_ranks_better_from_few_
         ml.fit(m.x_scaler_.transform(X), (y - m.y_mean_) / m.y_std_)
         taus_ml.append(kendall_tau(yt, ml.predict(m.x_scaler_.transform(Xt))))
     assert np.mean(taus_map) > np.mean(taus_ml) + 0.05, (taus_map, taus_ml)
+
+
+def test_rank_agreement_tests_tau_against_a_proxy_that_ranks_at_random():
+    from cost_models.proxy import rank_agreement
+    from cubic.codesign.report import tau_evidence
+
+    y = np.arange(10.0)
+    tau, p = rank_agreement(y, y + 0.1)
+    assert tau == pytest.approx(1.0) and p < 1e-5
+    assert tau_evidence(tau, p, 10).endswith("the proxy ranks better than chance")
+    # a moderate tau over few runs: the figure alone would read as skill
+    tau, p = rank_agreement([1, 2, 3, 4, 5, 6, 7, 8], [2, 1, 5, 3, 4, 8, 6, 7][::-1])
+    assert tau < 0 and p > 0.5
+    tau, p = rank_agreement([1, 2, 3, 4, 5, 6, 7, 8], [5, 1, 3, 2, 8, 4, 7, 6])
+    assert 0.3 < tau < 0.7 and p > 0.05
+    assert "not distinguishable from a proxy that ranks at random" in tau_evidence(tau, p, 8)
+    assert rank_agreement([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) == (0.0, 1.0)  # undefined: no evidence
+    assert rank_agreement([1.0, 2.0], [1.0, 2.0])[1] == 1.0  # two runs test nothing

@@ -312,7 +312,18 @@ def _fig_pareto(go, name, space, runs, second, sec_dir, label):
                  f"({len(on)} of {len(feas)}).")
 
 
-def _fig_predicted(go, space, pairs, tau, label):
+TAU_ALPHA = 0.05  # a proxy's ranking counts as shown when its one-sided p is below this
+
+
+def tau_evidence(tau: float, p: float, n: int) -> str:
+    """What a Kendall tau over n proposals shows: the figure alone reads as skill at any n."""
+    verdict = ("the proxy ranks better than chance" if p < TAU_ALPHA else
+               "not distinguishable from a proxy that ranks at random")
+    return f"Kendall tau {tau:.2f} over {n} runs, one-sided p {p:.2g}: {verdict}"
+
+
+def _fig_predicted(go, space, pairs, agreement, label):
+    tau, p_value = agreement
     m = space.primary.metric
     y, p = np.array([q for _, q, _ in pairs], dtype=float), np.array([q for q, _, _ in pairs], dtype=float)
     lo, hi = float(min(p.min(), y.min())), float(max(p.max(), y.max()))
@@ -320,10 +331,10 @@ def _fig_predicted(go, space, pairs, tau, label):
                                 name="prediction = run", hoverinfo="skip"),
                      go.Scatter(x=y, y=p, mode="markers", name="proposal", marker=dict(size=9),
                                 text=[r["text"] for _, _, r in pairs], hovertemplate="%{text}<extra></extra>")])
-    _layout(fig, f"proxy at proposal time: Kendall tau {tau:.2f} (n={len(pairs)})", f"{m} ({label})",
-            f"proxy prediction of {m} (modelled)")
+    _layout(fig, f"proxy at proposal time: Kendall tau {tau:.2f} (n={len(pairs)}, one-sided p {p_value:.2g})",
+            f"{m} ({label})", f"proxy prediction of {m} (modelled)")
     return fig, (f"Each validated proposal: what the proxy predicted before the run, against the run. "
-                 f"Kendall tau {tau:.2f} over {len(pairs)} runs.")
+                 f"{tau_evidence(tau, p_value, len(pairs))}.")
 
 
 def _fig_importance(go, space, importance):
@@ -420,7 +431,8 @@ def _confirmed_text(x: dict[str, Any]) -> str:
     return f"{interval_text(x)} at {point}"
 
 
-def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: str, tau: float | None,
+def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: str,
+             tau: tuple[float, float, int] | None,
              winner: dict[str, Any] | None, confirm: dict[str, Any] | None, m: str) -> dict[str, Any]:
     """The campaign in a few lines (the page's summary table and summary.json)."""
     summary = {"campaign": name, "workload": ctx.get("workload"), "strategy": meta["strategy"],
@@ -428,7 +440,8 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
                "stop_reason": study.user_attrs.get("stop_reason"), "runs are": label,
                "failed runs": sum(1 for r in runs if not r["ok"] and r["kind"] != "pruned"),
                "runs stopped early by the pruner": sum(1 for r in runs if not r["ok"] and r["kind"] == "pruned") or None,
-               "proxy Kendall tau at proposal time": None if tau is None else round(tau, 3),
+               "proxy Kendall tau at proposal time": None if tau is None else round(tau[0], 3),
+               "proxy ranking, tested": None if tau is None else tau_evidence(*tau),
                "warm start from": ", ".join(meta.get("warm_start") or []) or "-"}
     if winner is not None:
         iv = winner["interval_95"]
@@ -450,7 +463,7 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     """``index.html`` (one self-contained page: the answer first, then interactive plotly figures,
     plotly.js inlined so it opens without a network), ``answer.md``, ``winner.yaml``,
     ``winner.json`` and ``summary.json`` in ``out_dir``."""
-    from cost_models.proxy import kendall_tau
+    from cost_models.proxy import rank_agreement
     from cubic.core.stats import ci_names
 
     go, make_subplots = _plotly()
@@ -487,9 +500,10 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
         if any(t.user_attrs.get("predicted") for t in trials):
             skipped.append(f"predicted vs measured: {len(pairs)} runs with a proxy prediction (needs 5)")
     else:
-        tau = kendall_tau(np.array([y for _, y, _ in pairs]), np.array([p for p, _, _ in pairs]))
+        agreement = rank_agreement(np.array([y for _, y, _ in pairs]), np.array([p for p, _, _ in pairs]))
+        tau = (*agreement, len(pairs))
         figures.append(("predicted_vs_measured", "Proxy prediction against the run",
-                        *_fig_predicted(go, space, pairs, tau, label)))
+                        *_fig_predicted(go, space, pairs, agreement, label)))
 
     n_skipped = len(skipped)
     importance = knob_importance(study, trials, skipped)
