@@ -149,3 +149,22 @@ def test_cubic_run_trains_the_winner_yaml_locally(tmp_path, monkeypatch):
     write_answer(tmp_path, ans)
     assert main(["run", "--workload", "dlrm-small", "--config", "winner.yaml", "--steps", "1", "--warmup", "0",
                  "--threads", "1", "--store", f"sqlite:///{tmp_path}/t.db"]) == 0
+
+
+def test_a_runner_up_tied_with_the_winner_is_named_in_the_headline():
+    from cubic.codesign.answer import Answer
+
+    def side(batch, value):
+        return {"point": {"batch": batch, "lr": 0.01}, "value": value, "lo": 0.8 * value, "hi": 1.2 * value,
+                "repeats": 3}
+
+    confirm = {"metric": "examples_per_s", "separated": False, "verdict": "tied within the repeat budget",
+               "winner": side(4096, 229.0), "runner_up": side(2048, 209.0)}
+    ans = Answer(campaign="c", metric="examples_per_s", direction="maximize", source="measured", runs=12,
+                 winner={"number": 0, "point": confirm["winner"]["point"], "metrics": {}}, ratio=1.98,
+                 interval=(1.23, 3.16), confirm=confirm)
+    assert ans.headline() == ("The winner is 1.98× faster than the baseline (95% CI 1.23–3.16×) on examples_per_s, "
+                              "measured; tied with the runner-up (batch 2048) within the repeat budget: the evidence "
+                              "does not rank the two, winner.yaml holds the one with the better estimate.")
+    ans.confirm = {**confirm, "separated": True}
+    assert ans.headline().endswith("on examples_per_s, measured.")  # separated: the winner alone

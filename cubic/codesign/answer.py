@@ -147,7 +147,19 @@ class Answer:
         size = self.ratio if self.ratio >= 1 else 1 / self.ratio
         iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)" if self.interval
               else f" ({self.interval_note})")
-        return f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}."
+        return f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}{self._tie()}."
+
+    def _tie(self) -> str:
+        """A runner-up the confirm step could not separate from the winner: named in the headline,
+        since winner.yaml holds one of two configurations the evidence ranks alike."""
+        c = self.confirm or {}
+        if c.get("separated") is not False or not c.get("runner_up") or not c.get("winner"):
+            return ""
+        w, r = c["winner"]["point"], c["runner_up"]["point"]
+        diff = ", ".join(f"{k} {_show(r[k]) if k in r else 'inactive'}" for k in sorted(set(w) | set(r))
+                         if w.get(k) != r.get(k))
+        return (f"; tied with the runner-up ({diff}) within the repeat budget: the evidence does not rank "
+                f"the two, winner.yaml holds the one with the better estimate")
 
     def markdown(self) -> str:
         out = [f"## Answer: {self.campaign}", "", f"**{self.headline()}**"]
