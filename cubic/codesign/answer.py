@@ -30,6 +30,7 @@ from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, trial_observation
 from search.space import Space
 from search.strategies import objective_value
 
+
 def fmt(x: float | None) -> str:
     """A number for people: 3 significant digits, thousands separated, no exponent in between."""
     if x is None or not isinstance(x, (int, float)) or isinstance(x, bool):

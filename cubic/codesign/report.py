@@ -4,8 +4,8 @@ inlined: it opens without a network), and the winning config as a job config.
 Figures: best-so-far against the number of real runs (with the best's 95% band and the baseline
 campaigns), the objective against memory (or the second objective) with the Pareto front, every
 run (hover: its config, result, NE, memory, measured/served), the proxy's prediction at proposal
-time against the run (with Kendall tau), and parameter importance (optuna.importance, fANOVA, with its bootstrap interval:
-:mod:`cubic.codesign.importance`).
+time against the run (with Kendall tau and its one-sided p), and parameter importance
+(optuna.importance, fANOVA, with its bootstrap interval: :mod:`cubic.codesign.importance`).
 Every figure says whether its runs were measured or SIMULATED; a figure with nothing to show is
 not drawn and the page says why in one line. The answer (cubic.codesign.answer: the winner
 against the baseline) comes first. The winner is
@@ -340,16 +340,17 @@ def _fig_predicted(go, space, pairs, agreement, label):
 def _fig_importance(go, space, importance):
     names = list(importance.knobs)[::-1]
     k = importance.knobs
+    above = [max(0.0, k[n].hi - k[n].value) for n in names]
+    below = [max(0.0, k[n].value - k[n].lo) for n in names]
     fig = go.Figure(go.Bar(x=[k[n].value for n in names], y=names, orientation="h",
-                           error_x=dict(type="data", symmetric=False, array=[max(0.0, k[n].hi - k[n].value) for n in names],
-                                        arrayminus=[max(0.0, k[n].value - k[n].lo) for n in names]),
+                           error_x=dict(type="data", symmetric=False, array=above, arrayminus=below),
                            hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
     _layout(fig, "which knobs mattered (fANOVA, 95% bootstrap interval over the runs)",
             f"importance for {space.primary.metric}", "", height=max(220, 40 * len(names) + 120))
     return fig, (f"How much of the variance of the objective each parameter explains (fANOVA over the "
-                 f"{importance.runs} completed runs); the bars' whiskers: 95% interval over {importance.resamples} "
-                 f"bootstrap resamples of the runs; {importance.first} ranks first in {importance.first_share:.0%} of them "
-                 f"({'resolved' if importance.resolved else 'not resolved'}).")
+                 f"{importance.runs} completed runs); the bars' whiskers: 95% interval over "
+                 f"{importance.resamples} bootstrap resamples of the runs; {importance.first} ranks first in "
+                 f"{importance.first_share:.0%} of them ({'resolved' if importance.resolved else 'not resolved'}).")
 
 
 def _plotly():
