@@ -53,7 +53,7 @@ class Importance:
 
     @property
     def resolved(self) -> bool:
-        return self.resamples > 0 and self.first_share >= RESOLVED_SHARE
+        return self.first_share >= RESOLVED_SHARE  # 0.0 without resamples
 
     def note(self, metric: str) -> str:
         verdict = ("resolved" if self.resolved else
