@@ -26,7 +26,7 @@ import numpy as np
 import optuna
 
 from cubic.codesign.answer import campaign_answer, feasible_best, fmt, interval_text, write_answer
-from cubic.codesign.importance import knob_importance
+from cubic.codesign.importance import PERCENTILES, knob_importance
 from cubic.codesign.storage import load_meta, open_storage
 from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, trial_observation
 from cubic.core.units import GIB
@@ -345,11 +345,12 @@ def _fig_importance(go, space, importance):
     fig = go.Figure(go.Bar(x=[k[n].value for n in names], y=names, orientation="h",
                            error_x=dict(type="data", symmetric=False, array=above, arrayminus=below),
                            hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
-    _layout(fig, "which knobs mattered (fANOVA, 95% bootstrap interval over the runs)",
+    _layout(fig, "which knobs mattered (fANOVA, 95% interval over bootstrap resamples of the runs)",
             f"importance for {space.primary.metric}", "", height=max(220, 40 * len(names) + 120))
     return fig, (f"How much of the variance of the objective each parameter explains (fANOVA over the "
                  f"{importance.runs} completed runs); the bars' whiskers: 95% interval over "
-                 f"{importance.resamples} bootstrap resamples of the runs; {importance.first} ranks first in "
+                 f"{importance.resamples} bootstrap resamples of the runs ({PERCENTILES[0]:g}-{PERCENTILES[1]:g} "
+                 f"percentiles, calibrated: results/importance_calibration.json); {importance.first} ranks first in "
                  f"{importance.first_share:.0%} of them ({'resolved' if importance.resolved else 'not resolved'}).")
 
 
