@@ -54,6 +54,19 @@ def rank_agreement(y_true, y_pred) -> tuple[float, float]:
     return tau, 1.0 if p is None or not np.isfinite(p) else float(p)
 
 
+TAU_ALPHA = 0.05  # a proxy's ranking counts as shown when its one-sided p is below this
+
+
+def rank_verdict(p: float) -> str:
+    return ("the proxy ranks better than chance" if p < TAU_ALPHA else
+            "not distinguishable from a proxy that ranks at random")
+
+
+def tau_evidence(tau: float, p: float, n: int) -> str:
+    """What a Kendall tau over n runs shows: the figure alone reads as skill at any n."""
+    return f"Kendall tau {tau:.2f} over {n} runs, one-sided p {p:.2g}: {rank_verdict(p)}"
+
+
 def finite_column_means(X: np.ndarray) -> np.ndarray:
     """Per column, the mean of its finite entries (0 for a column with none): what fills a gap,
     i.e. a feature an analytical model could not give (e.g. no throughput for a predicted OOM)."""
@@ -271,6 +284,7 @@ class Proxy(BaseEstimator):
         X, prior = self._prior(X)
         y = y - prior
         self.cv_tau_: dict[str, float] = {}
+        self.cv_p_: dict[str, float] = {}  # each tau's one-sided p against a proxy that ranks at random
         folds = min(self.cv_folds, len(y))
         if len(self.families) > 1 and len(y) >= 6:
             kf = KFold(n_splits=folds, shuffle=True, random_state=self.random_state)
@@ -278,7 +292,8 @@ class Proxy(BaseEstimator):
                 oof = np.zeros_like(y)
                 for tr, te in kf.split(X):
                     oof[te] = self._make(kind).fit(X[tr], y[tr]).predict(X[te])
-                self.cv_tau_[kind] = kendall_tau(y + prior, oof + prior)  # rank of the target, not the residual
+                # rank of the target, not the residual
+                self.cv_tau_[kind], self.cv_p_[kind] = rank_agreement(y + prior, oof + prior)
             # ties go to the earlier family in `families`
             self.selected_ = max(self.families, key=lambda k: (self.cv_tau_[k], -self.families.index(k)))
             fb = self.fallback
@@ -306,7 +321,7 @@ class Proxy(BaseEstimator):
 
     def to_json(self) -> dict[str, Any]:
         return {"version": 1, "params": {**self.get_params(), "families": list(self.families)},
-                "selected": self.selected_, "cv_tau": self.cv_tau_,
+                "selected": self.selected_, "cv_tau": self.cv_tau_, "cv_p": self.cv_p_,
                 "X": self.X_train_.tolist(), "y": self.y_train_.tolist()}
 
     @classmethod
@@ -315,6 +330,7 @@ class Proxy(BaseEstimator):
         params["families"] = (doc["selected"],)  # refit only the family chosen at save time
         p = cls(**params).fit(np.asarray(doc["X"]), np.asarray(doc["y"]))
         p.cv_tau_ = doc.get("cv_tau", {})
+        p.cv_p_ = doc.get("cv_p", {})
         return p
 
 

@@ -288,6 +288,7 @@ class Surrogate:
                                        ).fit(X_all[ok_mask], y))
         self.selected_ = self.proxies_[0].selected_
         self.cv_tau_ = self.proxies_[0].cv_tau_
+        self.cv_p_ = self.proxies_[0].cv_p_
         self.constraints_ = []
         for c in space.constraints:
             rows = [(x, o.metrics[c.metric]) for x, o in zip(X_all, train)
@@ -499,6 +500,7 @@ class ProxyGuided(Strategy):
         if len(families) > 1:
             self._cv_n = n_ok
         self._fit = {"family": sur.selected_, "cv_tau": sur.cv_tau_ or self._fit.get("cv_tau", {}),
+                     "cv_p": sur.cv_p_ if sur.cv_tau_ else self._fit.get("cv_p", {}),
                      "n_train": n_ok,
                      "n_warm": len(self.ctx.warm)}
         return sur

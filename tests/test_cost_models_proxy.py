@@ -136,7 +136,7 @@ def test_the_gp_fits_its_hyperparameters_under_priors_and_ranks_better_from_few_
 
 def test_rank_agreement_tests_tau_against_a_proxy_that_ranks_at_random():
     from cost_models.proxy import rank_agreement
-    from cubic.codesign.report import tau_evidence
+    from cost_models.proxy import tau_evidence
 
     y = np.arange(10.0)
     tau, p = rank_agreement(y, y + 0.1)
@@ -150,3 +150,19 @@ def test_rank_agreement_tests_tau_against_a_proxy_that_ranks_at_random():
     assert "not distinguishable from a proxy that ranks at random" in tau_evidence(tau, p, 8)
     assert rank_agreement([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) == (0.0, 1.0)  # undefined: no evidence
     assert rank_agreement([1.0, 2.0], [1.0, 2.0])[1] == 1.0  # two runs test nothing
+
+
+def test_cross_validated_taus_carry_their_p_and_the_listing_says_whether_the_chosen_family_ranks():
+    from cubic.cli.campaign import _cv_tau_text
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(12, 2))
+    p = Proxy(families=("ridge", "gp"), n_members=2).fit(X, X[:, 0] + 0.01 * rng.normal(size=12))
+    assert set(p.cv_p_) == set(p.cv_tau_) == {"ridge", "gp"}
+    assert p.cv_p_["ridge"] < 0.05  # a linear signal under little noise: shown, not only a figure
+    assert Proxy.from_json(p.to_json()).cv_p_ == p.cv_p_
+    line = _cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3, "ridge": 0.9}, "cv_p": {"gp": 0.12, "ridge": 1e-4}})
+    assert line == ("CV Kendall tau, one-sided p: gp 0.30 (p 0.12), ridge 0.90 (p 0.0001); "
+                    "gp: not distinguishable from a proxy that ranks at random")
+    assert _cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3}}) == "CV Kendall tau, one-sided p: gp 0.30"
+    assert _cv_tau_text({"family": "ridge"}) == "CV Kendall tau: not cross-validated"

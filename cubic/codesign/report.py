@@ -312,17 +312,9 @@ def _fig_pareto(go, name, space, runs, second, sec_dir, label):
                  f"({len(on)} of {len(feas)}).")
 
 
-TAU_ALPHA = 0.05  # a proxy's ranking counts as shown when its one-sided p is below this
-
-
-def tau_evidence(tau: float, p: float, n: int) -> str:
-    """What a Kendall tau over n proposals shows: the figure alone reads as skill at any n."""
-    verdict = ("the proxy ranks better than chance" if p < TAU_ALPHA else
-               "not distinguishable from a proxy that ranks at random")
-    return f"Kendall tau {tau:.2f} over {n} runs, one-sided p {p:.2g}: {verdict}"
-
-
 def _fig_predicted(go, space, pairs, agreement, label):
+    from cost_models.proxy import tau_evidence
+
     tau, p_value = agreement
     m = space.primary.metric
     y, p = np.array([q for _, q, _ in pairs], dtype=float), np.array([q for q, _, _ in pairs], dtype=float)
@@ -437,6 +429,8 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
              tau: tuple[float, float, int] | None,
              winner: dict[str, Any] | None, confirm: dict[str, Any] | None, m: str) -> dict[str, Any]:
     """The campaign in a few lines (the page's summary table and summary.json)."""
+    from cost_models.proxy import tau_evidence
+
     summary = {"campaign": name, "workload": ctx.get("workload"), "strategy": meta["strategy"],
                "runs": len(trials), "budget": meta["budget"], "status": study.user_attrs.get("status"),
                "stop_reason": study.user_attrs.get("stop_reason"), "runs are": label,
