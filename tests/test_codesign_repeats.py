@@ -185,6 +185,8 @@ def test_confirm_phase_remeasures_the_leaders_until_their_ratio_separates(store,
     assert summary["confirm"]["winner"]["point"] == {"batch_size": 256}
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "confirmed winner (95% interval)" in page and "winner separated from runner-up" in page
+    said = summary["winner separated from runner-up"]  # the verdict once, its repeat count once
+    assert said.startswith(("yes (", "no (")) and said.count("extra repeats") == 1, said
     assert json.loads((tmp_path / "rep" / "winner.json").read_text())["interval_95"]["repeats"] >= 2
 
 

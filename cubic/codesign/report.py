@@ -448,9 +448,10 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
         summary["confirmed winner (95% interval)"] = _confirmed_text(confirm["winner"])
         summary["confirmed runner-up (95% interval)"] = (_confirmed_text(confirm["runner_up"])
                                                          if confirm.get("runner_up") else "-")
-        summary["winner separated from runner-up"] = {True: "yes", False: "no", None: "-"}[confirm["separated"]] + \
-            f" ({confirm.get('verdict') or ''}; after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra " \
-            "repeats)"
+        # the verdict names the repeats spent where they matter (it said them twice here before)
+        verdict = confirm.get("verdict") or f"after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra repeats"
+        separated = {True: "yes", False: "no", None: "-"}[confirm["separated"]]
+        summary["winner separated from runner-up"] = f"{separated} ({verdict})"
     return summary
 
 
