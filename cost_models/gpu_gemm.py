@@ -46,7 +46,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cost_models.hardware import H100_SXM, DeviceSpec
 
@@ -173,6 +173,32 @@ def load_fitted_constants(path: Path = FIT_PATH, base: GemmConstants = PRIOR_CON
 
 
 DEFAULT_CONSTANTS = load_fitted_constants()
+
+
+def model_check(path: Path = FIT_PATH) -> dict[str, Any] | None:
+    """How the shipped constants' block speedups fared against timings they were not fitted to (written
+    by experiments/h100_model_fit.py beside the constants): None when no check was recorded."""
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("checked")
+
+
+def check_line(device_name: str, path: Path = FIT_PATH) -> str:
+    """One line for any output that shows a modelled FP8 speedup: how far to trust it. The check is
+    of the H100 model; another device's speedups were never checked against a measurement."""
+    c = model_check(path)
+    if c is None:
+        return "the speed model was not checked against a measurement: read its speedups as unverified"
+    own, pub = c["own_measurement"], c["published_leave_one_source_out"]
+    line = (f"the block speed model, checked on timings it was not fitted to: on {own['n']} fwd+bwd blocks "
+            f"{own['what']}, speedups off by {own['mape_pct']:.0f}% (mean absolute), FP8 faster or slower called "
+            f"right in {own['fast_slow_pct']:.0f}% ({own['fast_slow_resolved_pct']:.0f}% of the "
+            f"{own['fast_slow_resolved_n']} the repeat run resolves); on {pub['n']} published blocks "
+            f"(leave one source out) {pub['mape_pct']:.0f}% and {pub['fast_slow_pct']:.0f}%: a guide to where "
+            f"FP8 pays, not a measured speedup")
+    if device_name.lower() not in {d.lower() for d in c["devices"]}:
+        line += f"; {device_name} itself was never checked"
+    return line
 
 
 def _check_dims(m: int, k: int, n: int) -> None:

@@ -167,6 +167,22 @@ def _target(what: str, value: float | None, target: float, higher_better: bool, 
     return out
 
 
+def _checked(published: dict, own: dict) -> dict | None:
+    """What every output showing a modelled speedup says about the model (cost_models.gpu_gemm.check_line):
+    its block speedups against timings the constants were not fitted to. None without an own measurement."""
+    b, resolved = own.get("block_speedup"), own.get("block_fast_slow_on_resolved_rows")
+    if not b or not resolved:
+        return None
+    return {"label": "the shipped constants' fwd+bwd block speedups against timings they were not fitted to",
+            "devices": ["h100"],
+            "own_measurement": {"what": own["label"].removeprefix("modelled vs ").removesuffix(" (not fitted)"),
+                                "n": b["n"], "mape_pct": b["mape_pct"], "fast_slow_pct": b["agreement_pct"],
+                                "fast_slow_resolved_n": resolved["n"], "fast_slow_resolved_pct": resolved["agreement_pct"]},
+            "published_leave_one_source_out": {"n": published["n"], "mape_pct": published["mape_pct"],
+                                               "fast_slow_pct": published["agreement_pct"]},
+            "source": "results/h100_model_fit.json (own_gpu_measurement, after.block_speedup)"}
+
+
 def main() -> None:
     rows, blocks = gemm_rows(), block_rows()
     # no rowwise kernel-only data; cast_mem_frac is fitted on the blocks (below)
@@ -206,7 +222,8 @@ def main() -> None:
         "source": "experiments/h100_model_fit.py on cost_models/data/h100_measurements/gemm_throughput.csv (train "
                   "split; GEMM fields) and block_speedups.csv (cast_mem_frac)",
         "label": LABEL, "constants": {k: getattr(fitted, k) for k in names},
-        "prior": {k: getattr(PRIOR_CONSTANTS, k) for k in names}}, indent=2) + "\n")
+        "prior": {k: getattr(PRIOR_CONSTANTS, k) for k in names},
+        "checked": _checked(bs, own)}, indent=2) + "\n")
     payload = {
         "context": run_context("modelled"),
         "label": LABEL,

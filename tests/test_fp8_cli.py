@@ -13,6 +13,23 @@ def test_model_cli_prints_modelled_block_times(capsys):
     assert json.loads(capsys.readouterr().out)["speedup"] < 1.0  # small GEMMs: casts dominate
 
 
+def test_a_modelled_speedup_says_how_far_the_model_held_on_timings_it_was_not_fitted_to(capsys, tmp_path):
+    from cost_models.gpu_gemm import FIT_PATH, check_line
+
+    assert main(["fp8", "model", "--m", "8192", "--k", "8192", "--n", "8192"]) == 0
+    text = capsys.readouterr().out
+    checked = json.loads(FIT_PATH.read_text())["checked"]  # written by experiments/h100_model_fit.py
+    own = checked["own_measurement"]
+    assert f"on {own['n']} fwd+bwd blocks measured on" in text and f"off by {own['mape_pct']:.0f}%" in text
+    assert "not a measured speedup" in text and "never checked" not in text  # the check is of this device
+    assert main(["fp8", "model", "--m", "8192", "--k", "8192", "--n", "8192", "--device", "h200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["checked"] == checked and out["trust"].endswith("h200 itself was never checked")
+    bare = tmp_path / "fit.json"
+    bare.write_text(json.dumps({"constants": {}}))  # constants without a recorded check: said, not hidden
+    assert "not checked against a measurement" in check_line("h100", bare)
+
+
 def test_bad_input_exits_2(capsys, tmp_path):
     assert main(["fp8", "model", "--m", "-3", "--k", "1", "--n", "1"]) == 2
     assert main(["fp8", "probe", "--workload", "nope", "--budget-sqnr", "20"]) == 2

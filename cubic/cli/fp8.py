@@ -104,6 +104,9 @@ def cmd_probe(args) -> int:
         combined += (f"; held-out NE cost together {100 * c['mean']:+.4f}% [{100 * c['ci_low']:+.4f}%, "
                      f"{100 * c['ci_high']:+.4f}%] (measured, forward only)")
     print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
+    from cost_models.gpu_gemm import check_line
+
+    print(f"speed ({args.target}, modelled): {check_line(args.target)}")
     return 0
 
 
@@ -129,7 +132,7 @@ def slow_sites_line(placement, target: str, batch: int | None) -> str | None:
 
 
 def cmd_model(args) -> int:
-    from cost_models.gpu_gemm import block_speedup, linear_block_kernels
+    from cost_models.gpu_gemm import block_speedup, check_line, linear_block_kernels, model_check
     from cost_models.hardware import load_device
 
     dev = load_device(args.device, field="--device")
@@ -140,6 +143,7 @@ def cmd_model(args) -> int:
         "source": "modelled", "device": dev.name, "m": args.m, "k": args.k, "n": args.n, "recipe": args.recipe,
         "mode": args.mode, "norm_before": args.norm_before, "act_after": args.act_after,
         "fuse_casts": not args.no_fusion, "bf16_ms": r["bf16_ms"], "fp8_ms": r["fp8_ms"], "speedup": r["speedup"],
+        "checked": model_check(), "trust": check_line(dev.name),
     }
     explain = args.breakdown or args.explain
     if explain:
@@ -151,6 +155,7 @@ def cmd_model(args) -> int:
     print(f"modelled on {dev.name} ({args.mode}): fwd+bwd block {args.m}x{args.k}x{args.n}"
           f"{' [norm before]' if args.norm_before else ''}{f' [{args.act_after} after]' if args.act_after else ''}: "
           f"bf16 {r['bf16_ms']:.4f} ms, fp8 {args.recipe} {r['fp8_ms']:.4f} ms, speedup {r['speedup']:.2f}x")
+    print(out["trust"])
     if args.explain:
         for label, ks in (("bf16", out["bf16_kernels"]), (f"fp8 {args.recipe}", out["fp8_kernels"])):
             total = sum(k["time_s"] for k in ks)
