@@ -77,6 +77,7 @@ def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
     assert main(["sim", "scale", "--gpus", "64,128", "--group-sizes", "32", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["simulated"] is True and {r["strategy"] for r in out["rows"]} == {"full", "2d-g32"}
+    assert "never timed on a GPU cluster" in out["checked"]  # what the table was and was not checked against
     # a group size that divides no GPU count is named, not dropped in silence
     assert main(["sim", "scale", "--gpus", "64,128", "--group-sizes", "3,32", "--json"]) == 0
     err = capsys.readouterr().err

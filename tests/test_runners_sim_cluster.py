@@ -91,7 +91,8 @@ def test_memory_is_shown_in_gib(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "74.5 GiB HBM" in text and " GB" not in text
     assert main(["sim", "scale", "--workload", "wukong-large", "--gpus", "64", "--group-sizes", "32"]) == 0
-    assert "mem GiB" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "mem GiB" in text and "results/scaling.json, robustness" in text  # said under the table, not only in a note
     assert main(["run", "--workload", "wukong-large", "--simulate", "h100x64", "--store",
                  f"sqlite:///{tmp_path}/t.db"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "peak memory" in line)

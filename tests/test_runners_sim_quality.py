@@ -102,6 +102,25 @@ def test_scaling_rows_and_the_scaling_json_carry_the_assumed_quality_and_its_sou
     assert q["2D, per-step gradient sync (sensitivity)"]["ne_cost_rel"] == 0.0
     assert out["claim"]["assumed_ne_cost_of_best_2d"]["source"] == sweep["source"]
     assert all("assumed_quality" in r for r in out["rows"] if r["status"] == "ok")
+    robust = out["robustness"]  # the claim's second look over perturbed step-model regimes
+    assert robust["regimes"] == 8 == len(robust["failed_regimes"]) + robust["held"]
+    target = next(v for k, v in out["targets"].items() if "perturbed step-model regimes" in k)
+    assert target["measured"] == robust["share_held"] and isinstance(target["met"], bool)
+
+
+def test_the_scaling_claims_second_look_names_every_regime_where_it_fails():
+    sys.path.insert(0, str(ROOT))
+    from experiments._scaling_robustness import RANGES, robustness
+    from experiments.scaling import _targets, retained
+
+    cfg = Config(kernels={"dense_dtype": "bf16"})
+    # a bar no strategy can keep: the claim fails in every regime, and each failure carries its parameters
+    r = robustness(WL, CLUSTERS["h100"], cfg, [4], 8, 16, 1.5, retained, regimes=2)
+    assert r["held"] == 0 and r["share_held"] == 0.0 and len(r["failed_regimes"]) == 2
+    assert all(set(f["params"]) == set(RANGES) for f in r["failed_regimes"])
+    t = _targets({"full": 0.5, "2d-g4": 0.95}, "2d-g4", 8, 16, r)
+    miss = next(v for k, v in t.items() if "perturbed" in k)
+    assert miss["met"] is False and "fails in 2 regimes" in miss["reason"]
 
 
 def test_a_2d_prediction_states_the_ne_cost_it_assumes_and_where_it_comes_from(table, tmp_path, capsys):

@@ -51,7 +51,7 @@ def _config(args: argparse.Namespace):
 def cmd_scale(args: argparse.Namespace) -> int:
     from cost_models.hardware import load_cluster
     from cubic.cli.common import stdout_console
-    from cubic.runners.sim import scaling_sweep
+    from cubic.runners.sim import SCALING_CHECKED, scaling_sweep
     from cubic.core.workloads import load_workload
     from rich.table import Table as RichTable
 
@@ -64,8 +64,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
             print(f"cubic: warning: --group-sizes {g} divides none of --gpus {','.join(map(str, args.gpus))}: "
                   "no 2D row for it", file=sys.stderr)
     if args.json:
-        print(json.dumps({"simulated": True, "workload": workload.name, "cluster": cluster.name, "rows": rows},
-                         indent=1, default=str))
+        print(json.dumps({"simulated": True, "checked": SCALING_CHECKED, "workload": workload.name,
+                          "cluster": cluster.name, "rows": rows}, indent=1, default=str))
         return 0
     t = RichTable(title=f"SIMULATED scaling of {workload.name} on {cluster.name} "
                         f"(batch {workload.batch_size}/GPU; efficiency vs best per-GPU at the smallest scale)")
@@ -80,6 +80,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
                   f"{r['examples_per_s_per_gpu']:,.0f}", f"{r['scaling_efficiency']:.2f}", r["dominant_phase"],
                   f"{r['peak_mem_gib']:.0f}")
     stdout_console().print(t)
+    print(SCALING_CHECKED)
     return 0
 
 
