@@ -51,6 +51,10 @@ def draw(rng: np.random.Generator) -> dict[str, float]:
             for k, (lo, hi, log) in RANGES.items()}
 
 
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
+
+
 def robustness(workload, cluster, config, group_sizes, w_lo: int, w_hi: int, near_linear: float, retained,
                regimes: int = REGIMES) -> dict:
     """The claim recomputed in ``regimes`` perturbed regimes: how often it holds, the spread of what
@@ -80,8 +84,9 @@ def robustness(workload, cluster, config, group_sizes, w_lo: int, w_hi: int, nea
         "ranges": {k: {"low": lo, "high": hi, "scale": "log-uniform" if log else "uniform"}
                    for k, (lo, hi, log) in RANGES.items()},
         "held": len(held), "share_held": len(held) / regimes,
-        "best_2d_kept": {"min": min(best_kept, default=None), "median": float(np.median(best_kept)) if best_kept else None},
-        "full_kept": {"max": max(full_kept, default=None), "median": float(np.median(full_kept)) if full_kept else None},
-        "best_2d_group_sizes": {g: sum(r["best_2d"] == g for r in out) for g in sorted({r["best_2d"] for r in out if r["best_2d"]})},
+        "best_2d_kept": {"min": min(best_kept, default=None), "median": _median(best_kept)},
+        "full_kept": {"max": max(full_kept, default=None), "median": _median(full_kept)},
+        "best_2d_group_sizes": {g: sum(r["best_2d"] == g for r in out)
+                                for g in sorted({r["best_2d"] for r in out if r["best_2d"]})},
         "failed_regimes": [r for r in out if not r["holds"]],
     }

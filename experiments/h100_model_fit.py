@@ -177,7 +177,8 @@ def _checked(published: dict, own: dict) -> dict | None:
             "devices": ["h100"],
             "own_measurement": {"what": own["label"].removeprefix("modelled vs ").removesuffix(" (not fitted)"),
                                 "n": b["n"], "mape_pct": b["mape_pct"], "fast_slow_pct": b["agreement_pct"],
-                                "fast_slow_resolved_n": resolved["n"], "fast_slow_resolved_pct": resolved["agreement_pct"]},
+                                "fast_slow_resolved_n": resolved["n"],
+                                "fast_slow_resolved_pct": resolved["agreement_pct"]},
             "published_leave_one_source_out": {"n": published["n"], "mape_pct": published["mape_pct"],
                                                "fast_slow_pct": published["agreement_pct"]},
             "source": "results/h100_model_fit.json (own_gpu_measurement, after.block_speedup)"}

@@ -303,7 +303,8 @@ def main() -> None:
 
     _print_rows(workload, cluster, rows, sensitivity)
     print(f"second look: the claim holds in {robust['held']} of {robust['regimes']} perturbed step-model regimes "
-          f"(best 2D keeps at least {robust['best_2d_kept']['min']:.2f}, median {robust['best_2d_kept']['median']:.2f}; "
+          f"(best 2D keeps at least {robust['best_2d_kept']['min']:.2f}, "
+          f"median {robust['best_2d_kept']['median']:.2f}; "
           f"full sharding at most {robust['full_kept']['max']:.2f}) (SIMULATED)")
     _print_verdicts(claim, kept, kept_64, sens_g, quality, cpu, t0)
 

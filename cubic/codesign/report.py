@@ -342,7 +342,7 @@ def _fig_importance(go, space, importance):
     return fig, (f"How much of the variance of the objective each parameter explains (fANOVA over the "
                  f"{importance.runs} completed runs); the bars' whiskers: 95% interval over "
                  f"{importance.resamples} bootstrap resamples of the runs ({PERCENTILES[0]:g}-{PERCENTILES[1]:g} "
-                 f"percentiles, calibrated: results/importance_calibration.json); {importance.first} ranks first in "
+                 f"percentiles, checked: results/importance_calibration.json); {importance.first} ranks first in "
                  f"{importance.first_share:.0%} of them ({'resolved' if importance.resolved else 'not resolved'}).")
 
 
@@ -449,7 +449,8 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
         summary["confirmed runner-up (95% interval)"] = (_confirmed_text(confirm["runner_up"])
                                                          if confirm.get("runner_up") else "-")
         # the verdict names the repeats spent where they matter (it said them twice here before)
-        verdict = confirm.get("verdict") or f"after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra repeats"
+        verdict = (confirm.get("verdict")
+                   or f"after {confirm['repeats_spent']} of {confirm['repeat_budget']} extra repeats")
         separated = {True: "yes", False: "no", None: "-"}[confirm["separated"]]
         summary["winner separated from runner-up"] = f"{separated} ({verdict})"
     return summary
