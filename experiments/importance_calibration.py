@@ -126,7 +126,8 @@ def targets(cells: dict) -> dict:
         lo, hi = c["coverage_ci95"]
         met = c["coverage"] >= COVERAGE_TARGET
         seen = "a regime not seen when choosing the percentiles" if c["held_out"] else "fresh seeds"
-        out[f"{key}: the answer's 95% intervals hold the true share (>= {COVERAGE_TARGET:.0%} of knobs x campaigns)"] = {
+        what = f"the answer's 95% intervals hold the true share (>= {COVERAGE_TARGET:.0%} of knobs x campaigns)"
+        out[f"{key}: {what}"] = {
             "measured": c["coverage"], "target": COVERAGE_TARGET, "met": met, "ci95": [lo, hi],
             "resolved": lo >= COVERAGE_TARGET if met else hi < COVERAGE_TARGET, "label": label,
             "checked_on": seen, "narrow_range_measured": c["coverage_narrow"],
