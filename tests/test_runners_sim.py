@@ -85,6 +85,9 @@ def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
     assert main(["sim", "predict", "--simulate", "h100x64", "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert pred["simulated"] and pred["step_ms"] > 0 and pred["dominant_phase"]
+    assert "never timed on a GPU cluster" in pred["checked"]
+    assert main(["sim", "predict", "--simulate", "h100x64"]) == 0
+    assert "never timed on a GPU cluster" in capsys.readouterr().out
     assert main(["sim", "predict", "--simulate", "h100x64x"]) == 2
     assert "expected <cluster>x<gpus>" in capsys.readouterr().err
     params = tmp_path / "p.json"

@@ -88,7 +88,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from cubic.runners.step_model import predict_step
     from cubic.cli.common import stdout_console
     from cubic.core.units import fmt_gib, gib
-    from cubic.runners.sim import SimulatedRunner, assumed_quality
+    from cubic.runners.sim import SIM_CHECKED, SimulatedRunner, assumed_quality
     from cubic.runners.step_model import sync_params
     from cubic.core.workloads import load_workload
 
@@ -108,7 +108,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "oom_reason": p.oom_reason, "step_ms": p.step_s * 1e3, "examples_per_s": p.examples_per_s,
         "phases_ms": {k: v * 1e3 for k, v in p.phases_s.items()}, "dominant_phase": p.dominant_phase,
         "memory_gib": {k: gib(v) for k, v in p.memory.items()}, "peak_mem_gib": gib(p.peak_mem_bytes),
-        "plan": p.plan, "dense": p.dense, "assumed_quality": quality,
+        "plan": p.plan, "dense": p.dense, "assumed_quality": quality, "checked": SIM_CHECKED,
     }
     if args.json:
         print(json.dumps(out, indent=1, default=str))
@@ -132,6 +132,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                   f"{quality['source']})")
     con.print("plan: " + ", ".join(f"{k}={v}" for k, v in p.plan.items() if not isinstance(v, float))
               + f", embedding imbalance {p.plan.get('embedding_imbalance', 1.0):.2f}")
+    con.print(SIM_CHECKED, markup=False, highlight=False)
     return 0
 
 

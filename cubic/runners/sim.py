@@ -31,12 +31,13 @@ from cubic.core.units import GB, gib
 from cubic.runners.base import Runner
 
 STEP_MODEL_VERSION = 2  # 2: plans from sharding.from_config (greedy planner, one comm model); bump when the step model's physics change: simulated trials are keyed by it
-# what a simulated scaling table has and has not been checked against: said under every such table
-SCALING_CHECKED = ("SIMULATED by the analytical step model: its collectives were never timed on a GPU cluster "
-                   "(its CPU calibration times single-process steps); whether 2D keeps scaling where full sharding "
-                   "does not is recomputed over perturbed regimes of its efficiency factors and network bandwidth by "
-                   "experiments/scaling.py (results/scaling.json, robustness): read the figures as the model's, "
-                   "the verdict as robust only within those ranges")
+# what a simulated step has and has not been checked against: said under every simulated figure
+SIM_CHECKED = ("SIMULATED by the analytical step model: its collectives were never timed on a GPU cluster (its CPU "
+               "calibration times single-process steps)")
+SCALING_CHECKED = (f"{SIM_CHECKED}; whether 2D keeps scaling where full sharding does not is recomputed over "
+                   "perturbed regimes of its efficiency factors and network bandwidth by experiments/scaling.py "
+                   "(results/scaling.json, robustness): read the figures as the model's, the verdict as robust "
+                   "only within those ranges")
 SIM_NOTE = ("SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated (the NE cost of 2D "
             "vs full sharding is taken from measured runs: extra.assumed_quality)")
 _SPEC = re.compile(r"^(?P<cluster>.+?)x(?P<gpus>\d+)$")
