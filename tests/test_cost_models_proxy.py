@@ -153,7 +153,7 @@ def test_rank_agreement_tests_tau_against_a_proxy_that_ranks_at_random():
 
 
 def test_cross_validated_taus_carry_their_p_and_the_listing_says_whether_the_chosen_family_ranks():
-    from cubic.cli.campaign import _cv_tau_text
+    from cost_models.proxy import cv_tau_text
 
     rng = np.random.default_rng(0)
     X = rng.uniform(size=(12, 2))
@@ -161,8 +161,8 @@ def test_cross_validated_taus_carry_their_p_and_the_listing_says_whether_the_cho
     assert set(p.cv_p_) == set(p.cv_tau_) == {"ridge", "gp"}
     assert p.cv_p_["ridge"] < 0.05  # a linear signal under little noise: shown, not only a figure
     assert Proxy.from_json(p.to_json()).cv_p_ == p.cv_p_
-    line = _cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3, "ridge": 0.9}, "cv_p": {"gp": 0.12, "ridge": 1e-4}})
+    line = cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3, "ridge": 0.9}, "cv_p": {"gp": 0.12, "ridge": 1e-4}})
     assert line == ("CV Kendall tau, one-sided p: gp 0.30 (p 0.12), ridge 0.90 (p 0.0001); "
                     "gp: not distinguishable from a proxy that ranks at random")
-    assert _cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3}}) == "CV Kendall tau, one-sided p: gp 0.30"
-    assert _cv_tau_text({"family": "ridge"}) == "CV Kendall tau: not cross-validated"
+    assert cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3}}) == "CV Kendall tau, one-sided p: gp 0.30"
+    assert cv_tau_text({"family": "ridge"}) == "CV Kendall tau: not cross-validated"

@@ -508,22 +508,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cv_tau_text(fit: dict) -> str:
-    """Each family's cross-validated Kendall tau with its one-sided p against a proxy that ranks at
-    random, and the verdict on the chosen family: over a dozen runs a tau of 0.3 is often chance."""
-    from cost_models.proxy import rank_verdict
-
-    taus, ps = fit.get("cv_tau") or {}, fit.get("cv_p") or {}
-    if not taus:
-        return "CV Kendall tau: not cross-validated"
-    parts = ", ".join((f"{k} {v:.2f}" if isinstance(v, (int, float)) else f"{k} {v}")
-                      + (f" (p {ps[k]:.2g})" if isinstance(ps.get(k), (int, float)) else "")
-                      for k, v in taus.items())
-    p = ps.get(fit.get("family"))
-    verdict = f"; {fit.get('family')}: {rank_verdict(p)}" if isinstance(p, (int, float)) else ""
-    return f"CV Kendall tau, one-sided p: {parts}{verdict}"  # a store from before p was kept: taus alone
-
-
 def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
     if as_json:
         print(json.dumps([{**s.to_json(), "served_from_store": s.served} for s in summaries], indent=2,
@@ -539,7 +523,9 @@ def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
         con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({s.served} served from the trial store{stopped}), "
                   f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
         if s.proxy:
-            con.print(f"  proxy: {s.proxy.get('family')} ({_cv_tau_text(s.proxy)})")
+            from cost_models.proxy import cv_tau_text
+
+            con.print(f"  proxy: {s.proxy.get('family')} ({cv_tau_text(s.proxy)})")
         if s.pruning:
             from cubic.codesign.answer import pruning_note
 
