@@ -183,10 +183,10 @@ def model_check(path: Path = FIT_PATH) -> dict[str, Any] | None:
     return json.loads(path.read_text()).get("checked")
 
 
-def check_line(device_name: str, path: Path = FIT_PATH) -> str:
-    """One line for any output that shows a modelled FP8 speedup: how far to trust it. The check is
-    of the H100 model; another device's speedups were never checked against a measurement."""
-    c = model_check(path)
+def check_line(device_name: str, c: dict[str, Any] | None) -> str:
+    """One line for any output that shows a modelled FP8 speedup: how far to trust it, from
+    :func:`model_check`'s record. The check is of the H100 model; another device's speedups were
+    never checked against a measurement."""
     if c is None:
         return "the speed model was not checked against a measurement: read its speedups as unverified"
     own, pub = c["own_measurement"], c["published_leave_one_source_out"]

@@ -58,7 +58,7 @@ def test_speedup_against_a_measured_baseline_single_sample(tmp_path):
     assert "today's job" in md and "ne (lower is better)" in md and "peak memory (GiB" in md
     assert f"| batch | 64 | {best.params['batch']}" in md  # the knob, with the baseline's value
     imp = Importance(knobs={"batch": KnobImportance(0.9, 0.6, 1.0), "lr": KnobImportance(0.1, 0.0, 0.4)},
-                     runs=8, resamples=100, first_share=0.9)
+                     runs=8, draws=((0.9, 0.1),) * 90 + ((0.1, 0.9),) * 10)  # 100 resamples, batch first in 90
     with_imp = campaign_answer(space, meta, study, trials, importance=imp).markdown()
     assert "| batch | 64 |" in with_imp.split("| lr |")[0]  # most important first
     assert "| 0.90 [0.60–1.00] |" in with_imp  # the share with its interval over the runs

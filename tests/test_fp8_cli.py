@@ -14,7 +14,7 @@ def test_model_cli_prints_modelled_block_times(capsys):
 
 
 def test_a_modelled_speedup_says_how_far_the_model_held_on_timings_it_was_not_fitted_to(capsys, tmp_path):
-    from cost_models.gpu_gemm import FIT_PATH, check_line
+    from cost_models.gpu_gemm import FIT_PATH, check_line, model_check
 
     assert main(["fp8", "model", "--m", "8192", "--k", "8192", "--n", "8192"]) == 0
     text = capsys.readouterr().out
@@ -27,7 +27,7 @@ def test_a_modelled_speedup_says_how_far_the_model_held_on_timings_it_was_not_fi
     assert out["checked"] == checked and out["trust"].endswith("h200 itself was never checked")
     bare = tmp_path / "fit.json"
     bare.write_text(json.dumps({"constants": {}}))  # constants without a recorded check: said, not hidden
-    assert "not checked against a measurement" in check_line("h100", bare)
+    assert "not checked against a measurement" in check_line("h100", model_check(bare))
 
 
 def test_bad_input_exits_2(capsys, tmp_path):

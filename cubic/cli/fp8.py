@@ -104,9 +104,9 @@ def cmd_probe(args) -> int:
         combined += (f"; held-out NE cost together {100 * c['mean']:+.4f}% [{100 * c['ci_low']:+.4f}%, "
                      f"{100 * c['ci_high']:+.4f}%] (measured, forward only)")
     print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
-    from cost_models.gpu_gemm import check_line
+    from cost_models.gpu_gemm import check_line, model_check
 
-    print(f"speed ({args.target}, modelled): {check_line(args.target)}")
+    print(f"speed ({args.target}, modelled): {check_line(args.target, model_check())}")
     return 0
 
 
@@ -139,11 +139,12 @@ def cmd_model(args) -> int:
     kw = dict(norm_before=args.norm_before, act_after=args.act_after, device=dev, fuse_casts=not args.no_fusion,
               mode=args.mode)
     r = block_speedup(args.m, args.k, args.n, args.recipe, **kw)
+    checked = model_check()
     out = {
         "source": "modelled", "device": dev.name, "m": args.m, "k": args.k, "n": args.n, "recipe": args.recipe,
         "mode": args.mode, "norm_before": args.norm_before, "act_after": args.act_after,
         "fuse_casts": not args.no_fusion, "bf16_ms": r["bf16_ms"], "fp8_ms": r["fp8_ms"], "speedup": r["speedup"],
-        "checked": model_check(), "trust": check_line(dev.name),
+        "checked": checked, "trust": check_line(dev.name, checked),
     }
     explain = args.breakdown or args.explain
     if explain:

@@ -52,10 +52,16 @@ class KnobImportance:
 class Importance:
     knobs: dict[str, KnobImportance]  # most important first
     runs: int  # completed runs fANOVA read
-    resamples: int  # bootstrap resamples that gave an importance
-    first_share: float  # share of those resamples that rank the first knob first
-    # each resample's shares, in the order of knobs: what the interval was read from
-    draws: tuple[tuple[float, ...], ...] = field(default=(), repr=False)
+    # each bootstrap resample's shares, in the order of knobs: what the interval was read from
+    draws: tuple[tuple[float, ...], ...] = field(repr=False)
+
+    @property
+    def resamples(self) -> int:  # resamples that gave an importance
+        return len(self.draws)
+
+    @property
+    def first_share(self) -> float:  # share of the resamples that rank the first knob first
+        return float(np.mean(np.argmax(self.draws, axis=1) == 0)) if self.draws else 0.0
 
     @property
     def first(self) -> str:
@@ -122,6 +128,4 @@ def knob_importance(study, trials, skipped: list[str], *, resamples: int = RESAM
                                lo=float(np.percentile(d[:, j], PERCENTILES[0])) if len(d) else point[n],
                                hi=float(np.percentile(d[:, j], PERCENTILES[1])) if len(d) else point[n])
              for j, n in enumerate(names)}
-    first_share = float(np.mean(d.argmax(axis=1) == 0)) if len(d) else 0.0
-    return Importance(knobs=knobs, runs=len(complete), resamples=len(d), first_share=first_share,
-                      draws=tuple(tuple(float(v) for v in row) for row in d))
+    return Importance(knobs=knobs, runs=len(complete), draws=tuple(tuple(float(v) for v in row) for row in d))
