@@ -233,19 +233,25 @@ def test_simulate_without_the_simulator_is_bad_input(capsys, monkeypatch):
 
 
 def test_simulated_runs_are_labelled_and_kept_apart(capsys, monkeypatch, isolated_store):
+    from cubic.runners.sim import SIM_NOTE
+
     class FakeSim(FakeRunner):
         source = "simulated"
 
         @classmethod
         def from_spec(cls, spec):
             assert spec == "h100x64"
-            return cls(Result(status="ok", source="simulated", metrics={"examples_per_s": 9e6}))
+            return cls(Result(status="ok", source="simulated", metrics={"examples_per_s": 9e6},
+                              extra={"note": SIM_NOTE}))
 
     monkeypatch.setitem(sys.modules, "cubic.runners.sim", types.SimpleNamespace(SimulatedRunner=FakeSim))
     use_runner(monkeypatch, FakeRunner())
     run_cli(capsys, "run", "--workload", "dlrm-small", "--steps", "2")
     code, out, _ = run_cli(capsys, "run", "--workload", "wukong-large", "--steps", "2", "--simulate", "h100x64")
     assert code == 0 and "SIMULATED" in out and "9,000,000" in out
+    # a model's figure has no interval of a fresh run (a zero-width one would read as evidence) and says
+    # what it was never checked against
+    assert "95% interval" not in out and "no interval" in out and "never timed on a GPU cluster" in out
     code, out, _ = run_cli(capsys, "trials", "list")
     assert "SIMULATED" in out and "measured" in out
     code, out, _ = run_cli(capsys, "trials", "list", "--source", "measured", "--json")

@@ -143,6 +143,28 @@ def test_simulated_campaign_defaults_to_the_simulated_space_and_workers_join_by_
     assert "0 runs" in capsys.readouterr().out
 
 
+def test_a_simulated_campaign_repeats_nothing_and_claims_no_interval(env, tmp_path, capsys):
+    """The bug: a simulated campaign's confirm step re-ran the deterministic model 6 times and answered
+    "separated after 2 of 4 extra repeats", "this machine's between-repeat noise 0.0%", "95% CI
+    17.1-17.1x": evidence nothing measured. Now: the model's ratios, no repeats, no interval."""
+    storage, store = env
+    assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
+                 "--name", "m", "--strategy", "random", "--budget", "4", "--batch", "2", "--report", "rep",
+                 *storage, *store]) == 0
+    out = capsys.readouterr().out
+    answer = (tmp_path / "rep" / "answer.md").read_text()
+    for text in (out, answer):
+        assert "in the model" in text and "never timed on a GPU cluster" in text
+        assert "95% CI" not in text and "separated" not in text and "noise 0.0%" not in text
+    assert "SIMULATED: the step model's ratio, no interval" in answer  # the headline's bracket
+    assert "loss and NE are not simulated" in answer
+    assert main(["trials", "list", "--json", *store]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 5  # the baseline and 4 runs: no confirm repeats
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["winner separated from runner-up"].startswith("- (SIMULATED")
+    assert "[" not in summary["confirmed winner (95% interval)"]
+
+
 def test_resume_while_another_process_coordinates_exits_3_naming_it(env, tmp_path, capsys):
     storage, store = env
     assert main(["campaign", "run", "--workload", "dlrm-small", "--simulate", "h100x8", "--name", "held",

@@ -130,6 +130,9 @@ def interval_line(result: Result) -> str | None:
     est = (p or {}).get("estimates", {}).get("examples_per_s")
     if not p or not est:
         return None
+    if result.source == "simulated":  # a zero-width "95% interval" of a model would claim what nothing measured
+        note = (result.extra or {}).get("note") or "SIMULATED"  # the simulator's SIM_NOTE: what it was checked on
+        return f"examples/s {est['value']:,.0f}, no interval: the model gives the same figure on every run; {note}"
     cont = p["n_contended"]
     how = "" if not cont else (f", {cont} contended (all used)" if p["contended"]
                                else f", {cont} contended (excluded)")

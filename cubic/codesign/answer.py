@@ -75,6 +75,8 @@ def interval_text(x: dict[str, Any]) -> str:
     """One configuration's figure as every view shows it: value [95% interval of a fresh run] and
     what the interval rests on ("2 repeats", "1 repeat + this machine's noise floor 6.5%")."""
     basis = x.get("basis") or f"{x.get('repeats', '?')} repeats"
+    if x.get("deterministic"):  # a model's figure: a zero-width bracket would read as evidence
+        return f"{fmt(x['value'])} ({basis})"
     return f"{fmt(x['value'])} [{fmt(x['lo'])}, {fmt(x['hi'])}] ({basis})"
 
 
@@ -82,6 +84,8 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
     """The confirm step in a few lines: the winner and runner-up with their intervals, the verdict
     (separated by between-process evidence, or tied within the repeat budget), the speedup."""
     sp = c.get("speedup")
+    if c.get("deterministic"):
+        return _model_lines(c)
     # measurement_noise: between passes 10 minutes apart every configuration moved 12.4% alike, so an
     # absolute interval holds for a run close in time; a ratio measured in pairs holds beyond that
     when = ("a fresh run close in time; the machine's drift moves absolute figures, the paired speedup below "
@@ -101,6 +105,22 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
                f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
         out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; {how})"
                    + ("" if sp["beats_baseline"] else ": does NOT beat the baseline by the evidence"))
+    return out
+
+
+def _model_lines(c: dict[str, Any]) -> list[str]:
+    """:func:`confirm_lines` of a deterministic source (the simulator): the model's figures and ratios,
+    no interval, no verdict of separation (cubic.codesign.confirm.MODEL_FIGURES)."""
+    out = [f"SIMULATED {c['metric']}: winner {fmt(c['winner']['value'])} at {c['winner']['point']}"]
+    if c.get("runner_up"):
+        out.append(f"runner-up {fmt(c['runner_up']['value'])} at {c['runner_up']['point']}")
+    lead = c.get("lead")
+    out.append(c["verdict"] + (f" (winner / runner-up {fmt(lead['ratio'])}x in the model)" if lead else ""))
+    sp = c.get("speedup")
+    if sp and sp.get("winner_is_baseline"):
+        out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")
+    elif sp:
+        out.append(f"over the baseline: {fmt(sp['ratio'])}x in the model (SIMULATED, no interval)")
     return out
 
 
@@ -345,6 +365,12 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     if sp and sp.get("winner_is_baseline") and base is not None and base.get("ok"):  # a ratio of 1 by definition
         bm[m], ans.ratio = sp["baseline_value"], 1.0
         _keep_baseline(ans, space, base, ctx)
+    elif sp and sp.get("deterministic") and base is not None and base.get("ok"):  # the model's ratio, no interval
+        bm[m] = sp["baseline_value"]
+        ans.ratio, ans.interval_note = sp["ratio"], "SIMULATED: the step model's ratio, no interval"
+        ans.notes.append(f"the speedup is {sp['method']}")
+        if not sp["beats_baseline"]:
+            _keep_baseline(ans, space, base, ctx)
     elif sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
         bm[m] = sp["baseline_value"]
         ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
@@ -389,6 +415,9 @@ def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: 
     elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
         ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
                          "larger batch saw more examples)")
+    if ans.source == "SIMULATED":  # the simulator's throughput has no quality beside it but 2D's measured cost
+        ans.notes.append("loss and NE are not simulated: a batch size's or FP8's quality cost is in no figure of "
+                         "this answer (ne_cost_rel, where shown, is 2D's NE cost taken from measured runs)")
     if ne:
         if ne in bm:
             change = _pct(wm[ne], bm[ne]) + (" (not comparable: under one update, below)" if ne_caveat else "")

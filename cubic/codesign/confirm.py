@@ -36,6 +36,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     ev = evaluate
     if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
         return None
+    if getattr(ev, "deterministic", False):
+        return _model_figures(ev, space, observations, repeat_budget, baseline)
     metric, maximize = space.primary.metric, space.primary.direction == "maximize"
     points = {}
     for o in observations:
@@ -94,6 +96,55 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     if w is not None and baseline is not None:
         out["speedup"] = speedup
     out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+# what the confirm step says of a deterministic source (the simulator): a repeat gives the same figure,
+# so a "95% interval" of zero width or a "separated" would claim evidence nothing measured
+MODEL_FIGURES = ("SIMULATED: the step model gives the same figure every time, so nothing was repeated and no "
+                 "interval applies; its figures were never timed on a GPU cluster")
+
+
+def _model_figures(ev, space: Space, observations: Sequence[Observation], repeat_budget: int,
+                   baseline: tuple[Any, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """:func:`confirm` for a deterministic evaluate: the two leaders and the speedup over the baseline as
+    the model's ratios, with no repeats, no interval and no verdict of separation (``separated`` None)."""
+    metric, maximize = space.primary.metric, space.primary.direction == "maximize"
+    values: dict[str, tuple[dict[str, Any], float]] = {}
+    for o in observations:
+        e = ev.estimate(o.point, metric) if o.feasible and metric in o.metrics else None
+        if e is not None and e.value:
+            values.setdefault(space.key(o.point), (o.point, e.value))
+    if not values:
+        return None
+    order = sorted(values.values(), key=lambda pv: pv[1], reverse=maximize)
+
+    def row(pv: tuple[dict[str, Any], float]) -> dict[str, Any]:
+        return {"point": pv[0], "value": pv[1], "lo": pv[1], "hi": pv[1], "repeats": 1,
+                "basis": "SIMULATED: one evaluation of a deterministic model", "deterministic": True}
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if maximize else b / a
+
+    out = {"metric": metric, "direction": space.primary.direction, "deterministic": True,
+           "interval": "none: " + MODEL_FIGURES, "repeat_budget": repeat_budget, "repeats_spent": 0,
+           "separated": None, "winner": row(order[0]), "runner_up": row(order[1]) if len(order) > 1 else None,
+           "lead": None, "failed_repeats": [], "wall_s": 0.0,
+           "verdict": "only one feasible configuration" if len(order) < 2 else MODEL_FIGURES}
+    if len(order) > 1:
+        r = ratio(order[0][1], order[1][1])
+        out["lead"] = {"ratio": r, "lo": r, "hi": r}
+    if baseline is not None and callable(getattr(baseline[0], "estimate", None)):
+        be = baseline[0].estimate(baseline[1], metric)
+        if be is not None and be.value:
+            itself = bool(baseline[1]) and space.key(order[0][0]) == space.key(baseline[1])
+            r = 1.0 if itself else ratio(order[0][1], be.value)
+            out["speedup"] = {"ratio": r, "lo": r, "hi": r, "paired": False, "pairs": 0, "pairs_planned": 0,
+                              **_baseline_fields(be), "beats_baseline": r > 1.0 and not itself,
+                              "deterministic": True, "method": "the ratio of the step model's figures for the "
+                              f"winner and the baseline ({MODEL_FIGURES})"}
+            if itself:
+                out["speedup"]["winner_is_baseline"] = True
     return out
 
 

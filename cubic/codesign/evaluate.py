@@ -148,6 +148,11 @@ class RunnerEvaluate:
         self._local: dict[str, list] = {}  # ok repeats per config when nothing is stored
         self._last: dict[str, Result] = {}  # each config's latest run, for a paired comparison
 
+    @property
+    def deterministic(self) -> bool:
+        """A source that gives the same figure every time (the simulator): the confirm step repeats nothing."""
+        return getattr(self.runner, "source", "measured") == "simulated"
+
     def attach(self, campaign: "Campaign") -> None:
         """Create the campaign's row in the trial store (once) so trials can carry its id."""
         self.campaign = campaign.name

@@ -38,8 +38,8 @@ SCALING_CHECKED = (f"{SIM_CHECKED}; whether 2D keeps scaling where full sharding
                    "perturbed regimes of its efficiency factors and network bandwidth by experiments/scaling.py "
                    "(results/scaling.json, robustness): read the figures as the model's, the verdict as robust "
                    "only within those ranges")
-SIM_NOTE = ("SIMULATED: analytical step model, nothing was trained; loss/NE are not simulated (the NE cost of 2D "
-            "vs full sharding is taken from measured runs: extra.assumed_quality)")
+SIM_NOTE = (f"{SIM_CHECKED}; nothing was trained: loss/NE are not simulated (the NE cost of 2D vs full sharding "
+            "is taken from measured runs: extra.assumed_quality)")
 _SPEC = re.compile(r"^(?P<cluster>.+?)x(?P<gpus>\d+)$")
 
 
