@@ -124,8 +124,7 @@ class Parameter(Frozen):
 
     def contains(self, value: Any) -> bool:
         if self.type == "categorical":
-            return any(value == c and type(value) is type(c) or (_is_number(value) and _is_number(c) and value == c)
-                       for c in self.choices)
+            return any(_same_choice(value, c) for c in self.choices)
         if not _is_number(value):
             return False
         if self.type == "int" and value != int(value):
@@ -438,7 +437,7 @@ class Space(Frozen):
                     else:
                         out.append((float(v) - lo) / (hi - lo))
             else:
-                out.extend(1.0 if v == c else 0.0 for c in p.choices)
+                out.extend(1.0 if _same_choice(v, c) else 0.0 for c in p.choices)
             if p.when:
                 out.append(1.0 if v is not None else 0.0)
         return np.asarray(out, dtype=np.float64)
@@ -482,6 +481,13 @@ def _step_index(at: int, n: int, z: float) -> int:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _same_choice(value: Any, choice: Any) -> bool:
+    """A categorical's value is this choice: equal and of one type, or two numbers that are equal (in
+    Python True == 1, and a choice list may hold both, as Optuna's does: each is its own feature)."""
+    return value == choice and type(value) is type(choice) or (_is_number(value) and _is_number(choice)
+                                                                and value == choice)
 
 
 def load_space(path: str | Path | None = None) -> Space:

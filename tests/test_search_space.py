@@ -51,6 +51,16 @@ def test_conditional_parameters_and_features():
     assert f_off[names.index("batch_size")] == 0 and f_on[names.index("batch_size")] == pytest.approx(1)
 
 
+def test_true_and_1_in_one_categorical_are_two_features():
+    """In Python True == 1: a choice list holding both (Optuna's take both) lit both one-hot features
+    for either value, so the proxy could not tell them apart."""
+    sp = _space([{"name": "flag", "type": "categorical", "choices": [True, 1, "auto"]}])
+    names = sp.feature_names()
+    assert list(sp.features({"flag": True})) == [1.0, 0.0, 0.0]
+    assert list(sp.features({"flag": 1})) == [0.0, 1.0, 0.0]
+    assert len(names) == 3 and sp.validate_point({"flag": 1}) == {"flag": 1}
+
+
 @pytest.mark.parametrize("params, field", [
     ([{"name": "a", "type": "categorical"}], "choices"),
     ([{"name": "a", "type": "int", "low": 5, "high": 2}], "low"),
