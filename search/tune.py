@@ -12,7 +12,8 @@ samplers) and maps Tune's calls onto ask/tell:
 - ``on_trial_complete``: ``tell``: COMPLETE with the last metric; PRUNED when a scheduler (ASHA)
   stopped the trial before ``max_t`` iterations (CubicSampler learns from it through
   ``search.curves.credit_pruned``: its last report plus the complete trials' median gain after
-  that iteration, never above the worst complete trial); FAIL on an error.
+  that iteration, never above the worst complete trial); FAIL on an error, or on a metric that is not a
+  finite number (its ``fail_reason`` says what was reported; ``OptunaSearch`` stops the Tuner there).
 - ``save`` / ``restore``: the finished trials (params, values, intermediate values, the
   sampler's state in their system attributes) as JSON, never pickle (a checkpoint is data, and
   loading it must not run code); a restored searcher rebuilds the sampler's state from them, as
@@ -22,6 +23,7 @@ samplers) and maps Tune's calls onto ask/tell:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import optuna
@@ -99,25 +101,42 @@ class CubicSearcher(Searcher):
         self._live[trial_id] = t
         return unflatten_dict(dict(t.params))
 
+    def _value(self, result: dict | None) -> float | None:
+        """The metric of one Tune result as a finite number; None when absent or not one (a string, a
+        NaN): the trial's report, not the experiment, is what is wrong (it stopped the Tuner before)."""
+        v = (result or {}).get(self._metric)
+        if isinstance(v, str):  # a number sent as text ("0.25") is still that number
+            try:
+                v = float(v)
+            except ValueError:
+                return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None
+        return float(v)
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        t = self._live.get(trial_id)
-        if t is not None and self._metric in result:
+        t, v = self._live.get(trial_id), self._value(result)
+        if t is not None and v is not None:
             step = int(result.get("training_iteration", len(t.storage.get_trial(t._trial_id).intermediate_values) + 1))
-            t.report(float(result[self._metric]), step)
+            t.report(v, step)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         t = self._live.pop(trial_id, None)
         if t is None:
             return
-        if error or not result or self._metric not in result:
+        v = self._value(result)
+        if error or v is None:
+            if not error and result and self._metric in result:
+                t.set_user_attr("fail_reason", f"metric {self._metric!r} reported as {result[self._metric]!r}: "
+                                               "not a finite number")
             self._study.tell(t, state=TrialState.FAIL)
             return
         it = result.get("training_iteration")
         if self._max_t is not None and it is not None and it < self._max_t:
-            t.report(float(result[self._metric]), int(it))
+            t.report(v, int(it))
             self._study.tell(t, state=TrialState.PRUNED)
         else:
-            self._study.tell(t, float(result[self._metric]))
+            self._study.tell(t, v)
 
     def _doc(self) -> dict[str, Any]:
         from optuna.distributions import distribution_to_json

@@ -57,6 +57,23 @@ def test_a_none_choice_in_a_tune_space():
     assert {t.state for t in s.study.trials} == {optuna.trial.TrialState.COMPLETE}
 
 
+def test_a_metric_that_is_not_a_number_fails_its_trial_not_the_tuner():
+    """A trial that reports its metric as text stopped the whole Tuner (float("high") raised inside
+    on_trial_result): now that trial is told FAIL, naming what it reported; a number sent as text counts."""
+    s = CubicSearcher(SPACE, metric="loss", mode="min", seed=0, batch_size=2)
+    for i, bad in enumerate(["high", float("nan"), None]):
+        s.suggest(f"b{i}")
+        s.on_trial_result(f"b{i}", {"loss": bad, "training_iteration": 1})
+        s.on_trial_complete(f"b{i}", {"loss": bad, "training_iteration": 1})
+    s.suggest("ok")
+    s.on_trial_result("ok", {"loss": "0.5", "training_iteration": 1})
+    s.on_trial_complete("ok", {"loss": "0.25", "training_iteration": 1})
+    states = [t.state for t in s.study.trials]
+    assert states == [optuna.trial.TrialState.FAIL] * 3 + [optuna.trial.TrialState.COMPLETE]
+    assert "'high': not a finite number" in s.study.trials[0].user_attrs["fail_reason"]
+    assert s.study.trials[3].value == 0.25 and s.study.trials[3].intermediate_values == {1: 0.5}
+
+
 def test_restore_of_what_is_no_checkpoint_names_the_file_and_keeps_the_searcher(tmp_path):
     """A torn, foreign or other-version file was a bare JSONDecodeError, TypeError or KeyError: 'dists',
     and a half-loaded searcher; now one ValueError naming the file, the searcher as it was."""
