@@ -350,7 +350,7 @@ def load_plan(path, module_path: str | None = None, device: str | None = None, l
     ``model``: the module DMP will wrap; the plan is checked against it (:func:`check_model`): its
     embedding collection at ``module_path`` (found when there is one and no path is given), every
     table by name, rows and dim. Without it nothing is checked: DMP leaves a collection the plan does
-    not name unsharded, without a word.
+    not name unsharded, without a word (a ``UserWarning`` says so).
     ``module_path``: where the EmbeddingBagCollection sits in the model DMP wraps ("" when DMP wraps
     the collection itself, e.g. "sparse_arch.embedding_bag_collection" in TorchRec's DLRM).
     ``device``: "cuda" or "cpu" (default: the plan's). ``local_size``: ranks per node (default: the
@@ -498,4 +498,10 @@ def load_plan_dict(doc: dict, module_path: str | None = None, device: str | None
     check_job(plan_world, L, layouts, source, world_size, local_world_size)
     if model is not None:
         module_path = check_model(model, module_path, shapes, source, field)
+    else:  # kept for old callers, but said: DMP leaves a collection the plan does not name unsharded, silently
+        import warnings
+
+        warnings.warn(f"{source}: load_plan without model= checks the plan against nothing the job has: a wrong "
+                      "module_path or another model's tables reach DMP unchecked (pass model=the module DMP wraps)",
+                      UserWarning, stacklevel=3)
     return ShardingPlan({module_path or "": EmbeddingModuleShardingPlan(_parameter_shardings(layouts, dev, L))})
