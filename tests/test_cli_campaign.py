@@ -163,6 +163,13 @@ def test_a_simulated_campaign_repeats_nothing_and_claims_no_interval(env, tmp_pa
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["winner separated from runner-up"].startswith("- (SIMULATED")
     assert "[" not in summary["confirmed winner (95% interval)"]
+    # a space whose every point is slower than the simulator's default (batch 512): keep the baseline, in the model
+    (tmp_path / "slow.yaml").write_text(SPACE.replace("[256, 512, 1024, 2048, 4096]", "[256]"))
+    assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "slow.yaml", "--simulate", "h100x8",
+                 "--name", "k", "--strategy", "random", "--budget", "2", "--batch", "2", "--report", "rep2",
+                 *storage, *store]) == 0
+    head = (tmp_path / "rep2" / "answer.md").read_text().splitlines()[2]
+    assert head.startswith("**Keep the baseline: no configuration beats it in the model") and "no interval" in head
 
 
 def test_resume_while_another_process_coordinates_exits_3_naming_it(env, tmp_path, capsys):

@@ -157,8 +157,11 @@ class Answer:
                     f"winner.yaml is the baseline, {self.source}.")
         if self.keep_baseline:
             best = (f"the best, {fmt(self.ratio)}× (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)"
-                    if self.ratio is not None and self.interval else "the best")
-            return (f"Keep the baseline: no configuration beats it by the evidence on {self.metric} ({best}); "
+                    if self.ratio is not None and self.interval else
+                    f"the best, {fmt(self.ratio)}× ({self.interval_note})" if self.ratio is not None and
+                    self.interval_note else "the best")
+            by = "in the model" if self.source == "SIMULATED" else "by the evidence"
+            return (f"Keep the baseline: no configuration beats it {by} on {self.metric} ({best}); "
                     f"winner.yaml is the baseline, {self.source}.")
         if self.ratio is None:
             return (f"Best {self.metric}: {fmt(self.winner['metrics'].get(self.metric))} ({self.source}); "
