@@ -157,6 +157,7 @@ def test_a_simulated_campaign_repeats_nothing_and_claims_no_interval(env, tmp_pa
         assert "in the model" in text and "never timed on a GPU cluster" in text
         assert "95% CI" not in text and "separated" not in text and "noise 0.0%" not in text
     assert "SIMULATED: the step model's ratio, no interval" in answer  # the headline's bracket
+    assert answer.splitlines()[2].endswith("SIMULATED; loss and NE are not simulated.**")
     assert "loss and NE are not simulated" in answer
     assert main(["trials", "list", "--json", *store]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 5  # the baseline and 4 runs: no confirm repeats

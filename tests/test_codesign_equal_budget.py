@@ -79,6 +79,7 @@ def test_a_runner_evaluate_reports_ne_at_the_budget_and_the_answer_says_the_rule
     assert "ne_at_budget (lower is better)" in answer and "equal training budget: 2,560 examples" in answer
     # the winner (batch 4096) makes 0.625 of an update within 2,560 examples: the answer says so
     assert "(not comparable: under one update, below)" in answer
+    assert "; its NE is not compared: under one update within the equal budget" in answer.splitlines()[2]  # headline
     assert "the winner (batch 4,096) makes 0.62 of one update" in answer and "--steps 79 gives it 10" in answer
 
 

@@ -144,6 +144,7 @@ class Answer:
     keep_baseline: bool = False  # nothing beat the baseline by the evidence: winner.yaml is the baseline
     run_command: str | None = None  # the command that runs winner.yaml, as printed (and tested)
     confirm: dict[str, Any] | None = None  # Campaign.confirm's outcome
+    quality: str = ""  # the headline's clause when the winner's quality is not known from these runs
 
     @property
     def throughput(self) -> bool:
@@ -171,7 +172,9 @@ class Answer:
         size = self.ratio if self.ratio >= 1 else 1 / self.ratio
         iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)" if self.interval
               else f" ({self.interval_note})")
-        return f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}{self._tie()}."
+        quality = f"; {self.quality}" if self.quality else ""
+        return (f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}"
+                f"{self._tie()}{quality}.")
 
     def _tie(self) -> str:
         """A runner-up the confirm step could not separate from the winner: named in the headline,
@@ -418,7 +421,10 @@ def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: 
     elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
         ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
                          "larger batch saw more examples)")
+    if ne_caveat:  # a speed headline whose quality cost these runs cannot show says so where it is read
+        ans.quality = "its NE is not compared: under one update within the equal budget at this run length (below)"
     if ans.source == "SIMULATED":  # the simulator's throughput has no quality beside it but 2D's measured cost
+        ans.quality = "loss and NE are not simulated"
         ans.notes.append("loss and NE are not simulated: a batch size's or FP8's quality cost is in no figure of "
                          "this answer (ne_cost_rel, where shown, is 2D's NE cost taken from measured runs)")
     if ne:
