@@ -371,17 +371,15 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     if sp and sp.get("winner_is_baseline") and base is not None and base.get("ok"):  # a ratio of 1 by definition
         bm[m], ans.ratio = sp["baseline_value"], 1.0
         _keep_baseline(ans, space, base, ctx)
-    elif sp and sp.get("deterministic") and base is not None and base.get("ok"):  # the model's ratio, no interval
-        bm[m] = sp["baseline_value"]
-        ans.ratio, ans.interval_note = sp["ratio"], "SIMULATED: the step model's ratio, no interval"
-        ans.notes.append(f"the speedup is {sp['method']}")
-        if not sp["beats_baseline"]:
-            _keep_baseline(ans, space, base, ctx)
     elif sp and base is not None and base.get("ok"):  # the ratio of typical values, between-process interval
-        bm[m] = sp["baseline_value"]
-        ans.ratio, ans.interval = sp["ratio"], (sp["lo"], sp["hi"])
-        ans.notes.append(f"the speedup is the ratio of typical {m}, every run in a fresh process; its 95% CI: "
-                         f"{sp['method']}")
+        bm[m], ans.ratio = sp["baseline_value"], sp["ratio"]
+        if sp.get("deterministic"):  # the simulator's: the model's ratio, no interval
+            ans.interval_note = "SIMULATED: the step model's ratio, no interval"
+            ans.notes.append(f"the speedup is {sp['method']}")
+        else:
+            ans.interval = (sp["lo"], sp["hi"])
+            ans.notes.append(f"the speedup is the ratio of typical {m}, every run in a fresh process; its 95% CI: "
+                             f"{sp['method']}")
         if not sp["beats_baseline"]:
             _keep_baseline(ans, space, base, ctx)
     elif bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:
