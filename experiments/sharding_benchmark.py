@@ -565,6 +565,28 @@ def run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, budget, t_st
     return tasks, multi, loads
 
 
+def planner_check_record(payload: dict) -> dict:
+    """What ``sharding.checked`` packages from a full run (``cubic shard plan`` prints it under a cubic plan):
+    the shipped model's cells meeting the 10% bar and beating TorchRec's planner, the regimes with no task
+    > 3% worse, and, when --own-model was trained on this machine, its 10% bar count."""
+    t, regs = payload["targets"], list(payload["regimes"])
+    fams = list(payload["regimes"][regs[0]])
+
+    def counts(prefix: str) -> dict:
+        bar = [t.get(f"{prefix}{r}: mean cost >= 10% below the best heuristic ({f})") for r in regs for f in fams]
+        tr = [t.get(f"{prefix}{r}: below TorchRec's planner ({f})") for r in regs for f in fams]
+        return {"bar_met": sum(bool(x and x["met"]) for x in bar), "cells": len(bar),
+                "below_torchrec": sum(bool(x and x["met"]) for x in tr),
+                "worst_task_met": sum(bool(t.get(f"{prefix}{r}: {WORST}", {}).get("met")) for r in regs),
+                "regimes": len(regs)}
+
+    own = counts(OWN_PREFIX) if any(k.startswith(OWN_PREFIX) for k in t) else None
+    return {"machine": payload["fingerprint"].get("cpu_model") or "?", "code": payload["code_version"],
+            "finished_at": payload.get("finished_at"), "file": "results/sharding_benchmark.json", **counts(""),
+            "own_model": None if own is None else {"bar_met": own["bar_met"], "below_torchrec": own["below_torchrec"],
+                                                   "worst_task_met": own["worst_task_met"]}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 small tasks, one multi-node task")
@@ -646,6 +668,10 @@ def main(argv=None) -> int:
     payload["hbm_family"] = fam_hbm = hbm_family(2 if args.quick else args.hbm_tasks, args.budget)
     payload["targets"][HBM_TARGET] = fam_hbm["target"]
     path = write_result(name, payload)
+    if not args.quick:  # the packaged record of the planner's edge, from the run whose results it quotes
+        from sharding.checked import CHECK_PATH
+
+        CHECK_PATH.write_text(json.dumps(planner_check_record(json.loads(path.read_text())), indent=2) + "\n")
     plot(fam, list(regs), methods, png_path(name))
     for r, fs in fam.items():
         for f, v in fs.items():

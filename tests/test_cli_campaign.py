@@ -164,6 +164,7 @@ def test_a_simulated_campaign_repeats_nothing_and_claims_no_interval(env, tmp_pa
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["winner separated from runner-up"].startswith("- (SIMULATED")
     assert "[" not in summary["confirmed winner (95% interval)"]
+    assert "No band: the step model gives the same figure every time" in (tmp_path / "rep" / "index.html").read_text()
     # a space whose every point is slower than the simulator's default (batch 512): keep the baseline, in the model
     (tmp_path / "slow.yaml").write_text(SPACE.replace("[256, 512, 1024, 2048, 4096]", "[256]"))
     assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "slow.yaml", "--simulate", "h100x8",

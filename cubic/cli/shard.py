@@ -109,18 +109,20 @@ def _checked(plan):
         return plan, f"compute check skipped: {e}"
 
 
-# what experiments/sharding_rescale.py measured re-planning at the check's scale to buy (AMD EPYC, 18
-# tasks x 3 regimes, seven runs): said where a user turns it on, so the flag is not taken for a fix
-RESCALE_EVIDENCE = ("measured (results/sharding_rescale.json): no resolved gain for a model 1.3-1.6x off; for one "
-                    "~7x slow 1-3 points lower mean cost, its worst task up to 16 points worse; for one ~3.5x fast "
-                    "(0.26-0.28x) 1.5-2.6 points worse; a model fitted here (`cubic shard collect` then `cubic shard "
-                    "train`) is the fix")
+# what experiments/sharding_rescale.py measured re-planning at the check's scale to buy (two CPUs, 18
+# tasks x 3 regimes, twelve runs): said where a user turns it on, so the flag is not taken for a fix
+RESCALE_EVIDENCE = ("measured (experiments/sharding_rescale.py, twelve runs of 18 tasks on two CPUs; README): "
+                    "no resolved gain for a model 0.64x or 1.3-1.6x off; for one 3-7x slow 1-3 points lower mean "
+                    "cost in five runs, not resolved in three, its worst task up to 16 points worse; for one ~3.5x "
+                    "fast (0.26-0.31x) 1.5-3.3 points worse; a model fitted here (`cubic shard collect` then `cubic "
+                    "shard train`) fixes the scale")
 
 
 def cmd_plan(args) -> int:
     from cubic.cli.common import check_topology_refs
     from cubic.core.units import GB, GIB
     from sharding.estimate import ScaledEstimator
+    from sharding.checked import check_line, planner_check
     from sharding.inputs import load_tables, topology_for
     from sharding.types import format_plan
 
@@ -165,7 +167,8 @@ def cmd_plan(args) -> int:
         print(plan.to_json())
     else:
         print(sanitize(format_plan(plan, plan.predicted)))
-        for line in (rescaled, check.line() if check else None, skipped):
+        edge = check_line(planner_check()) if plan.planner == "cubic" else None  # what a cubic plan is chosen for
+        for line in (rescaled, check.line() if check else None, skipped, edge):
             if line:
                 print(line)
         print(f"planned in {plan.planning_time_s:.2f} s" + (f"; wrote {args.out}" if args.out else ""))

@@ -232,6 +232,7 @@ def _fig_best_so_far(go, name, space, own, curves, label):
     cap = (f"Best feasible {m} after each real run" + (", against the baselines" if len(curves) > 1 else "")
            + (". The band is the best configuration's 95% interval (cubic.core.stats: pooled over its repeats "
                  "with the machine's noise; one run alone: its within-run interval)" if banded else
+              ". No band: the step model gives the same figure every time" if label == "SIMULATED" else
               ". No band: every best so far is a single sample") + f". Runs are {label}.")
     return fig, cap
 
