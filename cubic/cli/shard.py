@@ -121,8 +121,8 @@ RESCALE_EVIDENCE = ("measured (experiments/sharding_rescale.py, twelve runs of 1
 def cmd_plan(args) -> int:
     from cubic.cli.common import check_topology_refs
     from cubic.core.units import GB, GIB
-    from sharding.estimate import ScaledEstimator
     from sharding.checked import check_line, planner_check
+    from sharding.estimate import ScaledEstimator
     from sharding.inputs import load_tables, topology_for
     from sharding.types import format_plan
 
