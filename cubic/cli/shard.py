@@ -111,7 +111,7 @@ def _checked(plan):
 
 # what experiments/sharding_rescale.py measured re-planning at the check's scale to buy (two CPUs, 18
 # tasks x 3 regimes, twelve runs): said where a user turns it on, so the flag is not taken for a fix
-RESCALE_EVIDENCE = ("measured (experiments/sharding_rescale.py, twelve runs of 18 tasks on two CPUs; README): "
+RESCALE_EVIDENCE = ("measured (results/sharding_rescale.json and, in README, its twelve runs of 18 tasks on two CPUs): "
                     "no resolved gain for a model 0.64x or 1.3-1.6x off; for one 3-7x slow 1-3 points lower mean "
                     "cost in five runs, not resolved in three, its worst task up to 16 points worse; for one ~3.5x "
                     "fast (0.26-0.31x) 1.5-3.3 points worse; a model fitted here (`cubic shard collect` then `cubic "
