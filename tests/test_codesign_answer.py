@@ -168,3 +168,29 @@ def test_a_runner_up_tied_with_the_winner_is_named_in_the_headline():
                               "does not rank the two, winner.yaml holds the one with the better estimate.")
     ans.confirm = {**confirm, "separated": True}
     assert ans.headline().endswith("on examples_per_s, measured.")  # separated: the winner alone
+
+
+def test_a_speed_winner_without_ne_says_its_quality_is_not_compared(tmp_path):
+    # a user's job that prints only its throughput: the headline must not read as "faster at no cost"
+    space, meta, study, trials = finished(tmp_path, evaluate=lambda p: {"examples_per_s": 1000.0 * p["batch"]},
+                                          baseline={"batch": 64, "lr": 0.01})
+    head = campaign_answer(space, meta, study, trials).headline()
+    assert "faster" in head and head.endswith("; its quality is not compared: the runs report no NE, so a quality "
+                                              "cost would not show.")
+    (tmp_path / "c.db").unlink()
+    space, meta, study, trials = finished(tmp_path, evaluate=lambda p: {"examples_per_s": 1000.0 * p["batch"],
+                                                                        "ne": 0.8},
+                                          baseline={"batch": 64, "lr": 0.01})
+    assert "quality is not compared" not in campaign_answer(space, meta, study, trials).headline()
+
+
+def test_a_speed_winner_without_ne_names_the_constraint_that_bounded_its_quality(tmp_path):
+    doc = {**SPACE, "constraints": [{"metric": "loss", "max": 0.5}]}
+    space = Space.model_validate(doc)
+    c = Campaign(space, lambda p: {"examples_per_s": 1000.0 * p["batch"], "loss": 0.4}, name="toy",
+                 strategy="random", budget=4, batch_size=4, storage=f"sqlite:///{tmp_path}/c.db")
+    c.measure_baseline({"batch": 64, "lr": 0.01}, "today's job")
+    c.run()
+    head = campaign_answer(space, load_meta(c.storage, "toy"), c.study, c.study.get_trials()).headline()
+    assert head.endswith("; its quality is not compared: the runs report no NE, only the constraint loss <= 0.500 "
+                         "bounded it.")

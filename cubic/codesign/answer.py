@@ -300,7 +300,7 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
         return ans
     best, wm = _winner(ans, space, study, trials, best, winner_doc, ctx)
     bm = _speedup(ans, space, base, wm, ctx)
-    _quality_rows(ans, wm, bm, ctx)
+    _quality_rows(ans, space, wm, bm, ctx)
     mem = next((k for k in MEMORY_METRICS if k in wm), None)
     if mem:
         b = bm.get(mem)
@@ -400,9 +400,11 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     return bm
 
 
-def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: dict[str, Any]) -> None:
+def _quality_rows(ans: Answer, space: Space, wm: dict[str, float], bm: dict[str, float],
+                  ctx: dict[str, Any]) -> None:
     """The NE row: at the equal training budget where the runs have it (with the one-update caveat),
-    else at the end, saying when equal steps are not an equal budget."""
+    else at the end, saying when equal steps are not an equal budget; a speed winner with no NE
+    says so in the headline."""
     ne = next((k for k in NE_METRICS if k in wm and (not bm or k in bm)), None) or \
         next((k for k in NE_METRICS if k in wm), None)
     ne_caveat = None
@@ -421,6 +423,8 @@ def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: 
                          "larger batch saw more examples)")
     if ne_caveat:  # a speed headline whose quality cost these runs cannot show says so where it is read
         ans.quality = "its NE is not compared: under one update within the equal budget at this run length (below)"
+    if ne is None and ans.throughput:  # silence beside a speedup would read as "no quality cost"
+        ans.quality = _unmeasured_quality(space, wm)
     if ans.source == "SIMULATED":  # the simulator's throughput has no quality beside it but 2D's measured cost
         ans.quality = "loss and NE are not simulated"
         ans.notes.append("loss and NE are not simulated: a batch size's or FP8's quality cost is in no figure of "
@@ -431,6 +435,15 @@ def _quality_rows(ans: Answer, wm: dict[str, float], bm: dict[str, float], ctx: 
             ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), change))
         else:
             ans.rows.append((f"{ne} (lower is better)", "–", fmt(wm[ne]), ""))
+
+
+def _unmeasured_quality(space: Space, wm: dict[str, float]) -> str:
+    """The headline's clause for a throughput winner whose runs report no NE (a user's job that
+    prints only its speed): what, if anything, bounded its quality."""
+    held = [f"{c.metric} {'<=' if c.max is not None else '>='} {fmt(c.max if c.max is not None else c.min)}"
+            for c in space.constraints if c.metric in wm]
+    return ("its quality is not compared: the runs report no NE" +
+            (f", only the constraint {', '.join(held)} bounded it" if held else ", so a quality cost would not show"))
 
 
 # the pruning note's opening and its words when the completed curves back the pruner: one record, which
