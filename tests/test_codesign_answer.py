@@ -194,3 +194,15 @@ def test_a_speed_winner_without_ne_names_the_constraint_that_bounded_its_quality
     head = campaign_answer(space, load_meta(c.storage, "toy"), c.study, c.study.get_trials()).headline()
     assert head.endswith("; its quality is not compared: the runs report no NE, only the constraint loss <= 0.500 "
                          "bounded it.")
+
+
+def test_qps_is_a_throughput(tmp_path):
+    # README's --objective example reports "qps": a speed, so "faster" and the quality clause apply
+    doc = {**SPACE, "objectives": [{"metric": "qps"}], "constraints": []}
+    space = Space.model_validate(doc)
+    c = Campaign(space, lambda p: {"qps": 10.0 * p["batch"]}, name="toy", strategy="random", budget=4,
+                 batch_size=4, storage=f"sqlite:///{tmp_path}/c.db")
+    c.measure_baseline({"batch": 64, "lr": 0.01}, "today's job")
+    c.run()
+    head = campaign_answer(space, load_meta(c.storage, "toy"), c.study, c.study.get_trials()).headline()
+    assert "× faster than the baseline" in head and "quality is not compared" in head

@@ -26,7 +26,7 @@ from typing import Any
 from cubic.core.units import GIB
 from cubic.codesign.campaign import BASELINE_KEY
 from cubic.codesign.importance import Importance
-from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, trial_observation
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, is_throughput, trial_observation
 from search.space import Space
 from search.strategies import objective_value
 
@@ -148,7 +148,7 @@ class Answer:
 
     @property
     def throughput(self) -> bool:
-        return self.metric.endswith("_per_s") or "throughput" in self.metric
+        return is_throughput(self.metric)
 
     def headline(self) -> str:
         if self.winner is None:

@@ -28,7 +28,7 @@ import optuna
 from cubic.codesign.answer import campaign_answer, feasible_best, fmt, interval_text, write_answer
 from cubic.codesign.importance import PERCENTILES, knob_importance
 from cubic.codesign.storage import load_meta, open_storage
-from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, trial_observation
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_run, is_throughput, trial_observation
 from cubic.core.units import GIB
 from search.space import Space
 from search.strategies import objective_value
@@ -306,7 +306,7 @@ def _fig_pareto(go, name, space, runs, second, sec_dir, label):
             fig.add_trace(go.Scatter(x=[r["metrics"][second] * scale for r in rs], y=[r["value"] for r in rs],
                                      name=lab, text=[r["text"] for r in rs],
                                      hovertemplate="%{text}<extra>" + lab + "</extra>", **style))
-    what = "throughput" if m.endswith("_per_s") else m
+    what = "throughput" if is_throughput(m) else m
     _layout(fig, f"{name}: {what} against {'memory' if second.endswith('_bytes') else second} ({label})",
             f"{xt} ({label})", f"{m} ({label})")
     return fig, (f"{m} against {second} for every feasible run; red: the configurations no other beats on both "
@@ -384,7 +384,7 @@ def _add_pareto(go, name: str, space: Space, runs, mem: str | None, label: str, 
         if fig is None:
             skipped.append(cap)
         else:
-            figures.append(("pareto", "Throughput against memory" if second == mem and m.endswith("_per_s")
+            figures.append(("pareto", "Throughput against memory" if second == mem and is_throughput(m)
                             else "Pareto front", fig, cap))
 
 

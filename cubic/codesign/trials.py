@@ -82,6 +82,13 @@ NE_METRICS = ("ne_at_budget", "ne_end", "ne")
 MEMORY_METRICS = ("peak_mem_bytes", "peak_rss_bytes")  # what the job reports, else what the runner saw
 
 
+def is_throughput(metric: str) -> bool:
+    """A speed (examples_per_s; "qps", as README's --objective example reports): "faster" in the answer,
+    and a speed winner owes a word on quality."""
+    m = metric.lower()
+    return m.endswith(("_per_s", "_per_sec", "qps")) or "throughput" in m
+
+
 PROVENANCE = {"served": "served from the trial store", "measured": "measured", "simulated": "SIMULATED"}
 
 
