@@ -65,6 +65,7 @@ from fp8.kernels import KERNELS
 from fp8.recipes import FP8_RECIPES
 
 PLACEMENT_VERSION = 1
+MAX_SQNR_DB = 200.0  # the SQNR of a noise power at float32's floor: a budget above it no site could meet
 
 
 class SiteError(Frozen):
@@ -175,7 +176,7 @@ class Placement(Frozen):
     version: Literal[1] = PLACEMENT_VERSION
     workload: str = ""
     workload_hash: str = ""
-    budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=200.0)
+    budget_sqnr_db: float | None = Field(default=None, gt=0.0, le=MAX_SQNR_DB)
     budget_scope: Literal["site", "model"] = "site"
     model_sqnr_db: float | None = None
     budget_ne_rel: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -224,7 +225,7 @@ def noise_power(sqnr_db: float) -> float:
 
 def sqnr_of(total_noise: float) -> float:
     """The SQNR (dB, at most 200) of a relative noise power: the inverse of :func:`noise_power`."""
-    return 200.0 if total_noise <= 1e-20 else min(200.0, -10.0 * math.log10(total_noise))
+    return MAX_SQNR_DB if total_noise <= 1e-20 else min(MAX_SQNR_DB, -10.0 * math.log10(total_noise))
 
 
 def combined_sqnr_db(lows_db: list[float]) -> float | None:

@@ -64,3 +64,21 @@ def compare(workload: Workload, variants: dict[str, FP8Choice], steps: int, seed
         r["loss_diff"] = r["loss"] - base["loss"]
         out[name] = r
     return out
+
+
+def paired_check(workload: Workload, variants: dict[str, FP8Choice], steps: int, seeds: list[int],
+                 device: str = "cpu") -> dict:
+    """:func:`compare` on each seed, and each variant's NE cost relative to full precision over the
+    seeds as a paired mean with its Student-t 95% interval (one seed: no interval, ``ci`` None): a
+    single seed's difference cannot be told from the seed's own noise."""
+    from cubic.core.stats import mean_interval
+
+    runs = [compare(workload, variants, steps, seed=s, device=device) for s in seeds]
+    summary = {}
+    for name in variants:
+        diffs = [r[name]["ne_rel_diff"] for r in runs]
+        mean, lo, hi = mean_interval(diffs)
+        finite = len(diffs) > 1 and math.isfinite(lo) and math.isfinite(hi)
+        summary[name] = {"mean": mean, "ci": [lo, hi] if finite else None, "seeds": len(diffs)}
+    return {"source": "measured", "device": device, "workload": workload.name, "steps": steps, "seeds": seeds,
+            "ne_rel_diff": summary, "runs": runs}

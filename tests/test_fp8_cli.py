@@ -179,3 +179,30 @@ def test_probe_cli_recipes_torchao_gives_a_placement_torchao_runs(tmp_path, caps
     assert main(base + ["--recipes", "fp16"]) == 2
     err = capsys.readouterr().err
     assert "--recipes" in err and "'fp16'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_workload_that_cannot_fit_and_an_unreachable_budget_are_refused_before_the_probe(capsys):
+    # wukong-large's tables are ~450 GiB: a traceback from the allocator was what the user got
+    for argv in (["fp8", "probe", "--workload", "wukong-large", "--budget-sqnr", "24"],
+                 ["fp8", "check", "--workload", "wukong-large", "--all", "--steps", "2"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--workload: the workload needs at least" in err
+    # the placement's schema caps the budget; the probe's minutes came first
+    assert main(["fp8", "probe", "--workload", "dlrm-small", "--budget-sqnr", "300"]) == 2
+    assert "--budget-sqnr: at most 200 dB, got 300" in capsys.readouterr().err
+    assert main(["fp8", "probe", "--module", "x:y", "--budget-sqnr", "20", "--device", "gpu"]) == 2
+    assert "--device: not a device" in capsys.readouterr().err
+
+
+def test_check_gives_a_paired_interval_over_seeds_and_says_one_seed_has_none(capsys):
+    argv = ["fp8", "check", "--workload", "dlrm-small", "--all", "--steps", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "one seed, no interval" in out and "--seeds N (2 or more)" in out
+    assert main(argv + ["--seeds", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    s = r["ne_rel_diff"]["all_tensorwise"]
+    assert r["source"] == "measured" and r["seeds"] == [0, 1] and s["seeds"] == 2
+    diffs = [run["all_tensorwise"]["ne_rel_diff"] for run in r["runs"]]
+    assert s["mean"] == sum(diffs) / 2 and s["ci"][0] < s["mean"] < s["ci"][1]

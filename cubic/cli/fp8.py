@@ -7,8 +7,8 @@
     cubic fp8 model --m M --k K --n N --recipe tensorwise|rowwise|rowwise_with_gw_hp|block128|mx32
                     [--mode compile|eager] [--norm-before] [--act-after sigmoid] [--explain] [--json]
                                                                             (modelled H100 times)
-    cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--json]
-    cubic fp8 kernels --m M --k K --n N [--budget-sqnr DB] [--json]       (measured, this device)
+    cubic fp8 check --workload wukong-small --placement fp8.json [--steps 150] [--seeds N] [--json]
+    cubic fp8 kernels --m M --k K --n N [--repeats 7] [--json]              (measured, this device)
     cubic fp8 export placement.json --format torchao [--out fp8_placement.py]   (apply with torchao)
 
 Bad input raises SpecError/ValueError: one line on stderr, exit 2.
@@ -38,16 +38,37 @@ def _out_path(path: str) -> Path:
     return p
 
 
+def _fits(workload, device: str) -> None:
+    """Refuse, naming --workload, a workload whose tables and dense state cannot fit this machine
+    (cubic.runners.memory.preflight, the runner's own rule), before a model is built."""
+    from cubic.core.config import Config
+    from cubic.core.fingerprint import check_device
+    from cubic.runners.memory import preflight
+
+    why = preflight(workload, Config(), device=str(check_device(device)))
+    if why:
+        raise SpecError(why.replace("infeasible, not started: the run", "the workload"), field="--workload")
+
+
 def cmd_probe(args) -> int:
     from cubic.core.workloads import load_workload
+    from fp8.placement import MAX_SQNR_DB
     from fp8.recommend import probe_module, recommend
 
     from cost_models.hardware import load_device
 
     _threads()
     out = _out_path(args.out) if args.out else None
+    if args.budget_sqnr > MAX_SQNR_DB:  # the placement's schema would refuse it after the probe's minutes
+        raise SpecError(f"at most {MAX_SQNR_DB:g} dB, got {args.budget_sqnr:g}", field="--budget-sqnr")
     load_device(args.target, field="--target")  # named as the flag, and before the probe's minutes
     w = load_workload(args.workload) if args.workload else None
+    if w is not None:
+        _fits(w, args.device)
+    else:  # named as the flag the user typed (the probe would name its own argument)
+        from cubic.core.fingerprint import check_device
+
+        check_device(args.device)
     probe = None
     if args.module:
         probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss,
@@ -176,10 +197,12 @@ def cmd_check(args) -> int:
     from cubic.core.spec import sanitize
     from cubic.core.workloads import load_workload
     from fp8.placement import load_placement
-    from fp8.quality import compare
+    from cubic.core.fingerprint import check_device
+    from fp8.quality import paired_check
 
     _threads()
     w = load_workload(args.workload)
+    _fits(w, args.device)
     variants = {}
     p = None
     if args.placement:
@@ -193,21 +216,33 @@ def cmd_check(args) -> int:
         variants[f"all_{args.recipe}"] = FP8Choice(policy="all", recipe=args.recipe)
     if not variants:
         raise SpecError("give --placement and/or --all", field="--placement")
-    from cubic.core.fingerprint import check_device
-
-    r = compare(w, variants, args.steps, seed=args.seed, device=str(check_device(args.device)))
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    r = paired_check(w, variants, args.steps, seeds, device=str(check_device(args.device)))
     if args.json:
         print(json.dumps(r, indent=2, default=float))
         return 0
-    base = r["full_precision"]
-    print(f"{sanitize(w.name)}, {args.steps} steps, seed {args.seed} (measured on {args.device}): full precision NE {base['ne']:.5f} "
-          f"loss {base['loss']:.5f}")
-    for name, v in r.items():
-        if name == "placement" and p is not None and not p.fp8_sites():  # "+0.000%" would read as a finding
+    base = [run["full_precision"] for run in r["runs"]]
+    which = f"seed {args.seed}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+    print(f"{sanitize(w.name)}, {args.steps} steps, {which} (measured on {args.device}): full precision NE "
+          + "/".join(f"{b['ne']:.5f}" for b in base[:4]) + (" ..." if len(base) > 4 else "")
+          + (f" loss {base[0]['loss']:.5f}" if len(base) == 1 else ""))
+    empty = p is not None and not p.fp8_sites()
+    for name, v in r["ne_rel_diff"].items():
+        if name == "placement" and empty:  # "+0.000%" would read as a finding
             print(f"  placement: no FP8 sites in {sanitize(args.placement)}: the model is the full-precision one")
-        elif name != "full_precision":
-            print(f"  {name}: NE {v['ne']:.5f} ({100 * v['ne_rel_diff']:+.3f}% rel), loss {v['loss']:.5f} "
-                  f"({v['loss_diff']:+.5f})")
+        elif v["ci"] is None:
+            one = r["runs"][0][name]
+            print(f"  {name}: NE {one['ne']:.5f} ({100 * v['mean']:+.3f}% rel; one seed, no interval), loss "
+                  f"{one['loss']:.5f} ({one['loss_diff']:+.5f})")
+        else:
+            zero = "includes 0: not resolved" if v["ci"][0] <= 0 <= v["ci"][1] else "excludes 0"
+            lo, hi = (100 * x for x in v["ci"])
+            print(f"  {name}: NE cost {100 * v['mean']:+.3f}% [95% CI {lo:+.3f}, {hi:+.3f}] over {v['seeds']} "
+                  f"paired seeds ({zero})")
+    # one seed's -1% is how "FP8 improves NE" gets believed
+    if len(seeds) == 1 and set(variants) != ({"placement"} if empty else set()):
+        print("one seed gives no interval: a difference of this size may be the seed's own noise; "
+              "--seeds N (2 or more) trains each variant on N seeds and gives the paired 95% CI")
     return 0
 
 
@@ -360,7 +395,10 @@ def register(subparsers) -> None:
     ch.add_argument("--recipe", choices=TORCHAO_RECIPES, default="tensorwise",
                     help="recipe for --all")
     ch.add_argument("--steps", type=int_at_most(MAX_STEPS), default=150)
-    ch.add_argument("--seed", type=nonnegative_int, default=0)
+    ch.add_argument("--seed", type=nonnegative_int, default=0, help="the first seed (default 0)")
+    ch.add_argument("--seeds", type=int_at_most(MAX_REPEATS), default=1,
+                    help="train each variant on this many seeds from --seed and give the paired 95%% CI of its "
+                         "NE cost (default 1: one seed, no interval)")
     ch.add_argument("--device", default="cpu", help="train here: cpu (default), cuda or cuda:N")
     ch.add_argument("--json", action="store_true")
     ch.set_defaults(func=cmd_check)
