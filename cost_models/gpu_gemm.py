@@ -183,10 +183,26 @@ def model_check(path: Path = FIT_PATH) -> dict[str, Any] | None:
     return json.loads(path.read_text()).get("checked")
 
 
-def check_line(device_name: str, c: dict[str, Any] | None) -> str:
+def check_line(device_name: str, c: dict[str, Any] | None, *, recipes: tuple[str, ...] = (), mode: str | None = None,
+               device: DeviceSpec | None = None) -> str:
     """One line for any output that shows a modelled FP8 speedup: how far to trust it, from
-    :func:`model_check`'s record. The check is of the H100 model; another device's speedups were
-    never checked against a measurement."""
+    :func:`model_check`'s record. The check is of the H100 model on the recipes and mode it timed;
+    another device, recipe or mode was never checked against a measurement, and a device whose FP8
+    rate is a modelling assumption (``device``'s sources) says so."""
+    line = _check_text(device_name, c)
+    timed_recipes, timed_modes = (c or {}).get("recipes"), (c or {}).get("modes")
+    outside = [f"recipe {r}" for r in recipes if timed_recipes and r not in timed_recipes]
+    outside += [f"mode {mode}"] if mode is not None and timed_modes and mode not in timed_modes else []
+    if outside:
+        line += (f"; {' and '.join(outside)} outside the check (it timed {', '.join(timed_recipes)} in "
+                 f"{', '.join(timed_modes)} mode): those speedups are unchecked")
+    fp8_rate = (device.sources.get("peak_flops_fp8", "") if device is not None else "")
+    if fp8_rate.startswith("modelling assumption: "):
+        line += f"; {fp8_rate.removeprefix('modelling assumption: ')} (a modelling assumption)"
+    return line
+
+
+def _check_text(device_name: str, c: dict[str, Any] | None) -> str:
     if c is None:
         return "the speed model was not checked against a measurement: read its speedups as unverified"
     own, pub = c["own_measurement"], c["published_leave_one_source_out"]

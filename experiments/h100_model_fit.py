@@ -181,6 +181,9 @@ def _checked(published: dict, own: dict) -> dict | None:
                                 "fast_slow_resolved_pct": resolved["agreement_pct"]},
             "published_leave_one_source_out": {"n": published["n"], "mape_pct": published["mape_pct"],
                                                "fast_slow_pct": published["agreement_pct"]},
+            # what the measured blocks were: a speedup of another recipe or mode is outside the check
+            "recipes": sorted({r["recipe"] for r in own["block_rows"]}),
+            "modes": sorted({r["mode"] for r in own["block_rows"]}),
             "source": "results/h100_model_fit.json (own_gpu_measurement, after.block_speedup)"}
 
 

@@ -206,3 +206,18 @@ def test_check_gives_a_paired_interval_over_seeds_and_says_one_seed_has_none(cap
     assert r["source"] == "measured" and r["seeds"] == [0, 1] and s["seeds"] == 2
     diffs = [run["all_tensorwise"]["ne_rel_diff"] for run in r["runs"]]
     assert s["mean"] == sum(diffs) / 2 and s["ci"][0] < s["mean"] < s["ci"][1]
+
+
+def test_the_trust_line_says_when_a_recipe_mode_or_device_lies_outside_the_check(capsys):
+    from cost_models.gpu_gemm import check_line, model_check
+    from cost_models.hardware import load_device
+
+    c = model_check()
+    assert c["recipes"] and c["modes"] == ["compile"]  # written by experiments/h100_model_fit.py
+    assert "outside the check" not in check_line("h100", c, recipes=tuple(c["recipes"]), mode="compile")
+    line = check_line("h100", c, recipes=("block128",), mode="eager")
+    assert "recipe block128 and mode eager outside the check" in line and "unchecked" in line
+    a100 = check_line("a100", c, device=load_device("a100"))
+    assert "a100 itself was never checked" in a100 and "no FP8 tensor cores" in a100
+    assert main(["fp8", "model", "--m", "4096", "--k", "4096", "--n", "4096", "--recipe", "mx32"]) == 0
+    assert "recipe mx32 outside the check" in capsys.readouterr().out

@@ -127,7 +127,10 @@ def cmd_probe(args) -> int:
     print(f"FP8 sites: {len(placement.module_filter)}/{len(placement.sites)}{combined}" + (f"; wrote {out}" if out else ""))
     from cost_models.gpu_gemm import check_line, model_check
 
-    print(f"speed ({args.target}, modelled): {check_line(args.target, model_check())}")
+    shown = tuple(sorted({r for s in placement.sites.values() if s.predicted_speedup
+                          for r in [s.verdict_recipe or s.recipe] if r}))
+    print(f"speed ({args.target}, modelled): "
+          f"{check_line(args.target, model_check(), recipes=shown, device=load_device(args.target))}")
     return 0
 
 
@@ -165,7 +168,7 @@ def cmd_model(args) -> int:
         "source": "modelled", "device": dev.name, "m": args.m, "k": args.k, "n": args.n, "recipe": args.recipe,
         "mode": args.mode, "norm_before": args.norm_before, "act_after": args.act_after,
         "fuse_casts": not args.no_fusion, "bf16_ms": r["bf16_ms"], "fp8_ms": r["fp8_ms"], "speedup": r["speedup"],
-        "checked": checked, "trust": check_line(dev.name, checked),
+        "checked": checked, "trust": check_line(dev.name, checked, recipes=(args.recipe,), mode=args.mode, device=dev),
     }
     explain = args.breakdown or args.explain
     if explain:
