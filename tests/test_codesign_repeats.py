@@ -399,3 +399,36 @@ def test_a_winner_that_is_the_baseline_has_a_ratio_of_one_and_runs_no_pairs():
     assert sp["winner_is_baseline"] and (sp["ratio"], sp["lo"], sp["hi"]) == (1.0, 1.0, 1.0)
     assert not sp["beats_baseline"] and not sp["paired"] and sp["baseline_repeats"] == 3
     assert "the winner is the baseline configuration" in confirm_lines(out)[-1]
+
+
+def test_pairs_on_a_loaded_machine_are_used_and_said_so_and_failed_pairs_are_named():
+    """An audit (stop 65) saw every run of a campaign contended on a loaded 2-core host: the confirm step threw
+    the 4 pairs away, said '0 of 4 pairs succeeded' of pairs that had all run, and divided the winner's estimate
+    from before the pairs by the baseline's from after them. Contended pairs are used when no two clean ones
+    are left (as an estimate uses contended repeats when it has no other), and the answer says so."""
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
+
+    class Loaded(_KeptRuns):  # every new run contended: run_value None, contended_value its figure
+        def __init__(self):
+            self.values = {1: [50.0, 50.4, 49.8, 50.2, 50.1], 2: [100.0, 101.0]}
+
+        def add_repeat(self, point):
+            self.values[point["a"]].append(60.0 * point["a"])
+            return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+        def run_value(self, point, metric):
+            return None
+
+        def contended_value(self, point, metric):
+            return self.values[point["a"]][-1]
+
+    sp = _speedup_over_baseline(Loaded(), repeat_budget=2)
+    assert sp["paired"] and sp["pairs_contended"] and sp["pairs"] == SPEEDUP_PAIRS
+    assert sp["ratio"] == pytest.approx(2.0) and "CONTENDED" in sp["method"]
+
+    class Failing(Loaded):  # the pairs' runs fail: unpaired, from the estimates after the pairs, and said why
+        def add_repeat(self, point):
+            return Result.failed("error", "boom")
+
+    sp = _speedup_over_baseline(Failing(), repeat_budget=2)
+    assert not sp["paired"] and f"0 of {SPEEDUP_PAIRS} pairs usable; left out: {SPEEDUP_PAIRS} failed" in sp["method"]

@@ -101,7 +101,8 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
     if sp and sp.get("winner_is_baseline"):
         out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")
     elif sp:
-        how = (f"{sp['pairs']} back-to-back pairs with the baseline" if sp.get("paired") else
+        how = (f"{sp['pairs']} back-to-back pairs with the baseline"
+               + (", run on a loaded machine (CONTENDED)" if sp.get("pairs_contended") else "") if sp.get("paired") else
                f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
         out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; {how})"
                    + ("" if sp["beats_baseline"] else ": does NOT beat the baseline by the evidence"))
@@ -145,6 +146,7 @@ class Answer:
     run_command: str | None = None  # the command that runs winner.yaml, as printed (and tested)
     confirm: dict[str, Any] | None = None  # Campaign.confirm's outcome
     quality: str = ""  # the headline's clause when the winner's quality is not known from these runs
+    interval_tag: str = ""  # what the headline's interval rests on when it is not clean back-to-back pairs
 
     @property
     def throughput(self) -> bool:
@@ -170,7 +172,8 @@ class Answer:
         word = ("faster" if self.throughput else "better") if self.ratio >= 1 else \
             ("slower" if self.throughput else "worse")
         size = self.ratio if self.ratio >= 1 else 1 / self.ratio
-        iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)" if self.interval
+        tag = f"; {self.interval_tag}" if self.interval_tag else ""
+        iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×{tag})" if self.interval
               else f" ({self.interval_note})")
         quality = f"; {self.quality}" if self.quality else ""
         return (f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}"
@@ -378,6 +381,9 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
             ans.notes.append(f"the speedup is {sp['method']}")
         else:
             ans.interval = (sp["lo"], sp["hi"])
+            # the confirm lines say it too, but the headline is what is read and quoted
+            ans.interval_tag = ("UNPAIRED" if not sp.get("paired") else
+                                "from pairs run on a loaded machine" if sp.get("pairs_contended") else "")
             ans.notes.append(f"the speedup is the ratio of typical {m}, every run in a fresh process; its 95% CI: "
                              f"{sp['method']}")
         if not sp["beats_baseline"]:

@@ -199,28 +199,41 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     bev, bpoint = baseline
     if not callable(getattr(bev, "estimate", None)):
         return None
-    logs = _pairs(bev, bpoint, ev, wpoint, metric, pairs) if pairs else []
+    logs, loaded, failed = _pairs(bev, bpoint, ev, wpoint, metric, pairs) if pairs else ([], [], 0)
+    contended = len(logs) < 2 and len(logs) + len(loaded) >= 2
+    if contended:  # as the estimates do when every repeat was contended: use them, and say so
+        logs = logs + loaded
+    win = ev.estimate(wpoint, metric) or win  # the pairs' runs are the winner's repeats too: one estimate
     be = bev.estimate(bpoint, metric)
     if be is not None and be.n < 2 and len(logs) < 2 and callable(getattr(bev, "add_repeat", None)):
         if bev.add_repeat(bpoint).ok:
             be = bev.estimate(bpoint, metric) or be
     if be is None:
         return None
+    left_out = ", ".join(f"{n} {what}" for n, what in ((failed, "failed"), (len(loaded), "contended"))
+                         if n and not (what == "contended" and contended))
     if len(logs) >= 2:
         iv = paired_ratio([x if maximize else -x for x in logs])
         method = (f"{len(logs)} pairs, the baseline and the winner run back to back at the campaign's end: the "
                   "geometric mean of the pairs' ratios, a t-interval over their log ratios (a drift of the machine "
-                  "common to both cancels in each pair)")
+                  "common to both cancels in each pair)" + (f"; pairs left out: {left_out}" if left_out else ""))
+        if contended:
+            method += (f"; CONTENDED: {len(loaded)} of the {len(logs)} pairs ran on a loaded machine (more runnable "
+                       "threads than cores); load common to a pair's two runs cancels in its ratio, load that "
+                       "differs between them does not")
     else:
         iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
+        when = ("the baseline's and the winner's repeats pooled, the pairs' runs among them" if pairs else
+                "the baseline was measured before the campaign and the winner during it")
         method = ("UNPAIRED: exp(difference of log-means), Welch interval on logs, each side's between-process "
-                  "variance (its repeats pooled with the machine's); the baseline was measured before the campaign "
-                  "and the winner during it, so a drift of the machine between them is not in the interval"
-                  + (f" ({len(logs)} of {pairs} pairs succeeded)" if pairs else ""))
+                  f"variance (its repeats pooled with the machine's); {when}, so a drift of the machine between "
+                  "them is not in the interval"
+                  + (f" ({len(logs)} of {pairs} pairs usable; left out: {left_out})" if pairs else ""))
     if iv is None:
         return None
     return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": len(logs) >= 2, "pairs": len(logs),
-            "pairs_planned": pairs, **_baseline_fields(be), "beats_baseline": iv[1] > 1.0, "method": method}
+            "pairs_planned": pairs, "pairs_contended": contended, **_baseline_fields(be),
+            "beats_baseline": iv[1] > 1.0, "method": method}
 
 
 def _itself(baseline: tuple[Any, dict[str, Any]], metric: str) -> dict[str, Any] | None:
@@ -241,15 +254,27 @@ def _baseline_fields(be) -> dict[str, Any]:
             "baseline_basis": be.basis}
 
 
-def _pairs(bev, bpoint: dict[str, Any], ev, wpoint: dict[str, Any], metric: str, pairs: int) -> list[float]:
-    """log(winner / baseline) of each pair whose two runs both succeeded uncontended; [] when an
-    evaluate cannot give one run's value."""
+def _pairs(bev, bpoint: dict[str, Any], ev, wpoint: dict[str, Any], metric: str,
+           pairs: int) -> tuple[list[float], list[float], int]:
+    """log(winner / baseline) of each pair whose two runs both succeeded: (the uncontended pairs, the
+    pairs with a contended run, how many pairs failed); nothing when an evaluate cannot give one run's
+    value."""
     if not all(callable(getattr(e, n, None)) for e in (bev, ev) for n in ("add_repeat", "run_value")):
-        return []
-    logs = []
+        return [], [], 0
+    clean, loaded, failed = [], [], 0
+
+    def value(e, point) -> tuple[float | None, bool]:  # (figure, contended)
+        v = e.run_value(point, metric)
+        if v is None and callable(getattr(e, "contended_value", None)):
+            c = e.contended_value(point, metric)
+            return c, c is not None
+        return v, False
+
     for _ in range(pairs):
-        b = bev.run_value(bpoint, metric) if bev.add_repeat(bpoint).ok else None
-        w = ev.run_value(wpoint, metric) if ev.add_repeat(wpoint).ok else None
-        if b is not None and w is not None:
-            logs.append(math.log(w / b))
-    return logs
+        b, bc = value(bev, bpoint) if bev.add_repeat(bpoint).ok else (None, False)
+        w, wc = value(ev, wpoint) if ev.add_repeat(wpoint).ok else (None, False)
+        if b is None or w is None:
+            failed += 1
+        else:
+            (loaded if bc or wc else clean).append(math.log(w / b))
+    return clean, loaded, failed

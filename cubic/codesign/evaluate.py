@@ -231,6 +231,11 @@ class RunnerEvaluate:
         has no such figure): one side of a pair measured back to back (the confirm step's speedup)."""
         return _run_value(self._last.get(self._config(point).content_hash()), metric)
 
+    def contended_value(self, point: dict[str, Any], metric: str) -> float | None:
+        """``metric`` of ``point``'s latest run when it succeeded but was contended (else None): a pair
+        whose two runs shared a loaded moment, used only when no two clean pairs are left."""
+        return _run_value(self._last.get(self._config(point).content_hash()), metric, contended=True)
+
     def ensure_noise_floor(self, point: dict[str, Any], repeats: int = 5) -> str | None:
         """Measure this machine's noise floor when it has none that is fresh (the store's
         NOISE_FLOOR_MAX_AGE_DAYS / cubic release rule): ``point`` repeated in fresh processes up to
@@ -464,6 +469,10 @@ class KeptRepeats:
         runs = self._reps.get(self._key(point))
         return _run_value(runs[-1] if runs else None, metric)
 
+    def contended_value(self, point: dict[str, Any], metric: str) -> float | None:
+        runs = self._reps.get(self._key(point))
+        return _run_value(runs[-1] if runs else None, metric, contended=True)
+
     def estimate(self, point: dict[str, Any], metric: str):
         groups = {k: [r.metrics for r in g] for k, g in self._reps.items()}
         return job_estimate(groups, self._key(point), metric, self._floor)
@@ -489,14 +498,15 @@ class KeptRepeats:
         return f"measured the job's noise floor: its baseline run {len(runs)} times in fresh processes"
 
 
-def _run_value(result: Result | None, metric: str) -> float | None:
+def _run_value(result: Result | None, metric: str, contended: bool = False) -> float | None:
     """One run's figure for a paired comparison: None for a failed or contended run (contention only
-    slows a run, so it would bias its pair) or a missing or non-finite figure."""
+    slows a run, so it would bias its pair) or a missing or non-finite figure; with ``contended``, the
+    figure of a run that succeeded contended only."""
     import math
 
     from cubic.core.stats import contention
 
-    if result is None or not result.ok or contention(result.metrics, result.extra):
+    if result is None or not result.ok or bool(contention(result.metrics, result.extra)) != contended:
         return None
     v = result.metrics.get(metric)
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
