@@ -228,3 +228,23 @@ def test_prune_warmup_reaches_the_pruner_and_needs_a_pruner(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert rc == 2 and "--prune-warmup" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c.db").exists() and not (tmp_path / "t.db").exists()  # nothing recorded
+
+
+def test_the_baseline_and_its_repeats_are_measured_not_judged(tmp_path):
+    """An audit (stop 65): under --prune a job's baseline repeats (its noise floor) and the confirm step's pairs
+    were stopped by the pruner like candidates, leaving the campaign with no noise floor and an unpaired speedup
+    whose headline did not say so. Runs made while the evaluate is unjudged are never stopped; their curves
+    still join the pruner's study."""
+    from cubic.codesign.evaluate import JobEvaluate, KeptRepeats
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    command = f"{sys.executable} train.py {{lr}}"
+    runner = CommandRunner(command, ["lr"], metric="loss", cwd=tmp_path,
+                           pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2),
+                           direction="minimize")
+    ev = KeptRepeats(JobEvaluate(runner, {"objective": command}))
+    assert all(ev({"lr": lr}).ok for lr in (0.1, 0.12))
+    assert ev.add_repeat({"lr": 5.0}).ok  # a repeat of a bad configuration: measured to its end
+    assert runner.judging and not ev({"lr": 5.0}).ok  # a candidate is judged as before
+    states = [t.state for t in runner.curves.study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 3 + [optuna.trial.TrialState.PRUNED]

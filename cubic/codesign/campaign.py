@@ -51,6 +51,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -235,10 +236,12 @@ class Campaign:
         if self.study.user_attrs.get(BASELINE_KEY):
             return self.study.user_attrs[BASELINE_KEY]
         fn, attempts = evaluate or self.evaluate, 0
+        unjudged = getattr(fn, "unjudged", None) or nullcontext  # a pruner judges candidates, not the baseline
         while True:
             attempts += 1
             try:
-                ev = as_result(fn(point))
+                with unjudged():
+                    ev = as_result(fn(point))
             except Exception as e:  # a failed baseline is data, as any failed run
                 ev = Result.failed("error", f"{type(e).__name__}: {e}")
             if not _retry_again(ev, attempts, self.max_retries):

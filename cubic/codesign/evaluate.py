@@ -4,6 +4,7 @@ store and served from it (:class:`RunnerEvaluate`)."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from cubic.core.result import Result
@@ -367,6 +368,20 @@ class JobEvaluate:
         self.runs += 1
         return self._record(job, result, attempt, fp, fp_hash)
 
+    @contextmanager
+    def unjudged(self):
+        """Runs no pruner may stop: the baseline's, the noise floor's and the confirm step's are
+        measurements of a chosen configuration, not candidates (a pruned baseline repeat left a
+        campaign with no noise floor and no pairs)."""
+        before = getattr(self.runner, "judging", None)
+        if before is not None:
+            self.runner.judging = False
+        try:
+            yield
+        finally:
+            if before is not None:
+                self.runner.judging = before
+
     def _record(self, job, result: Result, attempt: int, fp: dict[str, Any], fp_hash: str) -> Result:
         """The run's Result under the job's keys and this machine's fingerprint, recorded (its
         trial id in ``extra``) when there is a store."""
@@ -461,9 +476,13 @@ class KeptRepeats:
 
     def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
         out = None
-        for _ in range(n):
-            out = self(point)
+        with self._unjudged():
+            for _ in range(n):
+                out = self(point)
         return out
+
+    def _unjudged(self):
+        return getattr(self.inner, "unjudged", nullcontext)()
 
     def run_value(self, point: dict[str, Any], metric: str) -> float | None:
         runs = self._reps.get(self._key(point))
@@ -485,9 +504,11 @@ class KeptRepeats:
         have = len(self._reps.get(self._key(point), []))
         if not have:
             return None  # the baseline failed: nothing to repeat
-        for _ in range(repeats - have):
-            if not self(point).ok:
-                return "the job's noise floor could not be measured (a repeat failed); intervals use an assumed floor"
+        with self._unjudged():
+            for _ in range(repeats - have):
+                if not self(point).ok:
+                    return ("the job's noise floor could not be measured (a repeat failed); intervals use an "
+                            "assumed floor")
         runs = self._reps[self._key(point)]
         self._floor = {}
         for metric in runs[0].metrics:

@@ -184,6 +184,9 @@ class CommandRunner:
         self.env = env
         self.runs = 0
         self.curves = _Curves(pruner, direction) if pruner is not None else None
+        # False while the campaign measures rather than searches (the baseline, the noise floor, the
+        # confirm step's repeats and pairs): their curves join the pruner's study, but none is stopped
+        self.judging = True
         for name in RESERVED:
             if name in self.parameters and name != "nproc":
                 raise SpecError(f"a parameter may not be named {{{name}}}: cubic fills it in", field=name)
@@ -269,7 +272,8 @@ class CommandRunner:
                                         env=env, start_new_session=True)  # its own group: stop all of it
             except OSError as e:
                 return Result.failed("error", f"cannot start {argv[0]}: {e.strerror or e}", **header)
-            watch = self._watch = self.curves.watch(run_dir / "stdout", self.metric) if self.curves else None
+            watch = self._watch = (self.curves.watch(run_dir / "stdout", self.metric, judged=self.judging)
+                                   if self.curves else None)
             try:
                 rc, maxrss_kb, timed_out = _wait(proc, self.timeout_s, watch)
             finally:
@@ -414,8 +418,8 @@ class _Curves:
         self.pruner = pruner
         self.study = optuna.create_study(direction=direction, pruner=pruner)
 
-    def watch(self, stdout: Path, metric: str) -> "_Watch":
-        return _Watch(self.study, stdout, metric)
+    def watch(self, stdout: Path, metric: str, judged: bool = True) -> "_Watch":
+        return _Watch(self.study, stdout, metric, judged)
 
     def finish(self, watch: "_Watch", value: float | None) -> None:
         import optuna
@@ -431,8 +435,8 @@ class _Curves:
 class _Watch:
     """Reads the job's new stdout lines; reports ``{"step": n, metric: v}`` lines; True = stop."""
 
-    def __init__(self, study, stdout: Path, metric: str):
-        self.trial, self.stdout, self.metric = study.ask(), stdout, metric
+    def __init__(self, study, stdout: Path, metric: str, judged: bool = True):
+        self.trial, self.stdout, self.metric, self.judged = study.ask(), stdout, metric, judged
         self.offset, self.partial = 0, b""
         self.step, self.value, self.pruned = None, None, False
         self.curve: list[tuple[int, float]] = []
@@ -455,7 +459,7 @@ class _Watch:
             if math.isfinite(self.value):
                 self.curve.append((self.step, self.value))
                 self.trial.report(self.value, self.step)
-                if judge and self.trial.should_prune():
+                if judge and self.judged and self.trial.should_prune():
                     self.pruned = True
                     return True
         return False
