@@ -199,3 +199,19 @@ def test_a_workload_campaign_that_cannot_beat_its_baseline_says_keep_it(tmp_path
     assert "**Keep the baseline" in answer
     doc = yaml.safe_load((tmp_path / "rep" / "winner.yaml").read_text())
     assert Config.model_validate(doc) == Config()  # the baseline's own config
+
+
+def test_a_resumed_campaign_confirms_against_its_stored_baseline(tmp_path, monkeypatch, capsys):
+    """An audit (stop 65): `campaign resume` confirmed without the baseline (the answer's speedup fell back to
+    'not confirmed: no confirm step compared the winner with the baseline') and, for a job, with 0 repeats
+    ('not confirmed (--confirm-repeats 0)': the job's context never stored the flag)."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    _job_campaign(tmp_path, capsys, "default")
+    storage = f"sqlite:///{tmp_path}/c.db"
+    assert main(["campaign", "resume", "j", "--budget", "7", "--json", "--storage", storage]) == 0
+    capsys.readouterr()
+    c = optuna.load_study(study_name="j", storage=storage).user_attrs["confirm"]
+    assert c["repeat_budget"] == 6 and "--confirm-repeats 0" not in c["verdict"]
+    assert c["speedup"] is not None and c["speedup"]["paired"]

@@ -456,7 +456,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _lease_held(e)
     if evaluate.store is not None:
         confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
-        s.confirm = c.confirm(confirm)
+        s.confirm = c.confirm(confirm, baseline=_stored_baseline(c, evaluate, space))
         evaluate.store.set_campaign_status(args.name, "finished")
     _print([s], args.json, space.primary.metric)
     if args.report:
@@ -754,17 +754,40 @@ def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
         _said(doc, space)
         return evaluate, spec["point"], bool(doc.get("ok")), doc
     from cubic.codesign.campaign import BASELINE_KEY
-    from cubic.codesign.evaluate import RunnerEvaluate
 
-    ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
-                        store=evaluate.store, campaign=evaluate.campaign, base_config=spec["config"])
-    ev.budget_examples = evaluate.budget_examples  # its NE at the same equal budget as every run's
+    ev = _baseline_evaluate(evaluate, space, spec["config"])
     doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
     if "config" not in doc:  # winner.yaml is this config when nothing beats it
         doc = {**doc, "config": spec["config"].model_dump(mode="json")}
         c.study.set_user_attr(BASELINE_KEY, doc)
     _said(doc, space)
     return ev, {}, bool(doc.get("ok")), doc
+
+
+def _baseline_evaluate(evaluate, space, config):
+    """The evaluate of a Config baseline: the campaign's runner and run settings with the baseline's
+    Config under the space's values (one place, for campaign run and resume alike)."""
+    from cubic.codesign.evaluate import RunnerEvaluate
+
+    ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
+                        store=evaluate.store, campaign=evaluate.campaign, base_config=config)
+    ev.budget_examples = evaluate.budget_examples  # its NE at the same equal budget as every run's
+    return ev
+
+
+def _stored_baseline(c, evaluate, space):
+    """The baseline a resumed campaign measured before it stopped, as the confirm step's (evaluate,
+    point), so a resumed campaign's speedup is paired like an uninterrupted one's; None when it has
+    none or it failed."""
+    from cubic.codesign.campaign import BASELINE_KEY
+    from cubic.core.config import Config
+
+    doc = c.study.user_attrs.get(BASELINE_KEY) or {}
+    if not doc.get("ok"):
+        return None
+    if doc.get("config") is None:
+        return evaluate, doc.get("point") or {}
+    return _baseline_evaluate(evaluate, space, Config.model_validate(doc["config"])), {}
 
 
 def _ensure_noise_floor(base) -> None:

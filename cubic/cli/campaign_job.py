@@ -110,7 +110,9 @@ def job_context(args: argparse.Namespace, space) -> dict[str, Any]:
     from cubic.core.store import redact_url
 
     # its runs go to the trial store too (never the password: see the workload campaign's context)
-    return {"job": job, "runner": {"kind": "command", "timeout": args.timeout}, "store": redact_url(args.store) or None}
+    # confirm_repeats: what `campaign resume` confirms with (it read 0 for a job, "not confirmed (--confirm-repeats 0)")
+    return {"job": job, "runner": {"kind": "command", "timeout": args.timeout, "confirm_repeats": args.confirm_repeats},
+            "store": redact_url(args.store) or None}
 
 
 def job_runner(job: dict[str, Any], space, metric: str | None, name: str | None):
