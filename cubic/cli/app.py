@@ -105,7 +105,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner, config = _distributed_runner(args, workload, config or Config())
     else:
         runner = _make_runner(args)
-        if config is None:  # a runner's own default (the simulator's: the one `cubic sim predict` uses)
+        resolve = getattr(runner, "resolve_config", None)
+        if callable(resolve):  # the simulator's: an unset dense dtype read as `cubic sim predict` does, before hashing
+            config = resolve(config)
+            config.apply(workload)
+        elif config is None:  # a runner's own default
             default = getattr(runner, "default_config", None)
             config = default() if callable(default) else Config()
             config.apply(workload)
@@ -222,7 +226,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--workload", required=True, metavar="NAME|FILE", help="an embedded default name or a workload file")
     p.add_argument("--config", metavar="FILE", help="co-design config (JSON or YAML); default: all defaults "
                                                     "(with --simulate: the simulator's default, bf16 dense, as "
-                                                    "`cubic sim predict`)")
+                                                    "`cubic sim predict`; a config not setting "
+                                                    "kernels.dense_dtype is simulated in bf16 too)")
     p.add_argument("--steps", type=int_at_most(MAX_STEPS), default=50, help="timed training steps (default 50)")
     p.add_argument("--warmup", type=int_at_most(MAX_STEPS, low=0), default=5, help="untimed warm-up steps (default 5)")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",

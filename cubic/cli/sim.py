@@ -43,21 +43,23 @@ def _params(args: argparse.Namespace):
 
 def _config(args: argparse.Namespace):
     from cubic.cli.common import load_checked_config
-    from cubic.runners.sim import default_config
+    from cubic.runners.sim import simulation_config
 
-    return load_checked_config(args.config, processes=None) if args.config else default_config()
+    # a config silent on kernels.dense_dtype simulates as none does (bf16), not as Config's fp32
+    return simulation_config(load_checked_config(args.config, processes=None) if args.config else None)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     from cost_models.hardware import load_cluster
     from cubic.cli.common import stdout_console
-    from cubic.runners.sim import SCALING_CHECKED, scaling_sweep
+    from cubic.runners.sim import SCALING_CHECKED, dense_precision, scaling_sweep
     from cubic.core.workloads import load_workload
     from rich.table import Table as RichTable
 
     workload = load_workload(args.workload)
     cluster = load_cluster(args.cluster)
-    rows = scaling_sweep(workload, cluster, args.gpus, args.group_sizes, _config(args), _params(args),
+    config = _config(args)
+    rows = scaling_sweep(workload, cluster, args.gpus, args.group_sizes, config, _params(args),
                          include_full=not args.no_full)
     for g in args.group_sizes:  # the sweep skips a group size that does not divide a GPU count: say so
         if all(group_misfit(g, w) for w in args.gpus):
@@ -65,10 +67,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
                   "no 2D row for it", file=sys.stderr)
     if args.json:
         print(json.dumps({"simulated": True, "checked": SCALING_CHECKED, "workload": workload.name,
-                          "cluster": cluster.name, "rows": rows}, indent=1, default=str))
+                          "cluster": cluster.name, "dense_dtype": config.kernels.dense_dtype,
+                          "precision": dense_precision(config), "rows": rows}, indent=1, default=str))
         return 0
     t = RichTable(title=f"SIMULATED scaling of {workload.name} on {cluster.name} "
-                        f"(batch {workload.batch_size}/GPU; efficiency vs best per-GPU at the smallest scale)")
+                        f"(batch {workload.batch_size}/GPU, {dense_precision(config)}; efficiency vs best per-GPU "
+                        "at the smallest scale)")
     for col in ("GPUs", "strategy", "step ms", "examples/s", "per GPU", "efficiency", "dominant phase", "mem GiB"):
         t.add_column(col, justify="right" if col not in ("strategy", "dominant phase") else "left")
     for r in rows:
@@ -88,7 +92,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from cubic.runners.step_model import predict_step
     from cubic.cli.common import stdout_console
     from cubic.core.units import fmt_gib, gib
-    from cubic.runners.sim import SIM_CHECKED, SimulatedRunner, assumed_quality
+    from cubic.runners.sim import SIM_CHECKED, SimulatedRunner, assumed_quality, dense_precision
     from cubic.runners.step_model import sync_params
     from cubic.core.workloads import load_workload
 
@@ -105,7 +109,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                               sync_params(config, runner.params))
     out = {
         "simulated": True, "cluster": runner.describe(), "workload": workload.name, "oom": p.oom,
-        "oom_reason": p.oom_reason, "step_ms": p.step_s * 1e3, "examples_per_s": p.examples_per_s,
+        "oom_reason": p.oom_reason, "dense_dtype": config.kernels.dense_dtype, "precision": dense_precision(config),
+        "step_ms": p.step_s * 1e3, "examples_per_s": p.examples_per_s,
         "phases_ms": {k: v * 1e3 for k, v in p.phases_s.items()}, "dominant_phase": p.dominant_phase,
         "memory_gib": {k: gib(v) for k, v in p.memory.items()}, "peak_mem_gib": gib(p.peak_mem_bytes),
         "plan": p.plan, "dense": p.dense, "assumed_quality": quality, "checked": SIM_CHECKED,
@@ -115,7 +120,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 1 if p.oom else 0
     con = stdout_console()
     con.print(f"SIMULATED step of {workload.name} on {runner.describe()['name']} "
-              f"(group size {p.group_size}, batch {p.batch_per_rank}/GPU)")
+              f"(group size {p.group_size}, batch {p.batch_per_rank}/GPU, {dense_precision(config)})")
     if p.oom:
         con.print(f"OOM: {p.oom_reason}")
         return 1
@@ -225,7 +230,8 @@ def register(subparsers: Any) -> None:
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--workload", default="wukong-large", metavar="NAME|FILE", help="default wukong-large")
-        q.add_argument("--config", metavar="FILE", help="co-design config (default: bf16 dense, simulator's planner)")
+        q.add_argument("--config", metavar="FILE", help="co-design config (default: bf16 dense, simulator's planner; "
+                       "a config not setting kernels.dense_dtype is simulated in bf16 too)")
         q.add_argument("--params", metavar="FILE", help="step-model parameters (e.g. from `cubic sim calibrate --save`)")
         q.add_argument("--emb-sync", choices=["weights", "gradients"],
                        help="2D replica sync: periodic weight averaging (default) or per-step gradients")

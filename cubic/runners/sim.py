@@ -76,12 +76,35 @@ def _quality_table_hash() -> str:
         return "absent"
 
 
+DEFAULT_DENSE_DTYPE = "bf16"  # what H100/H200 users train dense GEMMs in; Config's own default is fp32 (CPU runs)
+
+
 def default_config() -> Config:
     """The config of a simulated run when none is given: bf16 dense GEMMs (what H100/H200 users train
     with), the default planner of the one plan path (``greedy``), the workload's batch. The one definition: ``cubic run
     --simulate``, ``cubic sim predict|scale`` and a simulated campaign's base config all use it, so
     the same workload and cluster predict the same figures everywhere."""
-    return Config(kernels={"dense_dtype": "bf16"})
+    return Config(kernels={"dense_dtype": DEFAULT_DENSE_DTYPE})
+
+
+def simulation_config(config: Config | None = None) -> Config:
+    """The config a simulated run uses: :func:`default_config` when none is given; a user's config that
+    does not set ``kernels.dense_dtype`` gets the same bf16 (Config's fp32 default made a config holding
+    only ``seed: 0`` simulate ~7x slower than none); one that sets it, even to fp32, keeps it. Callers
+    apply it before the config is hashed or stored, so the stored config says what was simulated."""
+    if config is None:
+        return default_config()
+    if "dense_dtype" in config.kernels.model_fields_set:
+        return config
+    return config.model_copy(update={"kernels": config.kernels.model_copy(update={"dense_dtype": DEFAULT_DENSE_DTYPE})})
+
+
+def dense_precision(config: Config) -> str:
+    """The dense GEMMs' precision as every simulated output states it (bf16 vs fp32 is a ~7x step time)."""
+    text = f"dense {config.kernels.dense_dtype}"
+    if config.fp8.policy != "off":
+        text += f", FP8 ({config.fp8.recipe}) where fp8.policy {config.fp8.policy} puts it"
+    return text
 
 
 class SimulatedRunner(Runner):
@@ -125,6 +148,11 @@ class SimulatedRunner(Runner):
     def default_config() -> Config:
         """The config of a run given none (:func:`default_config`, the one definition)."""
         return default_config()
+
+    @staticmethod
+    def resolve_config(config: Config | None) -> Config:
+        """The config a run of this runner uses (:func:`simulation_config`): what ``cubic run`` hashes and stores."""
+        return simulation_config(config)
 
     # -- identity: what a simulated trial's result depends on -------------------------------------
 
@@ -173,7 +201,9 @@ class SimulatedRunner(Runner):
             config_hash=config.content_hash(), seed=config.seed, fingerprint=fp,
             fingerprint_hash=stable_hash(fp), versions=versions(),
         )
-        extra: dict[str, Any] = {"simulated_cluster": self.describe(), "note": SIM_NOTE,
+        # the precision in the note: it is printed under the run's figures
+        extra: dict[str, Any] = {"simulated_cluster": self.describe(), "note": f"{SIM_NOTE}; {dense_precision(config)}",
+                                 "dense_dtype": config.kernels.dense_dtype,
                                  "steps_requested": steps, "warmup_requested": warmup}
         if progress:
             progress(0, steps)
@@ -193,8 +223,9 @@ class SimulatedRunner(Runner):
             "batch_per_rank": pred.batch_per_rank,
         })
         if pred.oom:
-            return Result.failed("oom", f"SIMULATED: {pred.oom_reason}", metrics={"peak_mem_bytes": pred.peak_mem_bytes},
-                                 extra=extra, wall_time_s=time.perf_counter() - t0, **common)
+            return Result.failed("oom", f"SIMULATED ({dense_precision(config)}): {pred.oom_reason}",
+                                 metrics={"peak_mem_bytes": pred.peak_mem_bytes}, extra=extra,
+                                 wall_time_s=time.perf_counter() - t0, **common)
         step_ms = pred.step_s * 1e3
         quality = assumed_quality(workload.optimizers.embedding, pred.group_size, self.world_size,
                                   sync_params(config, self.params))
@@ -237,7 +268,7 @@ def scaling_sweep(workload: Workload, cluster: ClusterSpec, gpus: Sequence[int],
     """SIMULATED weak scaling (fixed batch per GPU): full model-parallel sharding and 2D sparse
     parallelism at each group size, for each GPU count. Efficiency is per-GPU throughput relative to
     the best per-GPU throughput at the smallest GPU count where any strategy fits."""
-    base = config or default_config()
+    base = simulation_config(config)
     params = params or DEFAULT_PARAMS
     strategies: list[tuple[str, int | None]] = ([("full", None)] if include_full else []) + \
         [(f"2d-g{g}", g) for g in group_sizes]
