@@ -11,8 +11,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from cost_models.hardware import load_device
 from cubic.core.spec import (AccessStats, SpecError, Table, Topology, Workload, check_input_file,
                               spec_error_from_validation)
+from cubic.core.units import GB, GIB
 from cubic.core.workloads import load_workload
 
 CSV_REQUIRED = ("name", "rows", "dim", "pooling_factor")
@@ -92,3 +94,19 @@ def topology_for(args_world: int | None, memory_gb: float | None, workload: Work
         return Topology.model_validate(data)
     except ValidationError as e:
         raise spec_error_from_validation(e, "topology") from None
+
+
+def check_device_hbm(device: str, hbm_gb: float, field: str, source: str | None = None, gib_flag: bool = False) -> None:
+    """Per-rank HBM (``hbm_gb``, decimal GB, as ``field`` gave it) beyond what a modelled GPU ``device`` has is
+    bad input: a plan would place more in a rank's HBM than the device holds and call it fitting.
+    ``gib_flag``: the flag was in GiB, so the message is too. No check on cpu (DRAM: no device figure)."""
+    if device == "cpu":
+        return
+    dev = load_device(device)
+    if hbm_gb * GB <= dev.hbm_bytes * (1 + 1e-9):  # the tolerance: a GiB flag converted to GB
+        return
+    given = f"{hbm_gb * GB / GIB:g} GiB" if gib_flag else f"{hbm_gb:g} GB"
+    has = f"{dev.hbm_bytes / GIB:.4g} GiB = {dev.hbm_bytes / GB:g} GB" if gib_flag else f"{dev.hbm_bytes / GB:g} GB"
+    tiers = ("" if field == "--hbm-gb" else "; to plan HBM plus host memory, give --hbm-gb (HBM) and --memory-gb "
+             "(HBM + host)")
+    raise SpecError(f"{given} of HBM per rank is more than {dev.name}'s HBM ({has}){tiers}", source=source, field=field)

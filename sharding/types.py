@@ -32,7 +32,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cubic.core.units import GIB
-from sharding.kernels import KernelChoice
+from sharding.kernels import KernelChoice, hbm_bytes
 from cubic.core.spec import (MAX_BATCH_SIZE, MAX_WORLD_SIZE, Frozen, SpecError, Table, Topology, check_group_size,
                              parse_model, read_structured)
 
@@ -306,13 +306,18 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     comp_l, comm_l = cost_labels(plan, cost)
     split = bool(cost and any(r.fwd_compute_ms is not None for r in cost.per_rank))
     vols = bool(cost and any(r.input_bytes is not None for r in cost.per_rank))
-    header = (["rank", "shards", "tables", "weights GiB", "optimizer GiB", f"{mem_kind} GiB", f"of {cap * 1e9 / GIB:.3g} GiB",
-               f"lookup ms ({comp_l})"] + (["fwd/bwd ms"] if split else []) + (["input KiB", "output KiB"] if vols else [])
+    # tiers (--hbm-gb) keep some tables in host memory: weights + optimizer is HBM + host, HBM a column of its own
+    tiered = bool(plan.kernels)
+    total_col = "HBM+host GiB" if tiered else f"{mem_kind} GiB"
+    header = (["rank", "shards", "tables", "weights GiB", "optimizer GiB", total_col, f"of {cap * 1e9 / GIB:.3g} GiB"]
+              + (["HBM GiB"] if tiered else []) + [f"lookup ms ({comp_l})"] + (["fwd/bwd ms"] if split else [])
+              + (["input KiB", "output KiB"] if vols else [])
               + [f"all-to-all ms ({comm_l})", f"sync ms ({comm_l})", "total ms"])
     rows = []
     for r, ss in enumerate(by_rank):
         st = [s.storage() for s in ss]
         wb, ob = sum(x.weights_bytes for x in st), sum(x.optimizer_bytes for x in st)
+        in_hbm = [f"{_hbm_bytes(plan, ss) / GIB:.4f}"] if tiered else []
         c = rc.get(r)
         times = [f"{c.compute_ms:.3f}"] if c else ["-"]
         if split:
@@ -321,7 +326,7 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
             times += [f"{c.input_bytes / 1024:.1f}", f"{c.output_bytes / 1024:.1f}"] if c else ["-", "-"]
         times += [f"{c.comm_ms:.3f}", f"{c.sync_ms:.3f}", f"{c.total_ms:.3f}"] if c else ["-"] * 3
         rows.append([str(r), str(len(ss)), str(len({s.table for s in ss})), f"{wb / GIB:.4f}", f"{ob / GIB:.4f}",
-                     f"{(wb + ob) / GIB:.4f}", f"{(wb + ob) / 1e9 / cap:.1%}", *times])
+                     f"{(wb + ob) / GIB:.4f}", f"{(wb + ob) / 1e9 / cap:.1%}", *in_hbm, *times])
     lines += _aligned(header, rows, right=set(range(len(header))))
     if cost:
         slow = max(cost.per_rank, key=lambda x: x.total_ms).rank if cost.per_rank else 0
@@ -344,6 +349,13 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     lines += _aligned(header, rows, right={1, 2, 3})
     lines += ["", "legend:"] + _legend(plan, cost, mem_kind, gpu)
     return "\n".join(lines)
+
+
+def _hbm_bytes(plan: Plan, shards: list[Shard]) -> float:
+    """HBM a rank's shards take under their tables' compute kernels (sharding.kernels.hbm_bytes)."""
+    fused = KernelChoice()
+    return sum(hbm_bytes(st.weights_bytes, st.optimizer_bytes, plan.kernels.get(s.table, fused))
+               for s in shards for st in (s.storage(),))
 
 
 def cost_labels(plan: Plan, cost: PlanCost | None) -> tuple[str, str]:
@@ -405,15 +417,20 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
             compute_src = f"measured: {compute_src}"
         comm_src = f"MODELLED for every plan, never measured per plan: {comm_line(d.get('comm') or plan.comm)}"
     kernel_batch = plan.group_size * plan.batch_size
+    tiered = bool(plan.kernels)
+    total = "HBM+host GiB" if tiered else f"{mem_kind} GiB"
     out = [
         f"  rank: a rank of one model-parallel group of {plan.group_size}"
         + (f"; the plan is replicated {plan.world_size // plan.group_size}x (2D)" if plan.group_size < plan.world_size else ""),
         "  shards: pieces on the rank; tables: distinct tables they come from",
         f"  weights GiB: fp32 embedding rows x cols x 4 bytes; optimizer GiB: row-wise Adagrad state, 4 bytes per row "
-        f"(GiB = 2^30 bytes); {mem_kind} GiB = weights + optimizer, computed from the shard shapes (exact for the "
+        f"(GiB = 2^30 bytes); {total} = weights + optimizer, computed from the shard shapes (exact for the "
         "tables; dense model, activations and buffers not included)",
-        f"  of {plan.topology.memory_per_rank_gb * 1e9 / GIB:.3g} GiB: {mem_kind} GiB as a share of the memory per rank "
-        f"(`--memory-gb` {plan.topology.memory_per_rank_gb:g}, decimal GB: the plan's topology.memory_per_rank_gb)",
+        f"  of {plan.topology.memory_per_rank_gb * 1e9 / GIB:.3g} GiB: {total} as a share of the memory per rank "
+        f"(`--memory-gb` {plan.topology.memory_per_rank_gb:g}, decimal GB: the plan's topology.memory_per_rank_gb"
+        + ("; HBM + host with --hbm-gb)" if tiered else ")"),
+        *(["  HBM GiB: the part of weights + optimizer kept in HBM under each table's compute kernel (fused: all; "
+           "fused_uvm_caching: its load-factor share; fused_uvm: none); the rest is in host memory"] if tiered else []),
         f"  lookup ms (compute): embedding forward + backward with the fused optimizer update, the rank's sharded pieces as one "
         f"kernel at the group's batch ({kernel_batch} examples: the ids arrive by all-to-all), plus data-parallel "
         f"tables at the rank's own batch; {compute_src}",

@@ -69,3 +69,29 @@ def test_train_writes_to_the_user_data_dir(tmp_path, monkeypatch, capsys):
     assert DEFAULT_MODEL_PATH.read_bytes() == before
     assert cost_model_path() == tmp_path / "home" / "sharding_cost_model.json"
     assert ShardingCostModel.load(cost_model_path()).meta_["fingerprint"]["cpu_model"]
+
+
+def test_memory_per_rank_beyond_the_gpus_hbm_is_refused_naming_the_flag(capsys, tmp_path):
+    """`--memory-gb 200 --device h100` planned and placed 173.7 GiB in one rank's "HBM" of an 80 GB H100."""
+    base = ["shard", "plan", "--tables", "dlrm-small", "--world-size", "2", "--device", "h100", "--time-budget", "0"]
+    for flags, named, sizes in ((["--memory-gb", "200"], "--memory-gb", ("200 GB", "80 GB")),
+                                (["--memory-gib", "100"], "--memory-gib", ("100 GiB", "74.51 GiB")),
+                                (["--memory-gb", "300", "--hbm-gb", "90"], "--hbm-gb", ("90 GB", "80 GB"))):
+        code = main([*base, *flags])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"{named}:" in err, err
+        assert all(size in err for size in sizes) and "h100" in err
+    # a workload file's own memory per rank, on its own GPU: named as the file's field
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("name: wl\nbatch_size: 64\ntables: [{name: t, rows: 1000, dim: 16, pooling_factor: 2}]\n"
+                  "dense_arch: {kind: dlrm, bottom_mlp: [16], top_mlp: [8, 1]}\n"
+                  "topology: {device: h100, world_size: 2, memory_per_rank_gb: 200}\n")
+    code = main(["shard", "plan", "--tables", str(wl), "--time-budget", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "topology.memory_per_rank_gb" in err and str(wl) in err and "200 GB" in err
+    # within the device's HBM, or more memory as HBM + host under --hbm-gb, or on cpu: planned
+    for flags in (["--memory-gib", "74.5"], ["--memory-gb", "300", "--hbm-gb", "80"]):
+        assert main([*base, *flags]) == 0, capsys.readouterr().err
+    assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "2", "--memory-gb", "200",
+                 "--time-budget", "0", "--no-check"]) == 0
+    capsys.readouterr()

@@ -116,3 +116,28 @@ def test_tiers_are_re_priced_by_the_model_the_user_gave(tmp_path):
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["kernels"] and "Xeon" in doc["predicted"]["details"]["compute"]
+
+
+def test_tiered_plan_table_says_hbm_plus_host_and_shows_hbm(tmp_path, capsys):
+    """With --hbm-gb, the column headed "HBM GiB" held weights + optimizer wherever they lived (HBM + host)."""
+    from sharding.types import format_plan, load_plan
+
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
+                   + "".join(f"t{i},100000,64,{1 + 4 * i},1.1\n" for i in range(4)))
+    out = tmp_path / "p.json"
+    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", "h100",
+                 "--planner", "size_greedy", "--hbm-gb", "0.03", "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = load_plan(out)
+    lines = format_plan(plan).splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("rank "))
+    header = lines[i].split("  ")
+    cols = [c.strip() for c in header if c.strip()]
+    assert "HBM+host GiB" in cols and "HBM GiB" in cols
+    total, hbm = cols.index("HBM+host GiB"), cols.index("HBM GiB")
+    for row in lines[i + 1:i + 1 + plan.group_size]:
+        vals = row.split()
+        assert float(vals[hbm]) <= 0.03e9 / 2**30 + 1e-4 < float(vals[total])  # HBM within --hbm-gb, the rest host
+    untiered = format_plan(plan.model_copy(update={"kernels": {}}))
+    assert "HBM GiB" in untiered and "HBM+host" not in untiered

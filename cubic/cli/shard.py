@@ -118,6 +118,21 @@ RESCALE_EVIDENCE = ("measured (results/sharding_rescale.json and, in README, its
                     "shard train`) fixes the scale")
 
 
+def _check_hbm(args, topo) -> None:
+    """The per-rank HBM the plan fills fits the GPU named: --hbm-gb where given (--memory-gb is then HBM +
+    host), else the memory per rank (the flag typed, else the workload's topology.memory_per_rank_gb)."""
+    from sharding.inputs import check_device_hbm
+
+    if args.hbm_gb is not None:
+        check_device_hbm(topo.device, args.hbm_gb, "--hbm-gb")
+    elif args.memory_gib is not None:
+        check_device_hbm(topo.device, topo.memory_per_rank_gb, "--memory-gib", gib_flag=True)
+    elif args.memory_gb is not None:
+        check_device_hbm(topo.device, args.memory_gb, "--memory-gb")
+    else:
+        check_device_hbm(topo.device, topo.memory_per_rank_gb, "topology.memory_per_rank_gb", source=args.tables)
+
+
 def cmd_plan(args) -> int:
     from cubic.cli.common import check_topology_refs
     from cubic.core.units import GB, GIB
@@ -135,6 +150,7 @@ def cmd_plan(args) -> int:
         raise SpecError(f"{topo.ranks_per_node} ranks per node do not divide {topo.world_size} ranks",  # the flag
                         source=None if typed else args.tables, field=typed or "topology.ranks_per_node")  # or the file's
     check_topology_refs(topo, args.tables, "--device" if args.device else None)
+    _check_hbm(args, topo)
     batch = args.batch_size or (wl.batch_size if wl else 512)
     checking = getattr(args, "check", None) is not False and topo.device == "cpu"
     if getattr(args, "rescale", False) and not checking:
@@ -412,7 +428,7 @@ def register(subparsers) -> None:
     mem = pl.add_mutually_exclusive_group()
     mem.add_argument("--memory-gb", type=positive_float_at_most(MAX_MEMORY_GB), default=None,
                      help="memory per rank in decimal GB (1e9 bytes, as a workload's topology.memory_per_rank_gb); "
-                          "output shows memory in GiB")
+                          "output shows memory in GiB; on a GPU --device at most its HBM (with --hbm-gb: HBM + host)")
     mem.add_argument("--memory-gib", type=positive_float_at_most(MAX_MEMORY_GB * GB / GIB), default=None,
                      help="memory per rank in GiB (2**30 bytes)")
     pl.add_argument("--group-size", type=int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
