@@ -20,6 +20,8 @@ from typing import Any, Iterator
 
 from cubic.cli.campaign_job import (add_job_flags, check_job_flags, job_build, job_context, job_space,
                                    with_objective)
+from cubic.cli.campaign_baseline import (base_config, baseline_cannot_run, baseline_spec, ensure_noise_floor,
+                                         measure_baseline, stored_baseline)
 from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
 from search.strategy_names import STRATEGIES
@@ -66,7 +68,7 @@ def check_space_values(space, workload, kind: str, source: str) -> None:
     from cubic.runners.base import check_config_values
     from search.space import load_space
 
-    base = _base_config(kind)
+    base = base_config(kind)
     names = [p.name for p in load_space(source).parameters]  # the file's indexes (for_workload drops some)
     by_name = {p.name: p for p in space.parameters}
 
@@ -156,7 +158,7 @@ def _build(name: str, meta_context: dict[str, Any], space, store_url: str | None
     store = import_pending(TrialStore(store_url, origin="--store") if store_url else TrialStore())
     r = RunSpec.from_context(meta_context)
     evaluate = RunnerEvaluate(workload, runner, space, steps=r.steps, warmup=r.warmup, store=store, campaign=name,
-                              repeats=r.repeats, remeasure=r.remeasure, base_config=_base_config(r.kind))
+                              repeats=r.repeats, remeasure=r.remeasure, base_config=base_config(r.kind))
     if r.kind == "local":  # NE and loss also at the campaign's equal training budget (examples seen)
         from cubic.codesign.evaluate import equal_budget
 
@@ -194,18 +196,6 @@ def _note_budget(space, workload, steps: int, warmup: int) -> None:
         print(f"cubic: note: {caveat}", file=sys.stderr)
 
 
-def _base_config(kind: str):
-    """What a campaign's runs start from before the space's knobs are set: the simulator's default
-    config on a simulated cluster (as `cubic run --simulate`), else cubic's Config()."""
-    from cubic.core.config import Config
-
-    if kind == "simulated":
-        from cubic.cli.common import runner_part
-
-        return runner_part("cubic.runners.sim", "default_config", "the simulated cluster", "--simulate")()
-    return Config()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from cubic.core.workloads import load_workload
 
@@ -234,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         space = _at_equal_budget(space, kind)
         if kind == "local":
             _note_budget(space, workload, args.steps, args.warmup)
-    baseline = None if args.no_baseline else _baseline_spec(args, space, workload)
+    baseline = None if args.no_baseline else baseline_spec(args, space, workload)
     report_dir = Path(args.report) if args.report else None  # its folder was checked while parsing
     _check_where_runs_happen(args, kind)
     # the one typed record of where runs happen; stored in the campaign's context as plain JSON
@@ -344,10 +334,10 @@ def _run_campaigns(args, names, space, context, storage, baseline):
         base_pair = None
         with _interrupted_marks(evaluate.store, name):
             if baseline is not None and name == args.name:
-                base_pair = _measure_baseline(c, evaluate, space, baseline)
-                if _baseline_cannot_run(base_pair[3]):
+                base_pair = measure_baseline(c, evaluate, space, baseline)
+                if baseline_cannot_run(base_pair[3]):
                     return None
-                _ensure_noise_floor(base_pair)
+                ensure_noise_floor(base_pair)
             s = c.run()
             # every kind of campaign is confirmed by the same rule (a job's evaluate keeps its repeats)
             s.confirm = c.confirm(args.confirm_repeats, baseline=base_pair[:2] if base_pair and base_pair[2] else None)
@@ -400,7 +390,7 @@ def _reference_ne(context: dict[str, Any], space, store_url: str | None, kind: s
 
     evaluate, _ = _build("", context, space, store_url)
     ref = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
-                         store=evaluate.store, campaign=None, base_config=_base_config(kind),
+                         store=evaluate.store, campaign=None, base_config=base_config(kind),
                          repeats=evaluate.repeats)
     ref.budget_examples = evaluate.budget_examples  # the ceiling is on NE at the equal budget too
     ev = ref({})
@@ -484,7 +474,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _lease_held(e)
     if evaluate.store is not None:
         confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
-        s.confirm = c.confirm(confirm, baseline=_stored_baseline(c, evaluate, space))
+        s.confirm = c.confirm(confirm, baseline=stored_baseline(c, evaluate, space))
         evaluate.store.set_campaign_status(args.name, "finished")
     _print([s], args.json, space.primary.metric)
     if args.report:
@@ -730,113 +720,3 @@ def _add_list(verbs: Any) -> None:
 
 
 # ---- baselines for the answer ---------------------------------------------------------------
-
-def _baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
-    """What to measure as the baseline, read and checked before any run."""
-    from cubic.codesign.answer import default_point, read_baseline_point
-
-    if args.objective:
-        point = read_baseline_point(args.baseline, space) if args.baseline else default_point(space)
-        return {"point": point, "label": args.baseline or f"the space's default point {point}"}
-    from cubic.cli.common import load_checked_config
-
-    processes = None if args.simulate else args.world_size
-    cfg = load_checked_config(args.baseline, processes) if args.baseline else _base_config("simulated" if args.simulate else "local")
-    wl = cfg.apply(workload)
-    arch, dumped = wl.dense_arch.model_dump(mode="json"), cfg.model_dump(mode="json")
-    shown = {}
-    for name in space.param_names:  # the baseline's value of each knob, as the run resolves it
-        if name == "batch_size":
-            shown[name] = wl.batch_size
-        elif name.startswith("model."):
-            shown[name] = arch.get(name[len("model."):])
-        else:
-            node: Any = dumped
-            for part in name.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            shown[name] = node
-    return {"point": {}, "config": cfg, "shown": shown,
-            "label": args.baseline or f"the workload's defaults ({workload.name}, "
-                                      f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
-
-
-def _baseline_cannot_run(doc: dict[str, Any]) -> bool:
-    """A baseline that crashed (``error``: not a timeout or kill, which may pass, nor an OOM, NaN or
-    infeasible value, which are properties of that configuration) means the job itself is broken and
-    every run likely fails the same way: stop with one line before spending the budget."""
-    if doc.get("ok", False) or (doc.get("failure_kind") or "error") != "error":
-        return False
-    if (doc.get("reason") or "").startswith("StoreError"):  # the store failed, not the job: runs go pending
-        return False
-    why = " ".join((doc.get("reason") or "").split())[:300]
-    print(f"cubic: error: the baseline failed ({doc.get('failure_kind') or 'error'}: {why}); "
-          "fix the job and run again (nothing else was run)", file=sys.stderr)
-    return True
-
-
-def _measure_baseline(c, evaluate, space, spec: dict[str, Any]):
-    """Measure the baseline; returns (its evaluate, its point, ok, its record) for the noise floor, the
-    confirm step's speedup and whether the job can run at all."""
-    if spec.get("config") is None:
-        doc = c.measure_baseline(spec["point"], spec["label"])
-        _said(doc, space)
-        return evaluate, spec["point"], bool(doc.get("ok")), doc
-    from cubic.codesign.campaign import BASELINE_KEY
-
-    ev = _baseline_evaluate(evaluate, space, spec["config"])
-    doc = c.measure_baseline({}, spec["label"], evaluate=ev, shown_point=spec["shown"])
-    if "config" not in doc:  # winner.yaml is this config when nothing beats it
-        doc = {**doc, "config": spec["config"].model_dump(mode="json")}
-        c.study.set_user_attr(BASELINE_KEY, doc)
-    _said(doc, space)
-    return ev, {}, bool(doc.get("ok")), doc
-
-
-def _baseline_evaluate(evaluate, space, config):
-    """The evaluate of a Config baseline: the campaign's runner and run settings with the baseline's
-    Config under the space's values (one place, for campaign run and resume alike)."""
-    from cubic.codesign.evaluate import RunnerEvaluate
-
-    ev = RunnerEvaluate(evaluate.workload, evaluate.runner, space, steps=evaluate.steps, warmup=evaluate.warmup,
-                        store=evaluate.store, campaign=evaluate.campaign, base_config=config)
-    ev.budget_examples = evaluate.budget_examples  # its NE at the same equal budget as every run's
-    return ev
-
-
-def _stored_baseline(c, evaluate, space):
-    """The baseline a resumed campaign measured before it stopped, as the confirm step's (evaluate,
-    point), so a resumed campaign's speedup is paired like an uninterrupted one's; None when it has
-    none or it failed."""
-    from cubic.codesign.campaign import BASELINE_KEY
-    from cubic.core.config import Config
-
-    doc = c.study.user_attrs.get(BASELINE_KEY) or {}
-    if not doc.get("ok"):
-        return None
-    if doc.get("config") is None:
-        return evaluate, doc.get("point") or {}
-    return _baseline_evaluate(evaluate, space, Config.model_validate(doc["config"])), {}
-
-
-def _ensure_noise_floor(base) -> None:
-    """This machine's noise floor (or the job's), measured from the baseline when missing or stale."""
-    ev, point, ok = base[:3]
-    if ok and callable(getattr(ev, "ensure_noise_floor", None)):
-        said = ev.ensure_noise_floor(point)
-        if said:
-            print(f"cubic: {said}", file=sys.stderr, flush=True)
-
-
-def _said(doc: dict[str, Any], space) -> None:
-    """The baseline's outcome, one line on stderr like a run's progress line."""
-    from cubic.codesign.trials import PROVENANCE
-    from cubic.codesign.progress import format_result
-    from cubic.core.result import Result
-    from cubic.core.spec import sanitize
-
-    metrics, source = doc.get("metrics") or {}, doc.get("source") or "measured"
-    ev = (Result(status="ok", metrics=metrics, source=source) if doc.get("ok", False) else
-          Result.failed(doc.get("failure_kind") or "error", doc.get("reason") or "", metrics=metrics, source=source))
-    violation = max((c.violation(ev.metrics) for c in space.constraints), default=0.0)
-    print(sanitize(f"baseline ({doc.get('label')}): {format_result(ev, space, violation)}; "
-                   f"{PROVENANCE.get(ev.source, ev.source)}"), file=sys.stderr, flush=True)
