@@ -106,6 +106,8 @@ def test_an_objective_campaign_is_confirmed_by_the_same_rule(tmp_path, monkeypat
     assert "back-to-back pairs with the baseline" in answer
     assert "Confirm step:" in answer and "95% CI" in answer
     assert "measured the job's noise floor" in out.err  # the baseline repeated before the campaign
+    base = next(line for line in out.err.splitlines() if line.startswith("baseline ("))
+    assert "] (1 repeat" in base  # its interval says what it rests on, as every run's line does
 
 
 def test_when_nothing_beats_the_baseline_the_answer_says_keep_it(tmp_path, monkeypatch, capsys):

@@ -124,7 +124,8 @@ def _said(doc: dict[str, Any], space) -> None:
     from cubic.core.spec import sanitize
 
     metrics, source = doc.get("metrics") or {}, doc.get("source") or "measured"
-    ev = (Result(status="ok", metrics=metrics, source=source) if doc.get("ok", False) else
+    pooled = {"pooled": {"estimates": {k: {"basis": b} for k, b in (doc.get("basis") or {}).items()}}}
+    ev = (Result(status="ok", metrics=metrics, source=source, extra=pooled) if doc.get("ok", False) else
           Result.failed(doc.get("failure_kind") or "error", doc.get("reason") or "", metrics=metrics, source=source))
     violation = max((c.violation(ev.metrics) for c in space.constraints), default=0.0)
     print(sanitize(f"baseline ({doc.get('label')}): {format_result(ev, space, violation)}; "

@@ -248,7 +248,10 @@ class Campaign:
                 break
         doc = {"label": label, "point": shown_point if shown_point is not None else dict(point), "ok": ev.ok,
                "metrics": {k: float(v) for k, v in ev.metrics.items() if isinstance(v, (int, float))},
-               "failure_kind": ev.failure_kind, "reason": (ev.reason or "")[:500], "source": ev.source}
+               "failure_kind": ev.failure_kind, "reason": (ev.reason or "")[:500], "source": ev.source,
+               # what each interval rests on ("1 repeat + ASSUMED floor"): said wherever it is shown
+               "basis": {k: e["basis"] for k, e in (((ev.extra or {}).get("pooled") or {}).get("estimates")
+                                                    or {}).items() if isinstance(e, dict) and e.get("basis")}}
         self.study.set_user_attr(BASELINE_KEY, doc)
         return doc
 
