@@ -71,6 +71,32 @@ def test_weight_averaging_trains_replicas_apart_between_syncs():
     assert syncs[3] > 0 and syncs[7] > 0 and m["ne_end"] == pytest.approx((a + b) / 2)
 
 
+def test_a_weight_averaging_run_shorter_than_its_interval_says_its_replicas_never_synced():
+    """A 2D run of 20 steps under the default interval of 100 reported sync_interval 100, a sync time and two
+    replica NEs, and no word that no weight sync ever happened; now the printed result says so."""
+    from rich.console import Console
+
+    from cubic.cli.run_report import print_result
+    from cubic.runners.distributed import _add_two_d, never_synced_note
+    from cubic.runners.sharded_embedding import TwoD
+
+    def add(sync, interval, total):
+        metrics, extra = {}, {}
+        _add_two_d(metrics, extra, TwoD(2, 2, 0, None, None, sync, interval), [0.71, 0.73], "rowwise_adagrad", total)
+        return extra
+
+    extra = add("weights", 100, 25)  # 5 warm-up + 20 steps
+    assert extra["two_d"]["weight_syncs"] == 0 and len(extra["notes"]) == 1
+    assert "never synchronised" in extra["notes"][0] and "25 steps" in extra["notes"][0]
+    assert "not a weight sync" in extra["notes"][0] and "interval 100" in extra["notes"][0]
+    con = Console(record=True, width=400)
+    print_result(Result(status="ok", workload="wukong-small", metrics={"sync_time_mean_ms": 5.07}, extra=extra), con)
+    assert "note: the 2D replicas never synchronised" in con.export_text()
+    # a sync happened (at step 100), or gradients sync every step: nothing to say
+    assert add("weights", 100, 100)["two_d"]["weight_syncs"] == 1 and "notes" not in add("weights", 100, 100)
+    assert "notes" not in add("gradients", 1, 5) and never_synced_note("gradients", 1, 5) is None
+
+
 def test_sync_on_a_1d_plan_and_group_size_mismatch_are_invalid():
     from tests.test_runners_distributed import _config
 

@@ -117,6 +117,8 @@ def result_renderable(result: Result, *, trial_id: int | None = None, served_fro
             phases.add_row(p, fmt_num(v), f"{100 * v / total:.0f}%" if math.isfinite(v) else "-")
         parts.append(phases)
 
+    for note in (result.extra or {}).get("notes") or []:  # what the runner says its figures do not mean
+        parts.append(Text(f"note: {note}", style="yellow"))
     if not result.ok:
         parts.append(Text(f"failure ({result.failure_kind}): {result.reason or 'no reason given'}", style="red"))
     return Group(*parts)

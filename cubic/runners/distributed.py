@@ -349,14 +349,30 @@ def _worker_extra(run: _RankRun, step_ms: list[float], sync_ms: list[float], los
     }
 
 
+def never_synced_note(sync: str, interval: int, total: int) -> str | None:
+    """What a weight-averaging 2D run of ``total`` steps (warm-up included) shorter than its sync interval
+    must say beside its figures: its replicas never averaged, so their NE differ by training apart, and
+    its sync time is the per-step gradient scaling of weight averaging, not a weight sync. None otherwise."""
+    if sync != "weights" or total >= interval:
+        return None
+    return (f"the 2D replicas never synchronised: {total} steps (warm-up included) < sync interval {interval} "
+            "(weight averaging); each replica trained on its own, so replica_ne_end differ, and sync_time_*_ms is "
+            "the per-step gradient scaling of weight averaging, not a weight sync (run >= the interval, or set "
+            "sharding.sync_interval)")
+
+
 def _add_two_d(metrics: dict[str, float], extra: dict[str, Any], two_d: TwoD, replica_ne: list[float],
-               optimizer: str) -> None:
+               optimizer: str, total: int) -> None:
     """The 2D layout's figures; ``ne_end`` becomes the mean over replicas of each one's own NE."""
     import numpy as np
 
     extra["two_d"] = {**two_d.describe(), "replica_ne_end": replica_ne,
                       "ne_end": "mean over replicas of each replica's own eval NE (the trajectory is replica 0's)",
-                      "optimizer": optimizer}
+                      "optimizer": optimizer,
+                      "weight_syncs": total // two_d.interval if two_d.sync == "weights" else 0}
+    note = never_synced_note(two_d.sync, two_d.interval, total)
+    if note:  # printed under the run's figures (cubic.cli.run_report)
+        extra.setdefault("notes", []).append(note)
     metrics["ne_end"] = float(np.mean(replica_ne))
     metrics["group_size"], metrics["replicas"] = float(two_d.group_size), float(two_d.replicas)
     metrics["sync_interval"] = float(two_d.interval)
@@ -423,7 +439,7 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     extra = _worker_extra(run, step_ms, sync_ms, losses, dev=dev, world=world, backend=fp["backend"],
                           global_batch=wl.batch_size, steps=steps, warmup=warmup, every=every, plan=plan)
     if two_d is not None:
-        _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding)
+        _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding, total)
     fp8 = config.fp8.policy != "off"
     if check_single is None:
         check_single = (world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8
