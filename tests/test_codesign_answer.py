@@ -206,3 +206,14 @@ def test_qps_is_a_throughput(tmp_path):
     c.run()
     head = campaign_answer(space, load_meta(c.storage, "toy"), c.study, c.study.get_trials()).headline()
     assert "× faster than the baseline" in head and "quality is not compared" in head
+
+
+def test_a_jobs_ne_across_batch_sizes_is_not_called_an_equal_budget(tmp_path):
+    # README's bundled job trains a fixed number of steps: batch 1024 against 256 saw 4x the examples
+    space, meta, study, trials = finished(tmp_path, baseline={"batch": 64, "lr": 0.01}, budget=8)
+    ans = campaign_answer(space, meta, study, trials)
+    assert ans.winner["point"]["batch"] != 64
+    md = ans.markdown()
+    assert "with batch 64 -> " in md and "not an equal training budget" in md
+    assert "(not an equal budget if the job runs fixed steps, below)" in md
+    assert "its NE may not be an equal training budget (a batch knob differs; below)" in ans.headline()

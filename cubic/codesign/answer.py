@@ -427,8 +427,14 @@ def _quality_rows(ans: Answer, space: Space, wm: dict[str, float], bm: dict[str,
     elif ne == "ne_end" and wm.get("batch_size") and bm.get("batch_size") and wm["batch_size"] != bm["batch_size"]:
         ans.notes.append("NE after equal STEPS with different batch sizes: not an equal training budget (the "
                          "larger batch saw more examples)")
-    if ne_caveat:  # a speed headline whose quality cost these runs cannot show says so where it is read
+    elif ne and (knobs := _batch_knobs_differ(ans)):  # a user's job: cubic cannot see how long it trained
+        ne_caveat = (f"NE as the job reports it, with {knobs} different: if the job runs a fixed number of steps, "
+                     "the larger batch saw more examples, so the NE row is not an equal training budget")
+        ans.notes.append(ne_caveat)
+    if ne_caveat and ne == "ne_at_budget":  # a speed headline whose quality cost these runs cannot show
         ans.quality = "its NE is not compared: under one update within the equal budget at this run length (below)"
+    elif ne_caveat:
+        ans.quality = "its NE may not be an equal training budget (a batch knob differs; below)"
     if ne is None and ans.throughput:  # silence beside a speedup would read as "no quality cost"
         ans.quality = _unmeasured_quality(space, wm)
     if ans.source == "SIMULATED":  # the simulator's throughput has no quality beside it but 2D's measured cost
@@ -437,10 +443,20 @@ def _quality_rows(ans: Answer, space: Space, wm: dict[str, float], bm: dict[str,
                          "this answer (ne_cost_rel, where shown, is 2D's NE cost taken from measured runs)")
     if ne:
         if ne in bm:
-            change = _pct(wm[ne], bm[ne]) + (" (not comparable: under one update, below)" if ne_caveat else "")
+            change = _pct(wm[ne], bm[ne]) + ((" (not comparable: under one update, below)" if ne == "ne_at_budget" else
+                                              " (not an equal budget if the job runs fixed steps, below)")
+                                             if ne_caveat else "")
             ans.rows.append((f"{ne} (lower is better)", fmt(bm[ne]), fmt(wm[ne]), change))
         else:
             ans.rows.append((f"{ne} (lower is better)", "–", fmt(wm[ne]), ""))
+
+
+def _batch_knobs_differ(ans: Answer) -> str | None:
+    """The winner's batch knobs (a name with "batch") whose values differ from the baseline's, as text."""
+    w, b = (ans.winner or {}).get("point") or {}, (ans.baseline or {}).get("point") or {}
+    diff = [f"{k} {_show(b[k])} -> {_show(w[k])}" for k in sorted(w)
+            if "batch" in k.lower() and k in b and w[k] != b[k]]
+    return ", ".join(diff) or None
 
 
 def _unmeasured_quality(space: Space, wm: dict[str, float]) -> str:
