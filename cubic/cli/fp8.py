@@ -105,12 +105,17 @@ def cmd_probe(args) -> int:
                      str(e.batches if e else 0), "yes" if s.fast else "no",
                      f"{s.predicted_speedup:.2f}x" if s.predicted_speedup else "-", s.reason or ""])
     dev = placement.probe_device
+    # a --module's "NE" is the relative change of its own loss (--loss) over held-out batches, not NE
+    cost = "NE" if w is not None else f"{args.loss} loss (relative change; --module)"
     print_table(f"FP8 placement for {label} (budget {args.budget_sqnr} dB per {placement.budget_scope}"
-                + (f", held-out NE cost <= {100 * placement.budget_ne_rel:+.4f}%" if placement.budget_ne_rel else "")
-                + f"; SQNR and NE measured on {dev} on the probe's batches; speed modelled on {args.target}"
+                + (f", held-out {cost} cost <= {100 * placement.budget_ne_rel:+.4f}%" if placement.budget_ne_rel
+                   else "")
+                + f"; SQNR measured on {dev} on the probe's batches, the {cost} cost on held-out data; speed "
+                  f"modelled on {args.target}"
                 + (f" at batch {batch}" if batch else "") + f"; kernels timed on {dev})",
                 ["site", f"M x K x N (batch {batch})" if batch else "M x K x N", "recipe", "verdict", "FP8",
-                 f"kernel ({dev}-timed)", "mods", "SQNR dB [95% CI]", "held-out NE cost % [95% CI]", "batches",
+                 f"kernel ({dev}-timed)", "mods", "SQNR dB [95% CI]",
+                 f"held-out {'NE' if w is not None else 'loss'} cost % [95% CI]", "batches",
                  f"fast ({args.target})", f"speedup ({args.target}, modelled)", "reason"],
                 rows)
     counts = {v: sum(1 for s in placement.sites.values() if s.verdict == v) for v in ("safe", "inconclusive", "unsafe")}
@@ -257,24 +262,32 @@ def cmd_kernels(args) -> int:
                      f"a {args.m}x{args.k}x{args.n} GEMM", field="--m/--k/--n")
     from fp8.dispatch import Dispatcher
     from cubic.core.fingerprint import check_device
-    from fp8.kernels import modelled_h100_ms
+    from cost_models.gpu_gemm import check_line, model_check
+    from fp8.kernels import H100_MODEL, modelled_h100_ms
 
     _threads()
     d = Dispatcher(repeats=args.repeats, device=str(check_device(args.device)))
     times = d.times(args.m, args.k, args.n)
     modelled = {k: t for k in d.kernels if (t := modelled_h100_ms(k, args.m, args.k, args.n)) is not None}
+    modes = {k: H100_MODEL[k][1] for k in modelled if k in H100_MODEL}  # the casts' mode the model assumes
+    trust = check_line("h100", model_check(), recipes=tuple(sorted({H100_MODEL[k][0] for k in modes})),
+                       mode="eager" if "eager" in modes.values() else None)
     out = {"source": "measured", "device": str(d.device), "shape": [args.m, args.k, args.n],
            "times_ms": times, "unavailable": d.unavailable(args.m, args.k, args.n),
-           "modelled_h100_ms": modelled, "modelled_h100_source": "modelled (cost_models/gpu_gemm.py), not measured"}
+           "modelled_h100_ms": modelled, "modelled_h100_mode": modes,
+           "modelled_h100_source": "modelled (cost_models/gpu_gemm.py), not measured", "modelled_h100_trust": trust}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         for k, v in sorted(times.items(), key=lambda kv: kv[1]):
-            h = f"; H100 {modelled[k]:.4f} ms modelled" if k in modelled else ""
+            h = (f"; H100 {modelled[k]:.4f} ms modelled" + (f" ({modes[k]} casts)" if k in modes else "")
+                 if k in modelled else "")
             print(f"{k:30s} {v:9.3f} ms (fwd+bwd GEMMs, median of {args.repeats}, measured on {d.device}){h}")
         for k, why in out["unavailable"].items():
-            h = f" (H100 {modelled[k]:.4f} ms modelled)" if k in modelled else ""
+            h = (f" (H100 {modelled[k]:.4f} ms modelled" + (f", {modes[k]} casts" if k in modes else "") + ")"
+                 if k in modelled else "")
             print(f"{k:30s} not timed here: {why}{h}")
+        print(f"H100 times (modelled): {trust}")
     return 0
 
 
