@@ -169,3 +169,15 @@ def test_cubic_run_simulate_resolves_the_dense_dtype_before_hashing(capsys, isol
     assert main([*base, "--config", str(fp32)]) == 0
     out = capsys.readouterr().out
     assert "served from the trial store" not in out and "dense fp32" in out
+
+
+def test_the_step_models_one_multi_process_check_is_said_as_it_stands():
+    # the note every simulated figure carries names the check and its outcome: it must follow the results file
+    import json
+    from pathlib import Path
+
+    from cubic.runners.sim import SIM_CHECKED
+
+    targets = json.loads((Path(__file__).resolve().parent.parent / "results" / "two_d.json").read_text())["targets"]
+    (met,) = [t["met"] for name, t in targets.items() if name.startswith("step model: 2D/1D step-time ratio")]
+    assert ("missed its 25% bar" in SIM_CHECKED) == (not met) and "results/two_d.json" in SIM_CHECKED

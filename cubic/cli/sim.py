@@ -132,9 +132,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if quality["ne_cost_rel"] is None:
         con.print(f"assumed NE cost vs full sharding: unknown ({quality['source']})")
     else:
+        src = quality["source"]
+        src = src if src.startswith(f"{quality['kind']}:") else f"{quality['kind']}: {src}"  # said once
+        assumed = f"; ASSUMED: {quality['assumption']}" if quality.get("assumption") else ""
         con.print(f"assumed NE cost vs full sharding: {100 * quality['ne_cost_rel']:+.3f}% "
-                  f"(95% CI {100 * quality['ci95'][0]:+.3f}..{100 * quality['ci95'][1]:+.3f}%; {quality['kind']}: "
-                  f"{quality['source']})")
+                  f"(95% CI {100 * quality['ci95'][0]:+.3f}..{100 * quality['ci95'][1]:+.3f}%; {src}{assumed})",
+                  markup=False, highlight=False)
     con.print("plan: " + ", ".join(f"{k}={v}" for k, v in p.plan.items() if not isinstance(v, float))
               + f", embedding imbalance {p.plan.get('embedding_imbalance', 1.0):.2f}")
     con.print(SIM_CHECKED, markup=False, highlight=False)

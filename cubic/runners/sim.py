@@ -33,7 +33,9 @@ from cubic.runners.base import Runner
 STEP_MODEL_VERSION = 2  # 2: plans from sharding.from_config (greedy planner, one comm model); bump when the step model's physics change: simulated trials are keyed by it
 # what a simulated step has and has not been checked against: said under every simulated figure
 SIM_CHECKED = ("SIMULATED by the analytical step model: its collectives were never timed on a GPU cluster (its CPU "
-               "calibration times single-process steps)")
+               "calibration times single-process steps); its one multi-process check, 2D against 1D in 4 gloo "
+               "processes on a 2-core CPU (experiments/two_d.py), missed its 25% bar on the step-time ratio "
+               "(results/two_d.json)")
 SCALING_CHECKED = (f"{SIM_CHECKED}; whether 2D keeps scaling where full sharding does not is recomputed over "
                    "perturbed regimes of its efficiency factors and network bandwidth by experiments/scaling.py "
                    "(results/scaling.json, robustness): read the figures as the model's, the verdict as robust "
