@@ -129,7 +129,7 @@ class LearnedEstimator(Estimator):
             from cost_models.sharding_cost import ShardingCostModel
 
             model = ShardingCostModel.load(path)
-        self.model = model
+        self.model, self.path = model, (Path(path) if path else None)
 
     def compute_ms(self, ranks, batch):
         X = np.stack([rank_features(ws, batch) for ws in ranks])
@@ -142,7 +142,14 @@ class LearnedEstimator(Estimator):
         meta = getattr(self.model, "meta_", None) or {}
         fp = meta.get("fingerprint") or {}
         where = fp.get("cpu_model", "an unrecorded machine")
-        return f"modelled for CPU: learned FBGEMM CPU TBE model trained on {where} ({fp.get('cpu_count', '?')} cores)"
+        # which model and how well it held on its own held-out samples: two models read alike without it
+        which = ("the packaged model" if self.path == DEFAULT_MODEL_PATH else
+                 f"the model at {self.path}" if self.path else "a model given in code")
+        fit = (f"{meta['samples']} samples, held-out MAPE {100 * meta['holdout_mape']:.1f}% on {meta['holdout_n']}"
+               if all(isinstance(meta.get(k), (int, float)) for k in ("samples", "holdout_mape", "holdout_n"))
+               else "no held-out error recorded")
+        return (f"modelled for CPU: learned FBGEMM CPU TBE model ({which}; {fit}) trained on {where} "
+                f"({fp.get('cpu_count', '?')} cores)")
 
 
 class GpuLookupModel:
@@ -348,7 +355,7 @@ class ComputeCheck:
         return (f"the cost model's lookup ms are {self.ratio:.2f}x what this machine measures for this plan (outside "
                 f"the {1 / self.tolerance:.2f}-{self.tolerance:.2f}x the check allows): its predicted ms are not this "
                 "machine's; `cubic shard collect` then `cubic shard train` fit one for this machine (in "
-                f"{user_data_dir()})")
+                f"{user_data_dir()}; a model fitted there already: collect more samples and train again)")
 
 
 def measured_cost(plan: Plan, repeats: int = CHECK_REPEATS, comm: CommModel | None = None) -> PlanCost:

@@ -102,3 +102,18 @@ def test_rescale_keeps_a_plan_whose_check_holds_and_needs_the_check(tmp_path, ca
     assert main(args + ["--no-check"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--rescale" in err[0] and "--no-check" in err[0]
+
+
+def test_the_learned_model_says_which_model_it_is_and_how_it_held(tmp_path):
+    # an audit (stop 65): a user's 40-sample model and the packaged 5,000-sample one printed the same words
+    import json
+    import shutil
+
+    from sharding.estimate import DEFAULT_MODEL_PATH, LearnedEstimator
+
+    meta = json.loads(DEFAULT_MODEL_PATH.read_text())["meta"]
+    packaged = LearnedEstimator(path=DEFAULT_MODEL_PATH).describe()
+    assert f"the packaged model; {meta['samples']} samples, held-out MAPE" in packaged
+    mine = tmp_path / "model.json"
+    shutil.copy(DEFAULT_MODEL_PATH, mine)
+    assert f"the model at {mine};" in LearnedEstimator(path=mine).describe()
