@@ -443,7 +443,8 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         "backward sends as many gradient bytes back)",
         "  compute kernel: TorchRec's (fused: FBGEMM table-batched embedding, fused optimizer, weights in "
         f"{mem_kind}; fused_uvm_caching: weights in host memory, the hottest load-factor share of rows cached in "
-        "HBM, hit rate MODELLED from the table's Zipf access; fused_uvm: weights in host memory; dense: a "
+        "HBM, hit rate MODELLED from the table's Zipf access (never checked on a GPU: the lent H100's check could "
+        "not import fbgemm_gpu, results/gpu_checks.json); fused_uvm: weights in host memory; dense: a "
         "data-parallel table's torch embedding); on a modelled GPU the misses' PCIe time is added to lookup ms "
         "(MODELLED, sharding.kernels)",
         "  imbalance: max / mean over ranks (1.000 = perfectly balanced)",

@@ -141,3 +141,16 @@ def test_tiered_plan_table_says_hbm_plus_host_and_shows_hbm(tmp_path, capsys):
         assert float(vals[hbm]) <= 0.03e9 / 2**30 + 1e-4 < float(vals[total])  # HBM within --hbm-gb, the rest host
     untiered = format_plan(plan.model_copy(update={"kernels": {}}))
     assert "HBM GiB" in untiered and "HBM+host" not in untiered
+
+
+def test_the_cache_hit_rate_is_said_unchecked_while_the_gpu_file_has_no_measurement():
+    # the legend's words follow results/gpu_checks.json: every UVM-caching case there failed to run
+    import json
+    from pathlib import Path
+
+    import sharding.types as types
+
+    cases = json.loads((Path(__file__).resolve().parent.parent / "results" / "gpu_checks.json").read_text())
+    measured = [c for c in cases.get("sharding_uvm_caching") or [] if "failed" not in c]
+    said = "never checked on a GPU" in Path(types.__file__).read_text()
+    assert said == (not measured)
