@@ -76,13 +76,19 @@ def test_plan_refuses_kernels_of_unknown_tables():
         Plan.model_validate({**plan.model_dump(), "kernels": {"nope": {"compute_kernel": "fused_uvm"}}})
 
 
-def test_cli_plan_with_hbm_tiers(tmp_path, capsys):
+def _tiered_plan(tmp_path, device: str, *extra: str):
+    """`shard plan --hbm-gb` of four tables on 2 ranks of ``device``; the plan's path."""
     csv = tmp_path / "t.csv"
     csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
                    + "".join(f"t{i},100000,64,{1 + 4 * i},1.1\n" for i in range(4)))
     out = tmp_path / "p.json"
-    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", "h100",
-                 "--planner", "size_greedy", "--hbm-gb", "0.03", "--out", str(out)]) == 0
+    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", device,
+                 "--planner", "size_greedy", "--hbm-gb", "0.03", *extra, "--out", str(out)]) == 0
+    return out
+
+
+def test_cli_plan_with_hbm_tiers(tmp_path, capsys):
+    out = _tiered_plan(tmp_path, "h100")
     text = capsys.readouterr().out
     assert "fused_uvm_caching" in text and "load factor" in text
     doc = json.loads(out.read_text())
@@ -107,13 +113,7 @@ def test_tiers_are_re_priced_by_the_model_the_user_gave(tmp_path):
     from pathlib import Path
 
     xeon = Path(__file__).resolve().parent.parent / "experiments" / "data" / "sharding_cost_model_intel_xeon.json"
-    csv = tmp_path / "t.csv"
-    csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
-                   + "".join(f"t{i},100000,64,{1 + 4 * i},1.1\n" for i in range(4)))
-    out = tmp_path / "p.json"
-    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", "cpu",
-                 "--planner", "size_greedy", "--hbm-gb", "0.03", "--model", str(xeon), "--no-check",
-                 "--out", str(out)]) == 0
+    out = _tiered_plan(tmp_path, "cpu", "--model", str(xeon), "--no-check")
     doc = json.loads(out.read_text())
     assert doc["kernels"] and "Xeon" in doc["predicted"]["details"]["compute"]
 
@@ -122,12 +122,7 @@ def test_tiered_plan_table_says_hbm_plus_host_and_shows_hbm(tmp_path, capsys):
     """With --hbm-gb, the column headed "HBM GiB" held weights + optimizer wherever they lived (HBM + host)."""
     from sharding.types import format_plan, load_plan
 
-    csv = tmp_path / "t.csv"
-    csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
-                   + "".join(f"t{i},100000,64,{1 + 4 * i},1.1\n" for i in range(4)))
-    out = tmp_path / "p.json"
-    assert main(["shard", "plan", "--tables", str(csv), "--world-size", "2", "--memory-gb", "0.2", "--device", "h100",
-                 "--planner", "size_greedy", "--hbm-gb", "0.03", "--out", str(out)]) == 0
+    out = _tiered_plan(tmp_path, "h100")
     capsys.readouterr()
     plan = load_plan(out)
     lines = format_plan(plan).splitlines()
