@@ -297,7 +297,7 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     lines = [
         f"plan by {plan.planner} (target {plan.target}): {len(plan.tables)} tables on {plan.group_size} ranks"
         + (f" (x{replicas} replicas, 2D: cluster rank r holds group rank r % {plan.group_size})" if replicas > 1 else "")
-        + f", batch {plan.batch_size}/rank, device {device}"
+        + f", batch {plan.batch_size}/rank, device {device}, {_nodes(plan)}"
         + ("; lookup {0}, communication {1}".format(*cost_labels(plan, cost)) if cost else "; no cost"),
         "",
         "per rank (one training step):",
@@ -383,6 +383,14 @@ def _imbalance(values) -> float:
     v = [float(x) for x in values]
     mean = sum(v) / len(v) if v else 0.0
     return max(v) / mean if mean > 0 else 1.0
+
+
+def _nodes(plan: Plan) -> str:
+    """The node layout the all-to-all is priced on (it moves the figure ~2x: a workload's default of one
+    rank per node makes every peer a network hop)."""
+    per = min(plan.topology.ranks_per_node, plan.group_size)
+    nodes = -(-plan.group_size // per)
+    return f"{nodes} node{'s' if nodes > 1 else ''} x {per} rank{'s' if per > 1 else ''} (--ranks-per-node)"
 
 
 def comm_line(comm: dict | str | None) -> str:

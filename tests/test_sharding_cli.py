@@ -93,3 +93,15 @@ def test_torchrec_planner_is_scored_as_a_cubic_plan():
                                   Topology(world_size=2, ranks_per_node=2, memory_per_rank_gb=2.0), 128)
     assert plan.planner == "torchrec" and {s.table for s in plan.shards} == {
         t.name for t in DEFAULT_WORKLOADS["dlrm-small"].tables}
+
+
+def test_the_plan_says_the_node_layout_its_all_to_all_is_priced_on(tmp_path, capsys):
+    # an audit (stop 65): dlrm-small on 4 ranks is priced as 4 nodes (the workload's one rank per node),
+    # 7.7 ms of all-to-all against 3.2 ms on one node, and the header did not say so
+    from cubic.cli.app import main
+
+    assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--no-check"]) == 0
+    assert "4 nodes x 1 rank (--ranks-per-node)" in capsys.readouterr().out.splitlines()[0]
+    assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--ranks-per-node", "4",
+                 "--no-check"]) == 0
+    assert "1 node x 4 ranks" in capsys.readouterr().out.splitlines()[0]
