@@ -181,3 +181,18 @@ def test_the_step_models_one_multi_process_check_is_said_as_it_stands():
     targets = json.loads((Path(__file__).resolve().parent.parent / "results" / "two_d.json").read_text())["targets"]
     (met,) = [t["met"] for name, t in targets.items() if name.startswith("step model: 2D/1D step-time ratio")]
     assert ("missed its 25% bar" in SIM_CHECKED) == (not met) and "results/two_d.json" in SIM_CHECKED
+
+
+def test_a_calibration_from_another_cluster_says_so(tmp_path, capsys):
+    # an audit (stop 65): `sim calibrate` on the CPU, then --params on an H100 cluster, changed the step without a word
+    import json
+
+    from cubic.cli.app import main
+
+    params = tmp_path / "cal.json"
+    params.write_text(json.dumps({"params": {"net_eff": 0.5}, "report": {"cluster": "cpu"}}))
+    assert main(["sim", "predict", "--simulate", "h100x64", "--params", str(params)]) == 0
+    assert "was fitted on cluster 'cpu'; applied here to 'h100'" in capsys.readouterr().err
+    params.write_text(json.dumps({"params": {"net_eff": 0.5}, "report": {"cluster": "h100"}}))
+    assert main(["sim", "predict", "--simulate", "h100x64", "--params", str(params)]) == 0
+    assert "fitted on cluster" not in capsys.readouterr().err

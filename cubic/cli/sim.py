@@ -38,7 +38,24 @@ def _params(args: argparse.Namespace):
             raise SpecError("only with weight averaging (--emb-sync weights): per-step gradient sync has no "
                             "interval", field="--sync-interval")
         update["emb_sync_interval"] = args.sync_interval
+    _params_origin(args)  # after the flags' checks: bad input stays one line
     return params.model_copy(update=update) if update else params
+
+
+def _params_origin(args: argparse.Namespace) -> None:
+    """A calibration fitted on one cluster applied to another says so (stderr): `sim calibrate` on the CPU
+    writes factors for the CPU's step, which --params then applied to an H100 cluster without a word."""
+    import sys
+
+    from cubic.core.spec import read_structured
+
+    path = getattr(args, "params", None)
+    target = getattr(args, "cluster", None) or str(getattr(args, "simulate", "") or "").rsplit("x", 1)[0]
+    doc = read_structured(path) if path else None
+    fitted = ((doc or {}).get("report") or {}).get("cluster") if isinstance(doc, dict) else None
+    if fitted and target and fitted != target:
+        print(f"cubic: note: --params {path} was fitted on cluster {fitted!r}; applied here to {target!r}, whose "
+              "step it was not fitted to (the figures below are the model's with those factors)", file=sys.stderr)
 
 
 def _config(args: argparse.Namespace):
