@@ -66,6 +66,13 @@ def test_resume_counts_the_runs_served_from_the_store(tmp_path, monkeypatch, cap
     assert s["runs"] == 3 and s["served_from_store"] >= 2  # not only this session's (0 or 1)
     starts, ends = _split(err)
     assert len(ends) == 1 and len(starts) == 1 and "second run 3/3" in ends[0]  # only the run this session made
+    # "best so far" counts the runs before the resume too (it named the resumed session's own best)
+    import optuna
+
+    trials = optuna.load_study(study_name="second", storage=common[1]).get_trials()
+    best = max((t for t in trials if t.user_attrs.get("ok") and not t.user_attrs.get("violation")),
+               key=lambda t: t.user_attrs["metrics"]["examples_per_s"])
+    assert f"(trial {best.number})" in ends[0].split("best so far", 1)[1]
     assert main(["campaign", "resume", "second", *common]) == 0
     out = capsys.readouterr().out
     assert "3 runs (" in out and "0 served" not in out

@@ -467,6 +467,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     storage = args.storage or default_storage()
     c, evaluate, ctx, space = _stored(args, dict(budget=args.budget), progress=True)
+    if callable(getattr(c.listener, "seen", None)):
+        c.listener.seen(c.study.get_trials(deepcopy=False))
     try:
         with _interrupted_marks(evaluate.store, args.name):
             s = c.run()

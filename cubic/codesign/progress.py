@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from cubic.codesign.answer import fmt
 from cubic.codesign.campaign import CampaignListener, RunEvent
-from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, PROVENANCE, first_metric
+from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, PROVENANCE, first_metric, is_run
 from cubic.core.result import Result
 from cubic.core.units import fmt_gib
 from cubic.core.spec import sanitize
@@ -193,12 +193,9 @@ class ProgressLines(CampaignListener):
 
     def _tail(self, event: RunEvent) -> str:
         """Best so far, runs left and the ETA (this process's pace), after a run's line."""
-        ev, primary = event.evaluation, self.space.primary
-        v = ev.metrics.get(primary.metric) if ev.ok else None
-        if event.violation <= 0 and isinstance(v, (int, float)):
-            score = float(v) if primary.direction == "maximize" else -float(v)
-            if self._best is None or score > self._best[0]:
-                self._best = (score, (_metric(ev.metrics, primary.metric) or fmt(float(v))) + f" (trial {event.trial})")
+        ev = event.evaluation
+        if ev.ok and event.violation <= 0:
+            self._consider(ev.metrics, event.trial)
         self._done += 1
         left = max(0, event.budget - event.runs)
         parts = [f"best so far {self._best[1] if self._best else 'none feasible'}", f"{left} runs left"]
@@ -206,6 +203,23 @@ class ProgressLines(CampaignListener):
             eta = (time.monotonic() - self._t0) / self._done * left
             parts.append(f"ETA {eta / 60:.1f} min" if eta >= 90 else f"ETA {eta:.0f} s")
         return " | " + "; ".join(parts)
+
+    def _consider(self, metrics: dict[str, Any], trial: int) -> None:
+        primary = self.space.primary
+        v = metrics.get(primary.metric)
+        if isinstance(v, (int, float)):
+            score = float(v) if primary.direction == "maximize" else -float(v)
+            if self._best is None or score > self._best[0]:
+                self._best = (score, (_metric(metrics, primary.metric) or fmt(float(v))) + f" (trial {trial})")
+
+    def seen(self, trials) -> None:
+        """Runs finished before this process (a resumed campaign's): "best so far" counts them (it
+        forgot them, and named a worse run the best)."""
+        with self._lock:
+            for t in trials:
+                a = t.user_attrs
+                if is_run(t) and a.get("ok") and (a.get("violation") or 0) <= 0:
+                    self._consider(a.get("metrics") or {}, t.number)
 
     def started(self, campaign: str, runs: int, budget: int) -> None:
         with self._lock:
