@@ -41,3 +41,15 @@ def test_oversubscription_line():
     o = oversubscription(64)
     assert o["factor"] == 64 / o["cores"] and "OVERSUBSCRIBED" in o["line"] and f"64 processes on {o['cores']}" in o["line"]
     assert "OVERSUBSCRIBED" not in oversubscription(1)["line"]
+
+
+def test_a_loaded_machine_is_not_called_one_core_per_process(monkeypatch):
+    # an audit (stop 65): "2 processes on 2 cores (load 4.8): one core per process at least"
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.8, 4.0, 3.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    o = oversubscription(2)
+    assert o["loaded"] and "LOADED" in o["line"] and "one core per process" not in o["line"]
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert not oversubscription(2)["loaded"] and "one core per process at least" in oversubscription(2)["line"]

@@ -228,7 +228,10 @@ def _evaluate_torchrec(args) -> int:
             print(f"cubic's estimate ({plan.predicted.source}, {dev}, embedding kernels + all-to-all only, one "
                   f"uncontended core per rank): max {plan.predicted.max_ms:.2f} ms per step"
                   + (f"; the measured step is on {over['processes']} processes sharing {over['cores']} cores, "
-                     "so it is not comparable" if over["factor"] > 1 else ""))
+                     "so it is not comparable" if over["factor"] > 1 else
+                     "; the measured step ran on a loaded machine, so it is not comparable" if over["loaded"] else
+                     f"; measured / estimate {m['step_time_median_ms'] / plan.predicted.max_ms:.1f}x: the "
+                     "estimate leaves out the dense part, the optimizer and the framework's own time"))
     if not res.ok:
         print(f"torchrec run failed ({res.failure_kind}): {res.reason}", file=sys.stderr)
         return 1
@@ -245,10 +248,15 @@ def oversubscription(processes: int) -> dict:
         cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     factor = processes / cores
+    # the load average counts this run's own processes too: above the cores, other work shared them
+    loaded = factor <= 1 and load is not None and load > cores
     line = (f"{processes} processes on {cores} cores" + (f" (load {load:.1f})" if load is not None else "")
             + (f": OVERSUBSCRIBED {factor:.1f}x, each rank gets ~1/{factor:.1f} of a core, so the step time is "
-               "inflated by CPU contention" if factor > 1 else ": one core per process at least"))
-    return {"processes": processes, "cores": cores, "factor": factor, "loadavg_1m": load, "line": line}
+               "inflated by CPU contention" if factor > 1 else
+               f": LOADED, the load exceeds the {cores} cores, so other work shared them and the step time is "
+               "inflated by CPU contention" if loaded else ": one core per process at least"))
+    return {"processes": processes, "cores": cores, "factor": factor, "loadavg_1m": load, "loaded": loaded,
+            "line": line}
 
 
 def measure(plan, repeats: int, source: str):
