@@ -113,8 +113,9 @@ def test_full_disk_under_storage_is_one_line(tmp_path):
                         "--store", "sqlite:///store.db"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
-    # live progress (the baseline's line, a line per run) aside, one line
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith(("f run ", "baseline ("))]
+    # live progress (the baseline's line, a line per run) and notes before the first run aside, one line
+    lines = [ln for ln in p.stderr.splitlines()
+             if ln.strip() and not ln.startswith(("f run ", "baseline (", "cubic: note: "))]
     assert p.returncode in (1, 2, 3) and len(lines) == 1 and lines[0].startswith("cubic: "), p.stderr[-2000:]
     assert "disk" in lines[0], p.stderr
 
