@@ -39,13 +39,13 @@ def _out_path(path: str) -> Path:
 
 
 def _fits(workload, device: str) -> None:
-    """Refuse, naming --workload, a workload whose tables and dense state cannot fit this machine
-    (cubic.runners.memory.preflight, the runner's own rule), before a model is built."""
+    """Refuse, naming --workload, a workload whose tables and dense state cannot fit ``device`` (checked
+    already: cubic.core.fingerprint.check_device) by the runner's own rule (cubic.runners.memory.preflight),
+    before a model is built."""
     from cubic.core.config import Config
-    from cubic.core.fingerprint import check_device
     from cubic.runners.memory import preflight
 
-    why = preflight(workload, Config(), device=str(check_device(device)))
+    why = preflight(workload, Config(), device=device)
     if why:
         raise SpecError(why.replace("infeasible, not started: the run", "the workload"), field="--workload")
 
@@ -63,12 +63,11 @@ def cmd_probe(args) -> int:
         raise SpecError(f"at most {MAX_SQNR_DB:g} dB, got {args.budget_sqnr:g}", field="--budget-sqnr")
     load_device(args.target, field="--target")  # named as the flag, and before the probe's minutes
     w = load_workload(args.workload) if args.workload else None
-    if w is not None:
-        _fits(w, args.device)
-    else:  # named as the flag the user typed (the probe would name its own argument)
-        from cubic.core.fingerprint import check_device
+    from cubic.core.fingerprint import check_device
 
-        check_device(args.device)
+    device = str(check_device(args.device))  # named as the flag the user typed (the probe names its argument)
+    if w is not None:
+        _fits(w, device)
     probe = None
     if args.module:
         probe = probe_module(args.module, max_batches=args.max_batches, ci_halfwidth_db=args.ci_db, loss=args.loss,
@@ -210,7 +209,8 @@ def cmd_check(args) -> int:
 
     _threads()
     w = load_workload(args.workload)
-    _fits(w, args.device)
+    device = str(check_device(args.device))
+    _fits(w, device)
     variants = {}
     p = None
     if args.placement:
@@ -225,7 +225,7 @@ def cmd_check(args) -> int:
     if not variants:
         raise SpecError("give --placement and/or --all", field="--placement")
     seeds = list(range(args.seed, args.seed + args.seeds))
-    r = paired_check(w, variants, args.steps, seeds, device=str(check_device(args.device)))
+    r = paired_check(w, variants, args.steps, seeds, device=device)
     if args.json:
         print(json.dumps(r, indent=2, default=float))
         return 0
