@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from cubic.cli.campaign_job import (add_job_flags, check_job_flags, job_build, job_context, job_space,
                                    with_objective)
 from cubic.cli.campaign_baseline import (base_config, baseline_cannot_run, baseline_spec, ensure_noise_floor,
-                                         measure_baseline, stored_baseline)
+                                         measure_baseline, spec_from_context, spec_to_context, stored_baseline)
 from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
 from search.strategy_names import STRATEGIES
@@ -225,7 +225,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if kind == "local":
             _note_budget(space, workload, args.steps, args.warmup)
     baseline = None if args.no_baseline else baseline_spec(args, space, workload)
-    report_dir = Path(args.report) if args.report else None  # its folder was checked while parsing
     _check_where_runs_happen(args, kind)
     # the one typed record of where runs happen; stored in the campaign's context as plain JSON
     runner_ctx = RunSpec(kind=kind, simulate=args.simulate, world_size=args.world_size, steps=args.steps,
@@ -240,6 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     context = {"workload": args.workload, "runner": runner_ctx, "store": redact_url(args.store) or None}
     if args.objective:
         context = job_context(args, space)
+    if baseline is not None:  # what `campaign resume` measures when the run stopped before its baseline did
+        context["baseline"] = spec_to_context(baseline)
     storage = args.storage or default_storage()
     from cubic.core.store import check_url
 
@@ -261,12 +262,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     summaries = _run_campaigns(args, names, space, context, storage, baseline)
     if summaries is None:
         return 1
+    return _finish(args, summaries, storage, space, baselines=[n for n, _ in names[1:]])
+
+
+def _finish(args: argparse.Namespace, summaries, storage: str, space, baselines: list[str] | None) -> int:
+    """What `campaign run` and `campaign resume` end with alike: the summary, the report and its answer
+    (resume wrote the report without printing the answer), and exit 1 when no run succeeded."""
     _print(summaries, args.json, space.primary.metric)
-    if report_dir is not None:
+    if args.report:
         from cubic.codesign.report import write_report
 
-        path = write_report(args.name, storage=storage, out_dir=report_dir,
-                            baselines=[n for n, _ in names[1:]], store_url=args.store)
+        report_dir = Path(args.report)
+        path = write_report(args.name, storage=storage, out_dir=report_dir, baselines=baselines, store_url=args.store)
         print(f"report: {path}", file=sys.stderr)
         if not args.json:
             print((report_dir / "answer.md").read_text(), end="")
@@ -336,6 +343,7 @@ def _run_campaigns(args, names, space, context, storage, baseline):
             if baseline is not None and name == args.name:
                 base_pair = measure_baseline(c, evaluate, space, baseline)
                 if baseline_cannot_run(base_pair[3]):
+                    _free_name(c, evaluate.store)
                     return None
                 ensure_noise_floor(base_pair)
             s = c.run()
@@ -347,6 +355,17 @@ def _run_campaigns(args, names, space, context, storage, baseline):
         if space.shape_knobs and not args.json:
             _print_ne_per_run(c, space)
     return summaries
+
+
+def _free_name(c, store) -> None:
+    """A campaign whose baseline could not run ran nothing else: its study goes, so that "fix the job and
+    run again" works under the same name (it said "a campaign of this name exists"); the baseline's run
+    stays in the trial store, as every run does."""
+    import optuna
+
+    optuna.delete_study(study_name=c.name, storage=c.storage)
+    if store is not None:
+        store.set_campaign_status(c.name, "failed")
 
 
 def _listener(space):
@@ -465,12 +484,20 @@ def _lease_held(e) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from cubic.codesign.storage import LeaseHeld
 
+    from cubic.codesign.campaign import BASELINE_KEY
+
     storage = args.storage or default_storage()
     c, evaluate, ctx, space = _stored(args, dict(budget=args.budget), progress=True)
     if callable(getattr(c.listener, "seen", None)):
         c.listener.seen(c.study.get_trials(deepcopy=False))
+    spec = spec_from_context(ctx)
     try:
         with _interrupted_marks(evaluate.store, args.name):
+            if spec is not None and not c.study.user_attrs.get(BASELINE_KEY):  # stopped before its baseline ran
+                base = measure_baseline(c, evaluate, space, spec)
+                if baseline_cannot_run(base[3]):
+                    return 1
+                ensure_noise_floor(base)
             s = c.run()
     except LeaseHeld as e:  # another process drives this campaign: say who, run nothing
         return _lease_held(e)
@@ -478,12 +505,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
         s.confirm = c.confirm(confirm, baseline=stored_baseline(c, evaluate, space))
         evaluate.store.set_campaign_status(args.name, "finished")
-    _print([s], args.json, space.primary.metric)
-    if args.report:
-        from cubic.codesign.report import write_report
-
-        print(f"report: {write_report(args.name, storage=storage, out_dir=Path(args.report))}", file=sys.stderr)
-    return 0
+    return _finish(args, [s], storage, space, baselines=None)
 
 
 def cmd_work(args: argparse.Namespace) -> int:

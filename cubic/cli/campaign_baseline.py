@@ -49,6 +49,31 @@ def baseline_spec(args: argparse.Namespace, space, workload) -> dict[str, Any]:
                                       f"{'the simulator default config' if args.simulate else 'cubic Config()'})"}
 
 
+def spec_to_context(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The baseline spec as plain JSON, kept in the campaign's context so that `campaign resume` of a
+    campaign stopped before its baseline finished measures the same baseline (it resumed with none:
+    no noise floor, an unpaired speedup)."""
+    if spec is None:
+        return None
+    cfg = spec.get("config")
+    return {"label": spec["label"], "point": dict(spec.get("point") or {}), "shown": spec.get("shown"),
+            "config": cfg.model_dump(mode="json") if cfg is not None else None}
+
+
+def spec_from_context(ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """The baseline spec a campaign was started with (None: --no-baseline, or a campaign stored before
+    the spec was kept)."""
+    raw = ctx.get("baseline")
+    if not isinstance(raw, dict) or "label" not in raw:
+        return None
+    from cubic.core.config import Config
+    from cubic.core.spec import parse_model
+
+    cfg = raw.get("config")
+    return {"label": raw["label"], "point": dict(raw.get("point") or {}), "shown": raw.get("shown"),
+            "config": parse_model(Config, cfg, source="campaign context") if cfg is not None else None}
+
+
 def baseline_cannot_run(doc: dict[str, Any]) -> bool:
     """A baseline that crashed (``error``: not a timeout or kill, which may pass, nor an OOM, NaN or
     infeasible value, which are properties of that configuration) means the job itself is broken and
