@@ -74,3 +74,26 @@ def test_a_resumed_campaign_where_no_run_succeeded_exits_1(tmp_path, monkeypatch
     capsys.readouterr()
     rc = main(["campaign", "resume", "j", "--storage", f"sqlite:///{tmp_path}/c.db", "--budget", "2"])
     assert rc == 1 and "no run of campaign 'j' succeeded" in capsys.readouterr().err
+
+
+def test_a_workload_campaign_keeps_its_config_baseline_for_resume(tmp_path, monkeypatch, capsys):
+    """The workload campaign's baseline is a Config (the simulator's default here): resume rebuilds it."""
+    import cubic.cli.campaign as campaign_cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.yaml").write_text("version: 1\nname: s\nobjectives: [{metric: examples_per_s}]\nparameters:\n"
+                                         "  - {name: batch_size, type: categorical, choices: [256, 1024, 4096]}\n")
+    storage = f"sqlite:///{tmp_path}/c.db"
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    real = campaign_cli.measure_baseline
+    monkeypatch.setattr(campaign_cli, "measure_baseline", interrupted)
+    assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
+                 "--name", "s", "--strategy", "random", "--budget", "2", "--storage", storage]) == 130
+    monkeypatch.setattr(campaign_cli, "measure_baseline", real)
+    capsys.readouterr()
+    assert main(["campaign", "resume", "s", "--storage", storage]) == 0
+    doc = optuna.load_study(study_name="s", storage=storage).user_attrs["cubic_baseline"]
+    assert doc["ok"] and doc["config"] and "simulator default config" in doc["label"]
