@@ -196,3 +196,25 @@ def test_a_calibration_from_another_cluster_says_so(tmp_path, capsys):
     params.write_text(json.dumps({"params": {"net_eff": 0.5}, "report": {"cluster": "h100"}}))
     assert main(["sim", "predict", "--simulate", "h100x64", "--params", str(params)]) == 0
     assert "fitted on cluster" not in capsys.readouterr().err
+
+
+def test_a_simulated_campaign_reads_a_silent_dense_dtype_as_the_simulator_does(capsys, tmp_path, monkeypatch):
+    """Stop 65 noticed: a simulated campaign whose --baseline config held only ``seed: 0`` simulated the
+    baseline in fp32 (Config's default) where `cubic sim predict --config` of the same file simulates bf16."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "seed.yaml").write_text("seed: 0\n")
+    (tmp_path / "space.yaml").write_text("version: 1\nname: s\nobjectives: [{metric: examples_per_s}]\nparameters:\n"
+                                         "  - {name: seed, type: categorical, choices: [0, 1]}\n")
+    assert main(["sim", "predict", "--simulate", "h100x8", "--workload", "dlrm-small", "--config", "seed.yaml",
+                 "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    storage = f"sqlite:///{tmp_path}/c.db"
+    assert main(["campaign", "run", "--workload", "dlrm-small", "--space", "space.yaml", "--simulate", "h100x8",
+                 "--name", "s", "--strategy", "random", "--budget", "1", "--baseline", "seed.yaml",
+                 "--storage", storage]) == 0
+    capsys.readouterr()
+    base = optuna.load_study(study_name="s", storage=storage).user_attrs["cubic_baseline"]
+    assert predicted["dense_dtype"] == "bf16"
+    assert base["metrics"]["examples_per_s"] == pytest.approx(predicted["examples_per_s"], rel=1e-9)

@@ -140,6 +140,9 @@ class RunnerEvaluate:
             raise SpecError("must be >= 1", field="repeats")
         self.workload, self.runner, self.space = workload, runner, space
         self.steps, self.warmup = steps, warmup
+        resolve = getattr(runner, "resolve_config", None)
+        if callable(resolve):  # the simulator's reading of an unset dense dtype (bf16), as `cubic run --simulate`
+            base_config = resolve(base_config)  # and `cubic sim` read it: a campaign's baseline config read fp32
         self.store, self.campaign, self.base_config = store, campaign, base_config
         self.repeats, self.remeasure = repeats, remeasure
         self.budget_examples: float | None = None  # set: NE/loss also at this equal budget (AT_BUDGET)
