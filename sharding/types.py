@@ -282,6 +282,20 @@ def _aligned(header: list[str], rows: list[list[str]], right: set[int]) -> list[
                       for i, c in enumerate(r)).rstrip() for r in cells]
 
 
+def _collapsed(rows: list[list[str]]) -> list[list[str]]:
+    """Consecutive ranks whose figures are all the same as one row, "a-b" in the rank column: a plan
+    on 100,000 ranks printed 99,992 rows of idle ranks."""
+    out: list[list[str]] = []
+    first = ""
+    for row in rows:
+        if out and out[-1][1:] == row[1:]:
+            out[-1] = [f"{first}-{row[0]}", *row[1:]]
+        else:
+            first = row[0]
+            out.append(list(row))
+    return out
+
+
 def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
     """The plan as TorchRec's planner stats show one: per rank, compute, communication and memory by
     kind; per table, its sharding type spelled out, its ranks and pieces; and a legend saying what
@@ -327,7 +341,7 @@ def format_plan(plan: Plan, cost: PlanCost | None = None) -> str:
         times += [f"{c.comm_ms:.3f}", f"{c.sync_ms:.3f}", f"{c.total_ms:.3f}"] if c else ["-"] * 3
         rows.append([str(r), str(len(ss)), str(len({s.table for s in ss})), f"{wb / GIB:.4f}", f"{ob / GIB:.4f}",
                      f"{(wb + ob) / GIB:.4f}", f"{(wb + ob) / 1e9 / cap:.1%}", *in_hbm, *times])
-    lines += _aligned(header, rows, right=set(range(len(header))))
+    lines += _aligned(header, _collapsed(rows), right=set(range(len(header))))
     if cost:
         slow = max(cost.per_rank, key=lambda x: x.total_ms).rank if cost.per_rank else 0
         lb = (f"; lower bound {cost.lower_bound_ms:.3f} ms ({cost.details.get('lower_bound', 'same models')})"
@@ -428,7 +442,7 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
     tiered = bool(plan.kernels)
     total = "HBM+host GiB" if tiered else f"{mem_kind} GiB"
     out = [
-        f"  rank: a rank of one model-parallel group of {plan.group_size}"
+        f"  rank: a rank of one model-parallel group of {plan.group_size} (a-b: ranks a to b, each with the row's figures)"
         + (f"; the plan is replicated {plan.world_size // plan.group_size}x (2D)" if plan.group_size < plan.world_size else ""),
         "  shards: pieces on the rank; tables: distinct tables they come from",
         f"  weights GiB: fp32 embedding rows x cols x 4 bytes; optimizer GiB: row-wise Adagrad state, 4 bytes per row "

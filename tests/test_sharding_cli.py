@@ -105,3 +105,14 @@ def test_the_plan_says_the_node_layout_its_all_to_all_is_priced_on(tmp_path, cap
     assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--ranks-per-node", "4",
                  "--no-check"]) == 0
     assert "1 node x 4 ranks" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_ranks_with_the_same_figures_are_one_row(capsys):
+    """Stop 65 noticed: `shard plan --world-size 100000` printed 99,992 rows of idle ranks."""
+    assert main(["shard", "plan", "--tables", "dlrm-small", "--world-size", "64", "--no-check"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("per rank (one training step):\n")[1].split("\nplan cost")[0].splitlines()[1:]
+    assert len(block) < 20  # 8 tables: at most one row per busy rank, the idle ones in one
+    idle = [line for line in block if line.split()[1] == "0"]
+    assert len(idle) == 1 and idle[0].split()[0].endswith("-63")
+    assert "a-b: ranks a to b" in out
