@@ -143,6 +143,7 @@ def test_simulated_campaign_defaults_to_the_simulated_space_and_workers_join_by_
     assert "0 runs" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_a_simulated_campaign_repeats_nothing_and_claims_no_interval(env, tmp_path, capsys):
     """The bug: a simulated campaign's confirm step re-ran the deterministic model 6 times and answered
     "separated after 2 of 4 extra repeats", "this machine's between-repeat noise 0.0%", "95% CI

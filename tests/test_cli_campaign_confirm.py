@@ -3,6 +3,8 @@ every repeat is stored, and the confirm phase's outcome is in the JSON summary."
 
 import json
 
+import pytest
+
 from cubic.cli.app import main
 from cubic.core.store import TrialStore
 
@@ -110,6 +112,7 @@ def test_an_objective_campaign_is_confirmed_by_the_same_rule(tmp_path, monkeypat
     assert "] (1 repeat" in base  # its interval says what it rests on, as every run's line does
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_when_nothing_beats_the_baseline_the_answer_says_keep_it(tmp_path, monkeypatch, capsys):
     import yaml
 
@@ -203,6 +206,7 @@ def test_a_workload_campaign_that_cannot_beat_its_baseline_says_keep_it(tmp_path
     assert Config.model_validate(doc) == Config()  # the baseline's own config
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_a_resumed_campaign_confirms_against_its_stored_baseline(tmp_path, monkeypatch, capsys):
     """An audit (stop 65): `campaign resume` confirmed without the baseline (the answer's speedup fell back to
     'not confirmed: no confirm step compared the winner with the baseline') and, for a job, with 0 repeats

@@ -62,6 +62,7 @@ def postgres_url():
     return url
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_four_workers_share_one_postgresql_campaign(postgres_url):
     out = concurrent_workers(fresh_postgres_database(postgres_url), fresh_postgres_database(postgres_url),
                              workers=4, budget=24)
@@ -132,6 +133,7 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held_and_takes_an_ex
     assert s.runs == 6 == len(runs) == len({t.user_attrs["key"] for t in runs})
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_two_resumes_at_once_run_the_budget_once(tmp_path):
     """The bug this guards: two `campaign resume` at once both drove the campaign (7 trials for a
     budget of 6, 2 points run twice). Now one coordinates; the other exits 3 naming it."""

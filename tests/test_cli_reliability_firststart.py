@@ -9,6 +9,7 @@ from experiments.reliability.concurrency import start_postgres
 from experiments.reliability.firststart import first_open, first_start
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_first_opens_on_a_new_sqlite_storage_and_store_never_collide(tmp_path):
     out = first_open(tmp_path, tries=1, processes=3)
     assert out["failures"] == 0, out["details"]

@@ -10,6 +10,7 @@ import pytest
 from experiments.reliability.kill import kill_resume
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_campaign(tmp_path):
     out = kill_resume(tmp_path, kills=2, budget=16, batch=4, max_wait_s=0.5, rng_seed=3)
     assert out["kills"] == 2 and not out["finished_before_all_kills"]

@@ -120,6 +120,7 @@ def test_full_disk_under_storage_is_one_line(tmp_path):
     assert "disk" in lines[0], p.stderr
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_a_run_child_does_not_import_from_the_cwd(tmp_path):
     (tmp_path / "json.py").write_text("open('STRAY', 'w').write('x')\nraise SystemExit('stray json imported')\n")
     p = subprocess.run([sys.executable, "-P", "-c", "import sys; from cubic.cli.app import main; sys.exit(main(sys.argv[1:]))",

@@ -180,6 +180,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_sigkill_then_resume_loses_and_reruns_no_finished_run(tmp_path):
     log, url = tmp_path / "calls.log", f"sqlite:///{tmp_path}/k.db"
     script = tmp_path / "camp.py"

@@ -4,6 +4,8 @@ interactive plotly figures with each run's config on hover, nothing drawn that h
 import json
 import re
 
+import pytest
+
 from cubic.codesign.campaign import Campaign
 from cubic.codesign.report import write_report
 from search.space import Space
@@ -65,6 +67,7 @@ def test_the_page_is_self_contained_with_the_answer_first_and_interactive_figure
     assert "<section id='failed'>" in page
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_numbers_are_rounded_for_people(tmp_path):
     page = (toy_report(tmp_path) / "index.html").read_text()
     tables = page[page.index("<section id='campaign'>"):]

@@ -35,6 +35,7 @@ def test_a_resolved_claim_in_a_tie_is_wrong_and_a_missed_target_says_why():
     assert named["claims"] == 1 and named["wrong"] == 0 and named["met"] is True
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_quick_run_writes_the_result_and_figure(tmp_path, monkeypatch):
     import experiments.common as common
 

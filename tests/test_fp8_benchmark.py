@@ -37,6 +37,7 @@ def test_second_look_replans_from_the_seeds_that_ran_and_says_so_when_missed():
     assert fb.decided(fb.paired([5e-3, 5.1e-3, 4.9e-3, 5e-3]))  # wholly outside +-0.1%: no more seeds
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_plan_coverage_is_the_nominal_95_percent_when_the_plan_cannot_add_seeds():
     # caps at the pilot's 6 seeds: a fixed-n Student-t interval, whose coverage is exactly 95%
     fixed = {"from_seeds": 6, "seeds_affordable": 6, "max_seeds": 6}

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from cubic.cli.app import main
 from fp8.placement import load_placement
 
@@ -108,6 +110,7 @@ def test_probe_cli_budget_ne_flag(tmp_path, capsys):
         assert "--budget-ne" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_budget_policy_probes_and_converts():
     from cubic.core.config import FP8Choice
     from cubic.core.models import build_model

@@ -450,6 +450,7 @@ def test_recommend_refuses_an_unknown_target_device_before_probing(monkeypatch):
         rec.recommend(load_workload("dlrm-small"), None, target_device="h1000")
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_a_safe_site_too_small_to_pay_says_from_which_batch_it_would_and_that_batch_bears_it_out():
     from cubic.cli.fp8 import slow_sites_line
     from fp8.recommend import recommend

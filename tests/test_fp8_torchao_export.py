@@ -279,6 +279,7 @@ def test_split_outliers_is_what_makes_the_site_accurate_under_torchao():
     assert got[True] > got[False] + 10.0, got
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_the_export_names_split_sites_and_refuses_what_torchao_cannot_run(tmp_path):
     doc = tmp_path / "placement.json"
     doc.write_text(_split_placement().model_dump_json())

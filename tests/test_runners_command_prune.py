@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 import optuna
+import pytest
 
 from cubic.runners.command import CommandRunner
 
@@ -138,6 +139,7 @@ def test_a_pruned_run_is_credited_the_gain_the_completed_runs_made_after_its_ste
     assert len(long) == CURVE_POINTS and long[0][0] == 1 and long[-1][0] == 5 * CURVE_POINTS - 1
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_campaign_prune_flag_stops_a_bad_run_and_records_it_as_pruned(tmp_path, monkeypatch, capsys):
     """`cubic campaign run --objective ... --prune median`: the pruner reaches the job's runs through
     the CLI (kept in the campaign's context), a run worse than the earlier ones at a step is stopped

@@ -77,6 +77,7 @@ def test_mixed_plan_on_two_processes_matches_one_process():
     assert res.fingerprint["world_size"] == 2 and res.fingerprint["runner"] == "distributed"
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_torchrun_starts_the_same_worker(tmp_path):
     wl_path, plan_path, out = tmp_path / "wl.json", tmp_path / "plan.json", tmp_path / "r.json"
     wl_path.write_text(SMALL.model_dump_json())

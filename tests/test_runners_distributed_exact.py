@@ -162,6 +162,7 @@ def test_edge_case_batches_are_what_the_runs_see():
     assert b.dense.dtype == torch.float64
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 @pytest.mark.parametrize("group", [2, 1], ids=["1d-table-wise", "2d-gradient-sync"])
 def test_two_ranks_equal_one_process_in_float64(tmp_path, group):
     import torch.multiprocessing as mp

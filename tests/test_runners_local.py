@@ -187,6 +187,7 @@ def test_peak_memory_is_the_runs_own_not_the_parents():
     assert 50e6 < r.metrics["peak_mem_bytes"] < 1.2e9, r.metrics["peak_mem_bytes"]
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_peak_memory_grows_with_the_batch():
     from cubic.core.data import SyntheticData
     from cubic.runners.local import _batch_nbytes

@@ -100,6 +100,7 @@ def test_cli_sim_scale_json_and_predict(capsys, tmp_path):
     assert main(["sim", "predict", "--params", str(params)]) == 2
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_cli_calibrate_from_store_recovers_a_known_factor(tmp_path, capsys):
     from cubic.runners.step_model import StepModelParams, predict_step
     from cubic.core.result import Result

@@ -80,6 +80,7 @@ def test_a_campaign_ne_constraint_rejects_a_too_lossy_sync_interval(table):
     assert s.best_metrics["ne_cost_rel"] == 0.001
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_scaling_rows_and_the_scaling_json_carry_the_assumed_quality_and_its_source(table, tmp_path, monkeypatch):
     rows = scaling_sweep(WL, CLUSTERS["h100"], [8, 16], [4])
     by = {(r["gpus"], r["strategy"]): r for r in rows if r["status"] == "ok"}

@@ -46,6 +46,7 @@ def _cfg(sync, interval=None, optimizer=None):
         planner="hand", plan=plan_2x1().model_dump(mode="json"), sync=sync, sync_interval=interval).model_dump()})
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_gradient_sync_2d_equals_1d_up_to_summation_order():
     res = DistributedRunner(world_size=2, timeout_s=300, verify=True).run(SMALL, _cfg("gradients"), steps=8, warmup=2)
     assert res.ok, res.reason
@@ -124,6 +125,7 @@ def _torchrun(tmp_path, wl_path, plan, config, nproc, steps, warmup=1):
     return Result.model_validate(json.loads(out.read_text()))
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_torchrun_trains_a_2d_plan(tmp_path):
     wl_path = tmp_path / "wl.json"
     wl_path.write_text(SMALL.model_dump_json())

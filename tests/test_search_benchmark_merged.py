@@ -20,6 +20,7 @@ def test_user_script_space_is_the_problem_grid():
     assert space.primary.direction == "minimize"
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_early_stop_campaign_through_the_cli(tmp_path):
     (tmp_path / "space.yaml").write_text(json.dumps(es.space_doc()))
     c = es.campaign("median", 0, budget=5, epoch_s=0.01, work=tmp_path)
@@ -33,6 +34,7 @@ def test_early_stop_campaign_through_the_cli(tmp_path):
     assert got == sorted(got, reverse=True) and got[-1] == f["final_regret"]
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_the_crossing_script_keeps_the_final_losses_and_hides_them_early(tmp_path):
     """The second look's script: mlp-tabular's final losses exactly, on paths whose early epochs say
     next to nothing of the final ranking among the best configurations (the ordered script's do)."""

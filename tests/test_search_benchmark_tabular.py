@@ -83,6 +83,7 @@ def test_optuna_sampler_replays_the_table(space):
     assert all(math.isnan(v) or v <= 90.0 for v in c)  # never the infeasible a=3
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_optuna_sampler_featurizes_history_with_the_run_context(space):
     """CubicSampler's history must be featurized with the study's run context, as its candidates are
     (it once used an empty context: the proxy was fit on fewer columns than it predicted on)."""

@@ -122,6 +122,7 @@ def _worker(url: str, n: int, seed: int) -> None:
     study.optimize(branin, n_trials=n)
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_several_workers_on_one_sqlite_storage(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     optuna.create_study(study_name="w", storage=url)
