@@ -97,3 +97,45 @@ def test_a_workload_campaign_keeps_its_config_baseline_for_resume(tmp_path, monk
     assert main(["campaign", "resume", "s", "--storage", storage]) == 0
     doc = optuna.load_study(study_name="s", storage=storage).user_attrs["cubic_baseline"]
     assert doc["ok"] and doc["config"] and "simulator default config" in doc["label"]
+
+
+def test_a_resumed_job_campaign_keeps_the_runs_made_before_it(tmp_path, monkeypatch, capsys):
+    """An audit (stop 66): a job's repeats lived only in the process, so a resumed campaign's confirm step
+    saw none of the runs made before the stop: it confirmed a runner-up and left the best run out."""
+    monkeypatch.chdir(tmp_path)
+    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    assert _run(tmp_path, job, "--budget", "6", "--batch", "6", "--confirm-repeats", "0") == 0
+    capsys.readouterr()
+    storage = f"sqlite:///{tmp_path}/c.db"
+    # a budget below the runs made would rewrite the record: refused, naming the flag, nothing changed
+    assert main(["campaign", "resume", "j", "--storage", storage, "--budget", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--budget" in err and "6 runs" in err
+    assert optuna.load_study(study_name="j", storage=storage).user_attrs["cubic_campaign"]["budget"] == 6
+    assert main(["campaign", "resume", "j", "--storage", storage, "--confirm-repeats", "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "measured the job's noise floor: its baseline run" in out.err  # from the stored runs: none new
+    c = optuna.load_study(study_name="j", storage=storage).user_attrs["confirm"]
+    assert c["winner"]["point"] == {"a": 4} and c["winner"]["repeats"] >= 2  # its run before the stop counts
+    assert c["speedup"]["paired"] and c["speedup"]["baseline_repeats"] >= 5
+
+
+def test_an_unconfirmed_speedup_says_so_in_the_headline(tmp_path, monkeypatch, capsys):
+    """An audit (stop 66): a campaign stopped before its confirm step, reported, read "The winner is 1.76x
+    faster than the baseline (95% CI 1.29-2.41x)" with "not confirmed" only in a footnote; --no-baseline
+    still claimed a speedup over the space's default point, which README says it does not."""
+    monkeypatch.chdir(tmp_path)
+    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    assert _run(tmp_path, job, "--budget", "6", "--batch", "6", "--confirm-repeats", "0") == 0
+    storage = f"sqlite:///{tmp_path}/c.db"
+    optuna.load_study(study_name="j", storage=storage).set_user_attr("confirm", None)  # as after a stop
+    capsys.readouterr()
+    assert main(["campaign", "report", "j", "--storage", storage, "--out", "rep"]) == 0
+    head = (tmp_path / "rep" / "answer.md").read_text().splitlines()[2]
+    assert "faster than the baseline" in head and "NOT CONFIRMED" in head, head
+    (tmp_path / "c.db").unlink()
+    assert _run(tmp_path, job, "--budget", "6", "--batch", "6", "--no-baseline", "--report", "nb") == 0
+    head = (tmp_path / "nb" / "answer.md").read_text().splitlines()[2]
+    assert "no baseline to compare with" in head, head
+    assert _run(tmp_path, job, "--no-baseline", "--baseline", "x.yaml", "--name", "k") == 2
+    assert "--no-baseline" in capsys.readouterr().err

@@ -165,7 +165,7 @@ def test_a_runner_up_tied_with_the_winner_is_named_in_the_headline():
                  interval=(1.23, 3.16), confirm=confirm)
     assert ans.headline() == ("The winner is 1.98× faster than the baseline (95% CI 1.23–3.16×) on examples_per_s, "
                               "measured; tied with the runner-up (batch 2048) within the repeat budget: the evidence "
-                              "does not rank the two, winner.yaml holds the one with the better estimate.")
+                              "does not rank the two, winner.yaml holds the one the search ranked first.")
     ans.confirm = {**confirm, "separated": True}
     assert ans.headline().endswith("on examples_per_s, measured.")  # separated: the winner alone
 
@@ -217,3 +217,12 @@ def test_a_jobs_ne_across_batch_sizes_is_not_called_an_equal_budget(tmp_path):
     assert "with batch 64 -> " in md and "not an equal training budget" in md
     assert "(not an equal budget if the job runs fixed steps, below)" in md
     assert "its NE may not be an equal training budget (a batch knob differs; below)" in ans.headline()
+
+
+def test_a_ratio_interval_that_excludes_1_never_prints_as_1():
+    """An audit (stop 66): "separated ... 95% CI 1.00-1.07x" of a lower bound 1.0028."""
+    from cubic.codesign.answer import ratio_ci
+
+    assert ratio_ci(1.0028, 1.07, "-") == "1.003-1.070"
+    assert ratio_ci(0.93, 0.9996) == "0.9300–0.9996"
+    assert ratio_ci(1.2, 1.5) == "1.20–1.50"

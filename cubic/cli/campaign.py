@@ -239,8 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     context = {"workload": args.workload, "runner": runner_ctx, "store": redact_url(args.store) or None}
     if args.objective:
         context = job_context(args, space)
-    if baseline is not None:  # what `campaign resume` measures when the run stopped before its baseline did
-        context["baseline"] = spec_to_context(baseline)
+    # what `campaign resume` measures when the run stopped before its baseline did (None: --no-baseline)
+    context["baseline"] = spec_to_context(baseline)
     storage = args.storage or default_storage()
     from cubic.core.store import check_url
 
@@ -456,8 +456,19 @@ def _stored(args: argparse.Namespace, overrides: dict[str, Any], progress: bool 
                             "(or set it in $CUBIC_STORE)", field="--store")
     evaluate, featurize = _build(args.name, ctx, space, args.store or stored)
     listener = _listener(space) if progress else None
-    c = Campaign.resume(args.name, evaluate, storage=storage, featurize=featurize, listener=listener, **overrides)
+    try:
+        c = Campaign.resume(args.name, evaluate, storage=storage, featurize=featurize, listener=listener, **overrides)
+    except SpecError as e:  # named as the flag typed
+        if e.field == "budget":
+            raise SpecError(e.message, field="--budget") from None
+        raise
     evaluate.attach(c)
+    if callable(getattr(evaluate, "restore", None)):  # a job's repeats made before the stop
+        from datetime import datetime, timezone
+
+        made = meta.get("created_at")
+        since = datetime.strptime(made, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc) if made else None
+        evaluate.restore(since)
     return c, evaluate, ctx, space
 
 
@@ -498,6 +509,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 if baseline_cannot_run(base[3]):
                     return 1
                 ensure_noise_floor(base)
+            elif (stored := stored_baseline(c, evaluate, space)) is not None:  # the floor from its runs, or
+                ensure_noise_floor((*stored, True))  # finished where a stop cut it short
             s = c.run()
     except LeaseHeld as e:  # another process drives this campaign: say who, run nothing
         return _lease_held(e)

@@ -65,6 +65,8 @@ def check_job_flags(args: argparse.Namespace) -> None:
     if args.objective and (args.simulate or args.world_size > 1 or args.ray or args.ray_address):
         raise SpecError("--simulate/--world-size/--ray run cubic workloads; a job's processes come from --launcher",
                         field="--objective")
+    if getattr(args, "baseline", None) and getattr(args, "no_baseline", False):  # one would be ignored
+        raise SpecError("give --baseline FILE or --no-baseline, not both", field="--no-baseline")
     if args.launcher and not args.objective:
         raise SpecError("only with --objective (a job's processes)", field="--launcher")
     if not args.objective:  # a job's flags: with --workload they would be ignored without a word

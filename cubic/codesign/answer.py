@@ -47,6 +47,17 @@ def fmt(x: float | None) -> str:
     return f"{x:.2e}"
 
 
+def ratio_ci(lo: float, hi: float, sep: str = "–") -> str:
+    """A ratio's interval for people, with digits enough that a bound excluding 1 never prints as 1
+    ("1.00-1.07x" beside "separated" read as not excluding 1; the bound was 1.0028)."""
+    a, b = fmt(lo), fmt(hi)
+    for digits in range(3, 7):
+        if not ((lo > 1 and float(a) <= 1) or (hi < 1 and float(b) >= 1)):
+            break
+        a, b = f"{lo:.{digits}f}", f"{hi:.{digits}f}"
+    return f"{a}{sep}{b}"
+
+
 def _pct(new: float, old: float) -> str:
     if not old:
         return ""
@@ -96,7 +107,7 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
         out.append(f"runner-up {interval_text(c['runner_up'])} at {c['runner_up']['point']}")
     lead = c.get("lead")
     verdict = c.get("verdict") or {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
-    out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, 95% CI {fmt(lead['lo'])}-{fmt(lead['hi'])}x)"
+    out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, 95% CI {ratio_ci(lead['lo'], lead['hi'], '-')}x)"
                           if lead else ""))
     if sp and sp.get("winner_is_baseline"):
         out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")
@@ -104,7 +115,7 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
         how = (f"{sp['pairs']} back-to-back pairs with the baseline"
                + (", run on a loaded machine (CONTENDED)" if sp.get("pairs_contended") else "") if sp.get("paired") else
                f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
-        out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {fmt(sp['lo'])}-{fmt(sp['hi'])}x; {how})"
+        out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {ratio_ci(sp['lo'], sp['hi'], '-')}x; {how})"
                    + ("" if sp["beats_baseline"] else ": does NOT beat the baseline by the evidence"))
     return out
 
@@ -159,7 +170,7 @@ class Answer:
             return (f"Keep the baseline: it is the best configuration the campaign measured on {self.metric}; "
                     f"winner.yaml is the baseline, {self.source}.")
         if self.keep_baseline:
-            best = (f"the best, {fmt(self.ratio)}× (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×)"
+            best = (f"the best, {fmt(self.ratio)}× (95% CI {ratio_ci(*self.interval)}×)"
                     if self.ratio is not None and self.interval else
                     f"the best, {fmt(self.ratio)}× ({self.interval_note})" if self.ratio is not None and
                     self.interval_note else "the best")
@@ -173,7 +184,7 @@ class Answer:
             ("slower" if self.throughput else "worse")
         size = self.ratio if self.ratio >= 1 else 1 / self.ratio
         tag = f"; {self.interval_tag}" if self.interval_tag else ""
-        iv = (f" (95% CI {fmt(self.interval[0])}–{fmt(self.interval[1])}×{tag})" if self.interval
+        iv = (f" (95% CI {ratio_ci(*self.interval)}×{tag})" if self.interval
               else f" ({self.interval_note})")
         quality = f"; {self.quality}" if self.quality else ""
         return (f"The winner is {fmt(size)}× {word} than the baseline{iv} on {self.metric}, {self.source}"
@@ -189,7 +200,7 @@ class Answer:
         diff = ", ".join(f"{k} {_show(r[k]) if k in r else 'inactive'}" for k in sorted(set(w) | set(r))
                          if w.get(k) != r.get(k))
         return (f"; tied with the runner-up ({diff}) within the repeat budget: the evidence does not rank "
-                f"the two, winner.yaml holds the one with the better estimate")
+                f"the two, winner.yaml holds the one the search ranked first")
 
     def markdown(self) -> str:
         out = [f"## Answer: {self.campaign}", "", f"**{self.headline()}**"]
@@ -262,6 +273,8 @@ def _baseline(space: Space, study, trials, context) -> dict[str, Any] | None:
         return dict(stored)
     if context.get("workload"):
         return None  # the workload's defaults are not a point of the space: only a measured baseline counts
+    if "baseline" in context and context["baseline"] is None:
+        return None  # run with --no-baseline: no speedup, as README says (not the default point's trial)
     key = space.key(default_point(space))
     for t in trials:
         if space.key(dict(t.params)) == key:
@@ -391,6 +404,8 @@ def _speedup(ans: Answer, space: Space, base: dict[str, Any] | None, wm: dict[st
     elif bm.get(m) is not None and wm.get(m) is not None and bm[m] and wm[m]:
         ans.ratio = wm[m] / bm[m] if direction == "maximize" else bm[m] / wm[m]
         ans.interval, ans.interval_note = _interval(m, direction, wm, bm)
+        # in the headline too (it read as a confirmed speedup when a stop cut the confirm step short)
+        ans.interval_tag = "NOT CONFIRMED: from the two runs' own intervals, unpaired"
         ans.notes.append("not confirmed: no confirm step compared the winner with the baseline (the interval "
                          "is from the two runs' intervals of a fresh run, conservative)")
         if ans.interval_note and ans.interval is not None:

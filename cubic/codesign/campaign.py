@@ -212,7 +212,7 @@ class Campaign:
         # a study without settings is a creation a kill cut short: the name is free to reuse
         exists = self.name in found and META_KEY in found[self.name].user_attrs
         if exists and not resume:
-            raise SpecError("a campaign of this name exists; resume it or pick another name", field=self.name)
+            raise SpecError("a campaign of this name exists; resume it, replace it (--replace), or pick another name", field=self.name)
         if not exists and resume:
             raise SpecError("no such campaign", field=self.name)
         if not exists and self.name in found:
@@ -266,6 +266,10 @@ class Campaign:
                   warm_start=meta.get("warm_start", ()), target=meta.get("target"))
         kw.update({k: v for k, v in overrides.items() if v is not None})
         c = cls(Space.model_validate(meta["space"]), evaluate, name=name, storage=st, resume=True, **kw)
+        done = sum(is_run(t) for t in c._trials())
+        if overrides.get("budget") is not None and overrides["budget"] < done:  # checked before it is stored
+            raise SpecError(f"the campaign has made {done} runs already: a budget of {overrides['budget']} would "
+                            f"rewrite its record; give {done} (confirm only) or more", field="budget")
         if overrides.get("budget") is not None and overrides["budget"] != meta["budget"]:
             c.study.set_user_attr(META_KEY, {**meta, "budget": overrides["budget"]})
         state = c.study.user_attrs.get(STATE_KEY)

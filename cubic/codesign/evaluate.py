@@ -477,6 +477,22 @@ class KeptRepeats:
         return out.model_copy(update={"metrics": metrics, "extra": {**out.extra, "repeats": n,
                                                                     "pooled": {"n_used": n, "estimates": estimates}}})
 
+    def restore(self, since) -> int:
+        """The job's successful runs this campaign stored since ``since`` (its creation: a replaced
+        campaign of the same name keeps its old runs in the store), back among the kept repeats, so a
+        resumed campaign's estimates, noise floor and confirm step see every run made before it stopped
+        (they lived only in this process: a resume confirmed a runner-up and left out the best run).
+        Returns how many runs it restored."""
+        store, name = getattr(self.inner, "store", None), getattr(self.inner, "campaign", None)
+        if store is None or name is None or store.get_campaign(name) is None:
+            return 0
+        job_hash, n = self.inner.job.job_hash(), 0
+        for t in store.trials(campaign=name):
+            if t.status == "ok" and t.workload_hash == job_hash and (since is None or t.created_at >= since):
+                self._reps.setdefault(self._key(dict(t.config.get("values") or {})), []).append(t.result)
+                n += 1
+        return n
+
     def add_repeat(self, point: dict[str, Any], n: int = 1) -> Result:
         out = None
         with self._unjudged():
