@@ -2,6 +2,7 @@
 interrupted before its baseline finished measures it on `campaign resume`, and resume ends as run does
 (the answer printed with --report, exit 1 when no run succeeded)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def test_a_campaign_interrupted_in_its_baseline_measures_it_on_resume(tmp_path, 
     monkeypatch.setattr(campaign_cli, "measure_baseline", real)
     storage = f"sqlite:///{tmp_path}/c.db"
     assert "cubic_baseline" not in optuna.load_study(study_name="j", storage=storage).user_attrs
+    assert main(["campaign", "list", "--storage", storage, "--json"]) == 0  # not "created": it was stopped
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "interrupted" and row["runs"] == 0
     assert main(["campaign", "resume", "j", "--storage", storage, "--report", "rep"]) == 0
     out = capsys.readouterr()
     assert any(line.startswith("baseline (the space's default point") for line in out.err.splitlines())
@@ -118,6 +122,9 @@ def test_a_resumed_job_campaign_keeps_the_runs_made_before_it(tmp_path, monkeypa
     c = optuna.load_study(study_name="j", storage=storage).user_attrs["confirm"]
     assert c["winner"]["point"] == {"a": 4} and c["winner"]["repeats"] >= 2  # its run before the stop counts
     assert c["speedup"]["paired"] and c["speedup"]["baseline_repeats"] >= 5
+    optuna.load_study(study_name="j", storage=storage).enqueue_trial({"a": 2})  # queued: not a run
+    assert main(["campaign", "list", "--storage", storage, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["runs"] == 6
 
 
 def test_an_unconfirmed_speedup_says_so_in_the_headline(tmp_path, monkeypatch, capsys):

@@ -339,7 +339,7 @@ def _run_campaigns(args, names, space, context, storage, baseline):
                      warm_start=args.warm_start or (), listener=_listener(space))
         evaluate.attach(c)
         base_pair = None
-        with _interrupted_marks(evaluate.store, name):
+        with _interrupted_marks(evaluate.store, name, c.study):
             if baseline is not None and name == args.name:
                 base_pair = measure_baseline(c, evaluate, space, baseline)
                 if baseline_cannot_run(base_pair[3]):
@@ -473,17 +473,20 @@ def _stored(args: argparse.Namespace, overrides: dict[str, Any], progress: bool 
 
 
 @contextmanager
-def _interrupted_marks(store, name: str) -> Iterator[None]:
+def _interrupted_marks(store, name: str, study=None) -> Iterator[None]:
     """Ctrl-C: the trial store's campaign row says ``interrupted`` too (the Optuna study's status is
-    set by Campaign), so neither lists it as running."""
+    set by Campaign's run, and here when the stop came before it: during the baseline or its noise
+    floor, where it stayed ``created``), so neither lists it as running or never started."""
     try:
         yield
     except KeyboardInterrupt:
-        if store is not None:
-            try:
+        try:
+            if store is not None:
                 store.set_campaign_status(name, "interrupted")
-            except Exception:  # noqa: BLE001 - the interrupt goes on whatever the store does
-                pass
+            if study is not None and study.user_attrs.get("status") == "created":
+                study.set_user_attr("status", "interrupted")
+        except Exception:  # noqa: BLE001 - the interrupt goes on whatever the store does
+            pass
         raise
 
 
@@ -503,7 +506,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         c.listener.seen(c.study.get_trials(deepcopy=False))
     spec = spec_from_context(ctx)
     try:
-        with _interrupted_marks(evaluate.store, args.name):
+        with _interrupted_marks(evaluate.store, args.name, c.study):
             if spec is not None and not c.study.user_attrs.get(BASELINE_KEY):  # stopped before its baseline ran
                 base = measure_baseline(c, evaluate, space, spec)
                 if baseline_cannot_run(base[3]):

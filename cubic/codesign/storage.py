@@ -462,8 +462,13 @@ def list_campaigns(storage: Any = DEFAULT_STORAGE) -> list[dict[str, Any]]:
         meta = s.user_attrs.get(META_KEY)
         if not meta:
             continue
+        from cubic.codesign.trials import is_run
+
+        # finished runs, as the campaign counts them: n_trials counted queued and running trials too
+        # (an interrupted 3-of-6 campaign listed 6 runs)
+        runs = sum(is_run(t) for t in st.get_all_trials(st.get_study_id_from_name(s.study_name), deepcopy=False))
         out.append({"name": s.study_name, "strategy": meta["strategy"], "budget": meta["budget"],
-                    "runs": s.n_trials, "status": campaign_status(st, s.study_name, s.user_attrs.get("status", "")),
+                    "runs": runs, "status": campaign_status(st, s.study_name, s.user_attrs.get("status", "")),
                     "stop_reason": s.user_attrs.get("stop_reason", ""),
                     "workload": meta.get("context", {}).get("workload", ""), "created_at": meta.get("created_at")})
     return out
