@@ -146,3 +146,23 @@ def test_an_unconfirmed_speedup_says_so_in_the_headline(tmp_path, monkeypatch, c
     assert "no baseline to compare with" in head, head
     assert _run(tmp_path, job, "--no-baseline", "--baseline", "x.yaml", "--name", "k") == 2
     assert "--no-baseline" in capsys.readouterr().err
+
+
+def test_resume_runs_the_baselines_a_stop_left_unrun_and_they_measure_no_baseline(tmp_path, monkeypatch, capsys):
+    """An audit (stop 66): `campaign resume` of a --baselines campaign never ran NAME-random and NAME-tpe
+    when the stop came before them, and a resumed sibling measured a baseline, a noise floor and pairs
+    that an uninterrupted sibling never does."""
+    monkeypatch.chdir(tmp_path)
+    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    assert _run(tmp_path, job, "--baselines", "--confirm-repeats", "0") == 0
+    storage = f"sqlite:///{tmp_path}/c.db"
+    optuna.delete_study(study_name="j-tpe", storage=storage)  # as if the stop came before it started
+    capsys.readouterr()
+    assert main(["campaign", "resume", "j", "--storage", storage, "--json"]) == 0
+    out = capsys.readouterr()
+    names = [s["name"] for s in json.loads(out.out)]
+    assert names == ["j", "j-tpe"]  # j-random had finished: left as it was
+    tpe = optuna.load_study(study_name="j-tpe", storage=storage)
+    assert len(tpe.trials) == 3 and "cubic_baseline" not in tpe.user_attrs
+    assert main(["campaign", "resume", "j-random", "--storage", storage]) == 0
+    assert not any(line.startswith("baseline (") for line in capsys.readouterr().err.splitlines())

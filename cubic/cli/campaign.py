@@ -241,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         context = job_context(args, space)
     # what `campaign resume` measures when the run stopped before its baseline did (None: --no-baseline)
     context["baseline"] = spec_to_context(baseline)
+    context["baselines"] = bool(args.baselines)  # resume runs or resumes them too
     storage = args.storage or default_storage()
     from cubic.core.store import check_url
 
@@ -332,10 +333,11 @@ def _run_campaigns(args, names, space, context, storage, baseline):
 
     summaries = []
     for name, strategy in names:
-        evaluate, featurize = _build(name, context, space, args.store)
+        ctx = context if name == args.name else _sibling_context(context)
+        evaluate, featurize = _build(name, ctx, space, args.store)
         c = Campaign(space, evaluate, name=name, strategy=strategy, budget=args.budget, batch_size=args.batch,
                      seed=args.seed, storage=storage, patience=args.patience, max_retries=args.retries,
-                     workers=args.workers, featurize=featurize, context=context,
+                     workers=args.workers, featurize=featurize, context=ctx,
                      warm_start=args.warm_start or (), listener=_listener(space))
         evaluate.attach(c)
         base_pair = None
@@ -355,6 +357,45 @@ def _run_campaigns(args, names, space, context, storage, baseline):
         if space.shape_knobs and not args.json:
             _print_ne_per_run(c, space)
     return summaries
+
+
+def _sibling_context(context: dict[str, Any]) -> dict[str, Any]:
+    """A --baselines sibling's context: no baseline of its own (an uninterrupted run measures none for it;
+    a resumed sibling measured one, its noise floor and pairs), no siblings."""
+    return {**context, "baseline": None, "baselines": False}
+
+
+def _resume_siblings(args: argparse.Namespace, ctx: dict[str, Any], storage: str, space, confirm: int) -> list:
+    """The --baselines siblings of a resumed campaign, resumed or (never started) run to the same budget:
+    `campaign resume` ran only the campaign itself, and its report said "against the baselines" with none."""
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.storage import list_campaigns, load_meta
+
+    if not ctx.get("baselines"):
+        return []
+    meta, have = load_meta(storage, args.name), {r["name"]: r for r in list_campaigns(storage)}
+    out = []
+    for b in BASELINES:
+        name, sib = f"{args.name}-{b}", _sibling_context(ctx)
+        row = have.get(name)
+        if row and row["status"] == "finished" and row["runs"] >= meta["budget"]:
+            continue  # done: resuming it would only repeat its confirm step
+        evaluate, featurize = _build(name, sib, space, args.store or ctx.get("store"))
+        if name in have:
+            c = Campaign.resume(name, evaluate, storage=storage, featurize=featurize, listener=_listener(space),
+                                budget=args.budget)
+        else:
+            c = Campaign(space, evaluate, name=name, strategy=b, budget=args.budget or meta["budget"],
+                         batch_size=meta["batch_size"], seed=meta["seed"], storage=storage, patience=meta["patience"],
+                         max_retries=meta["max_retries"], featurize=featurize, context=sib, listener=_listener(space))
+        evaluate.attach(c)
+        with _interrupted_marks(evaluate.store, name, c.study):
+            s = c.run()
+            s.confirm = c.confirm(confirm, baseline=None)
+        if evaluate.store is not None:
+            evaluate.store.set_campaign_status(name, "finished")
+        out.append(s)
+    return out
 
 
 def _free_name(c, store) -> None:
@@ -517,11 +558,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
             s = c.run()
     except LeaseHeld as e:  # another process drives this campaign: say who, run nothing
         return _lease_held(e)
+    confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
     if evaluate.store is not None:
-        confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
         s.confirm = c.confirm(confirm, baseline=stored_baseline(c, evaluate, space))
         evaluate.store.set_campaign_status(args.name, "finished")
-    return _finish(args, [s], storage, space, baselines=None)
+    return _finish(args, [s, *_resume_siblings(args, ctx, storage, space, confirm)], storage, space, baselines=None)
 
 
 def cmd_work(args: argparse.Namespace) -> int:
