@@ -166,3 +166,7 @@ def test_resume_runs_the_baselines_a_stop_left_unrun_and_they_measure_no_baselin
     assert len(tpe.trials) == 3 and "cubic_baseline" not in tpe.user_attrs
     assert main(["campaign", "resume", "j-random", "--storage", storage]) == 0
     assert not any(line.startswith("baseline (") for line in capsys.readouterr().err.splitlines())
+    # --replace without --baselines: the old siblings go too (a report plotted them against the new campaign)
+    assert _run(tmp_path, job, "--replace", "--no-baseline", "--confirm-repeats", "0") == 0
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    assert names == {"j"}

@@ -258,8 +258,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         space = _at_equal_budget(space.with_ne_ceiling(ne), kind)
         print(f"cubic: tuning the model's shape ({', '.join(space.shape_knobs)}) under the {space.constraints[-1].name}: "
               f"NE <= {space.constraints[-1].max:.4f}", file=sys.stderr)
-    if args.replace:
-        _replace_studies(storage, [name for name, _ in names])
+    if args.replace:  # its old --baselines siblings too: a report would plot them against the new campaign
+        _replace_studies(storage, [args.name] + [f"{args.name}-{b}" for b in BASELINES])
     summaries = _run_campaigns(args, names, space, context, storage, baseline)
     if summaries is None:
         return 1

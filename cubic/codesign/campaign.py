@@ -590,6 +590,7 @@ class Campaign:
 
     def _coordinate(self, lease: Lease, report: WorkerReport | None = None) -> str:
         self.study.set_user_attr("status", "running")
+        self.study.set_user_attr("stop_reason", "")  # the last stop's reason is not this run's
         warm = self._warm_observations()
         self._n_warm = len(warm)
         self.strategy.bind(SearchContext(self.space, self.seed, self.featurize, tuple(warm), self.context))
