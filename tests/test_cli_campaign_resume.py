@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 
 from cubic.cli.app import main
 
@@ -127,6 +128,7 @@ def test_a_resumed_job_campaign_keeps_the_runs_made_before_it(tmp_path, monkeypa
     assert json.loads(capsys.readouterr().out)[0]["runs"] == 6
 
 
+@pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)
 def test_an_unconfirmed_speedup_says_so_in_the_headline(tmp_path, monkeypatch, capsys):
     """An audit (stop 66): a campaign stopped before its confirm step, reported, read "The winner is 1.76x
     faster than the baseline (95% CI 1.29-2.41x)" with "not confirmed" only in a footnote; --no-baseline
