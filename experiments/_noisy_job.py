@@ -22,6 +22,17 @@ TABLES = {"default": {1: 60.0, 2: 80.0, 3: 92.0, 4: 100.0, 5: 97.0, 6: 70.0},
           "baseline_best": {1: 100.0, 2: 80.0, 3: 92.0, 4: 70.0, 5: 60.0, 6: 50.0}}
 
 
+# the job's search space, as a campaign over it is given one (its one knob)
+SPACE = """
+version: 1
+name: noisy
+objectives: [{metric: qps, direction: maximize}]
+parameters:
+  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
+"""
+PATH = __file__  # the script, for a campaign's --objective
+
+
 def true_qps(a: int, table: str = "default") -> float:
     return TABLES[table][int(a)]
 

@@ -7,6 +7,7 @@ import pytest
 
 from cubic.cli.app import main
 from cubic.core.store import TrialStore
+from experiments import _noisy_job as noisy_job
 
 SPACE = """
 version: 1
@@ -69,21 +70,11 @@ def test_a_campaign_whose_store_fails_stops_with_a_store_error(tmp_path, monkeyp
     assert s["runs"] == 3 and s["served_from_store"] >= 1  # the pending runs serve the resumed campaign
 
 
-JOB_SPACE = """
-version: 1
-name: noisy
-objectives: [{metric: qps, direction: maximize}]
-parameters:
-  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
-"""
-
-
 def _job_campaign(tmp_path, capsys, table: str, *extra: str):
     import sys
-    from pathlib import Path
 
-    job = Path(__file__).resolve().parent.parent / "experiments" / "_noisy_job.py"
-    (tmp_path / "space.yaml").write_text(JOB_SPACE)
+    job = noisy_job.PATH
+    (tmp_path / "space.yaml").write_text(noisy_job.SPACE)
     rc = main(["campaign", "run", "--objective", f"{sys.executable} {job} --a {{a}} --noise 0.03 --table {table}",
                "--space", "space.yaml", "--name", "j", "--strategy", "random", "--budget", "6", "--batch", "6",
                "--confirm-repeats", "6", "--storage", f"sqlite:///{tmp_path}/c.db", "--report", "rep", *extra])

@@ -4,25 +4,18 @@ interrupted before its baseline finished measures it on `campaign resume`, and r
 
 import json
 import sys
-from pathlib import Path
 
 import optuna
 import pytest
 
 from cubic.cli.app import main
+from experiments import _noisy_job as noisy_job
 
-JOB = Path(__file__).resolve().parent.parent / "experiments" / "_noisy_job.py"
-SPACE = """
-version: 1
-name: noisy
-objectives: [{metric: qps, direction: maximize}]
-parameters:
-  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
-"""
+JOB = noisy_job.PATH
 
 
 def _run(tmp_path, objective: str, *extra: str) -> int:
-    (tmp_path / "space.yaml").write_text(SPACE)
+    (tmp_path / "space.yaml").write_text(noisy_job.SPACE)
     return main(["campaign", "run", "--objective", objective, "--space", "space.yaml", "--name", "j",
                  "--strategy", "random", "--budget", "3", "--batch", "3", "--confirm-repeats", "2",
                  "--storage", f"sqlite:///{tmp_path}/c.db", "--timeout", "60", *extra])

@@ -22,6 +22,7 @@ from cubic.cli.campaign_job import (add_job_flags, check_job_flags, job_build, j
                                    with_objective)
 from cubic.cli.campaign_baseline import (base_config, baseline_cannot_run, baseline_spec, ensure_noise_floor,
                                          measure_baseline, spec_from_context, spec_to_context, stored_baseline)
+from cubic.cli.campaign_output import finish
 from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
 from search.strategy_names import STRATEGIES
@@ -263,26 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summaries = _run_campaigns(args, names, space, context, storage, baseline)
     if summaries is None:
         return 1
-    return _finish(args, summaries, storage, space, baselines=[n for n, _ in names[1:]])
-
-
-def _finish(args: argparse.Namespace, summaries, storage: str, space, baselines: list[str] | None) -> int:
-    """What `campaign run` and `campaign resume` end with alike: the summary, the report and its answer
-    (resume wrote the report without printing the answer), and exit 1 when no run succeeded."""
-    _print(summaries, args.json, space.primary.metric)
-    if args.report:
-        from cubic.codesign.report import write_report
-
-        report_dir = Path(args.report)
-        path = write_report(args.name, storage=storage, out_dir=report_dir, baselines=baselines, store_url=args.store)
-        print(f"report: {path}", file=sys.stderr)
-        if not args.json:
-            print((report_dir / "answer.md").read_text(), end="")
-    if summaries and all(s.best_point is None for s in summaries):  # nothing to act on: a script must see it
-        print(f"cubic: error: no run of campaign {args.name!r} succeeded within its constraints "
-              f"({sum(s.runs for s in summaries)} runs); see the failure reasons above", file=sys.stderr)
-        return 1
-    return 0
+    return finish(args, summaries, storage, space, baselines=[n for n, _ in names[1:]])
 
 
 def _check_where_runs_happen(args: argparse.Namespace, kind: str) -> None:
@@ -562,7 +544,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if evaluate.store is not None:
         s.confirm = c.confirm(confirm, baseline=stored_baseline(c, evaluate, space))
         evaluate.store.set_campaign_status(args.name, "finished")
-    return _finish(args, [s, *_resume_siblings(args, ctx, storage, space, confirm)], storage, space, baselines=None)
+    return finish(args, [s, *_resume_siblings(args, ctx, storage, space, confirm)], storage, space, baselines=None)
 
 
 def cmd_work(args: argparse.Namespace) -> int:
@@ -605,36 +587,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     cols = ("name", "workload", "strategy", "runs", "budget", "status", "stop_reason", "created_at")
     print_table("campaigns", list(cols), [[str(r.get(c, "")) for c in cols] for r in rows])
     return 0
-
-
-def _print(summaries, as_json: bool, metric: str = "examples_per_s") -> None:
-    if as_json:
-        print(json.dumps([{**s.to_json(), "served_from_store": s.served} for s in summaries], indent=2,
-                         default=str))
-        return
-    from cubic.cli.common import stdout_console
-    from cubic.codesign.answer import fmt
-
-    con = stdout_console()
-    for s in summaries:
-        best = s.best_metrics or {}
-        stopped = f", {s.pruned} stopped early by the pruner" if s.pruned else ""
-        con.print(f"[bold]{s.name}[/bold]: {s.runs} runs ({s.served} served from the trial store{stopped}), "
-                  f"stopped on {s.stop_reason}; best {metric} {fmt(best.get(metric))} at {s.best_point}")
-        if s.proxy:
-            from cost_models.proxy import cv_tau_text
-
-            con.print(f"  proxy: {s.proxy.get('family')} ({cv_tau_text(s.proxy)})")
-        if s.pruning:
-            from cubic.codesign.answer import pruning_note
-
-            con.print(f"  {pruning_note(s.pruning)}", markup=False, highlight=False)
-        c = s.confirm
-        if c and c.get("winner"):
-            from cubic.codesign.answer import confirm_lines
-
-            for line in confirm_lines(c):
-                con.print("  " + line, markup=False)
 
 
 # the trial store keeps a campaign's name in 200 characters (Optuna allows 512), and the baselines
