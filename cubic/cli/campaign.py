@@ -519,9 +519,8 @@ def _lease_held(e) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from cubic.codesign.storage import LeaseHeld
-
     from cubic.codesign.campaign import BASELINE_KEY
+    from cubic.codesign.storage import LeaseHeld
 
     storage = args.storage or default_storage()
     c, evaluate, ctx, space = _stored(args, dict(budget=args.budget), progress=True)
@@ -531,18 +530,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
     try:
         with _interrupted_marks(evaluate.store, args.name, c.study):
             if spec is not None and not c.study.user_attrs.get(BASELINE_KEY):  # stopped before its baseline ran
-                base = measure_baseline(c, evaluate, space, spec)
-                if baseline_cannot_run(base[3]):
+                if baseline_cannot_run(measure_baseline(c, evaluate, space, spec)[3]):
                     return 1
-                ensure_noise_floor(base)
-            elif (stored := stored_baseline(c, evaluate, space)) is not None:  # the floor from its runs, or
-                ensure_noise_floor((*stored, True))  # finished where a stop cut it short
+            base = stored_baseline(c, evaluate, space)
+            if base is not None:  # the noise floor: from the runs before the stop, finished where it was cut short
+                ensure_noise_floor((*base, True))
             s = c.run()
     except LeaseHeld as e:  # another process drives this campaign: say who, run nothing
         return _lease_held(e)
     confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
     if evaluate.store is not None:
-        s.confirm = c.confirm(confirm, baseline=stored_baseline(c, evaluate, space))
+        s.confirm = c.confirm(confirm, baseline=base)
         evaluate.store.set_campaign_status(args.name, "finished")
     return finish(args, [s, *_resume_siblings(args, ctx, storage, space, confirm)], storage, space, baselines=None)
 
