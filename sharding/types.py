@@ -442,7 +442,8 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
     tiered = bool(plan.kernels)
     total = "HBM+host GiB" if tiered else f"{mem_kind} GiB"
     out = [
-        f"  rank: a rank of one model-parallel group of {plan.group_size} (a-b: ranks a to b, each with the row's figures)"
+        f"  rank: a rank of one model-parallel group of {plan.group_size} "
+        "(a-b: ranks a to b, each with the row's figures)"
         + (f"; the plan is replicated {plan.world_size // plan.group_size}x (2D)" if plan.group_size < plan.world_size else ""),
         "  shards: pieces on the rank; tables: distinct tables they come from",
         f"  weights GiB: fp32 embedding rows x cols x 4 bytes; optimizer GiB: row-wise Adagrad state, 4 bytes per row "

@@ -538,7 +538,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             s = c.run()
     except LeaseHeld as e:  # another process drives this campaign: say who, run nothing
         return _lease_held(e)
-    confirm = args.confirm_repeats if args.confirm_repeats is not None else (RunSpec.from_context(ctx).confirm_repeats or 0)
+    confirm = (args.confirm_repeats if args.confirm_repeats is not None
+               else RunSpec.from_context(ctx).confirm_repeats or 0)
     if evaluate.store is not None:
         s.confirm = c.confirm(confirm, baseline=base)
         evaluate.store.set_campaign_status(args.name, "finished")

@@ -107,7 +107,8 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
         out.append(f"runner-up {interval_text(c['runner_up'])} at {c['runner_up']['point']}")
     lead = c.get("lead")
     verdict = c.get("verdict") or {True: "separated", False: "NOT separated", None: "no runner-up"}[c["separated"]]
-    out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, 95% CI {ratio_ci(lead['lo'], lead['hi'], '-')}x)"
+    out.append(verdict + (f" (winner / runner-up {fmt(lead['ratio'])}x, "
+                          f"95% CI {ratio_ci(lead['lo'], lead['hi'], '-')}x)"
                           if lead else ""))
     if sp and sp.get("winner_is_baseline"):
         out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")

@@ -212,7 +212,8 @@ class Campaign:
         # a study without settings is a creation a kill cut short: the name is free to reuse
         exists = self.name in found and META_KEY in found[self.name].user_attrs
         if exists and not resume:
-            raise SpecError("a campaign of this name exists; resume it, replace it (--replace), or pick another name", field=self.name)
+            raise SpecError("a campaign of this name exists; resume it, replace it (--replace), or pick another name",
+                            field=self.name)
         if not exists and resume:
             raise SpecError("no such campaign", field=self.name)
         if not exists and self.name in found:
