@@ -83,9 +83,10 @@ def test_a_stalled_worker_is_retired_after_the_grace_period_and_its_point_run_on
     assert f["finished_by"] != f["worker"] and f["interrupted_attempts"] == 1, f
     assert out["worker_exit_codes"] == [0, 0, 0], out["worker_errors"]
     assert out["trials"] == 12 and out["lost_trials"] == 0 and out["duplicated_trials"] == 0
-    # the stalled worker reports its attempt lost: a run it finished and does not tell, or (stopped
-    # between taking the trial and starting) a take it leaves to the other worker
-    assert out["lost_runs_not_told"] + out["lost_takes"] == 1, out["worker_errors"]
+    # the stalled worker reports its attempt lost: a run it finished and does not tell, (stopped
+    # between taking the trial and starting) a take it leaves to the other worker, or (stopped inside
+    # a transaction: PostgreSQL ended its session, see the test below) it re-attaches and goes on
+    assert out["lost_runs_not_told"] + out["lost_takes"] + out["reattached_workers"] == 1, out["worker_errors"]
     # the untold run is still a measurement in the trial store (a second row of that point), nothing else
     assert out["store"]["lost"] == 0 and out["store"]["orphans"] == 0 and out["store"]["duplicates"] <= 1
 
@@ -131,6 +132,77 @@ def test_a_second_coordinator_is_refused_while_the_lease_is_held_and_takes_an_ex
     s = Campaign.resume("lease", make_evaluate(sp, None), storage=url).run()
     runs = [t for t in optuna.load_study(study_name="lease", storage=url).trials if "finished_at" in t.user_attrs]
     assert s.runs == 6 == len(runs) == len({t.user_attrs["key"] for t in runs})
+
+
+def test_a_worker_whose_lease_lapsed_under_it_works_on_instead_of_exiting(tmp_path):
+    """The bug this guards (the soak, stop 66): a worker coordinating when its database was away
+    longer than its lease found the lease taken over and exited 3 ("is being run by ...") as if it
+    were a second `campaign run`. Now it steps down, runs points, and coordinates again once the
+    other's lease is free."""
+    from sqlalchemy import create_engine, update
+
+    from cubic.codesign.campaign import CampaignListener
+    from cubic.codesign.storage import _LEASES
+
+    sp = space()
+    url = f"sqlite:///{tmp_path}/c.db"
+    inner = make_evaluate(sp, None)
+    eng, stolen = create_engine(url), []
+
+    def evaluate(point):  # the first run: another process takes the lease over (it lapsed meanwhile)
+        if not stolen:
+            with eng.begin() as conn:
+                stolen.append(conn.execute(update(_LEASES).where(_LEASES.c.campaign == "lapse")
+                                           .values(holder="elsewhere:1", expires_at=time.time() + 1.5)).rowcount)
+            time.sleep(0.5)  # (the lease is renewed every 0.2 s: it sees the loss before the budget ends)
+        return inner(point)
+
+    class Seen(CampaignListener):
+        lost = 0
+
+        def lease_lost(self, campaign):
+            Seen.lost += 1
+
+    Campaign(sp, evaluate, name="lapse", strategy="random", budget=6, batch_size=2, seed=1, storage=url)
+    c = Campaign.resume("lapse", evaluate, storage=url, lease_s=0.6, worker="w0", listener=Seen())
+    rep = c.work(poll_s=0.05)
+    eng.dispose()
+    runs = [t for t in optuna.load_study(study_name="lapse", storage=url).trials if "finished_at" in t.user_attrs]
+    assert stolen == [1] and Seen.lost == 1 and rep.coordinated
+    assert rep.runs == 6 == len(runs) == len({t.user_attrs["key"] for t in runs})
+
+
+def test_a_session_stopped_inside_a_transaction_is_ended_by_postgresql(postgres_url, monkeypatch):
+    """The bug this guards (CI, stop 66): a worker SIGSTOPped inside its heartbeat's transaction held
+    the row lock of its trial's heartbeat; once the trial went back, every worker that took it waited
+    on that lock (statement timeout: 300 s), and the campaign stood still until the worker woke.
+    PostgreSQL now ends a session idle inside a transaction ($CUBIC_DB_IDLE_TRANSACTION_TIMEOUT_S)."""
+    import threading
+
+    from sqlalchemy import create_engine, text
+
+    import cubic.core.store_db as store_db
+    from cubic.codesign.storage import open_storage
+    from cubic.core.store import engine_options
+
+    monkeypatch.setattr(store_db, "IDLE_TRANSACTION_TIMEOUT_S", 2.0)
+    url = fresh_postgres_database(postgres_url)
+    st = open_storage(url)
+    study = optuna.create_study(storage=st, study_name="idle")
+    trial_id = study.ask()._trial_id
+    st.record_heartbeat(trial_id)
+    stalled = create_engine(url, **engine_options(url)).connect()  # the stopped worker's session
+    stalled.begin()
+    stalled.execute(text("UPDATE trial_heartbeats SET heartbeat = now() WHERE trial_id = :t"), {"t": trial_id})
+    beat = threading.Thread(target=st.record_heartbeat, args=(trial_id,), daemon=True)
+    t0 = time.monotonic()
+    beat.start()
+    beat.join(timeout=60)
+    assert not beat.is_alive(), "the other worker's heartbeat still waits on the stopped session's lock"
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(Exception, match="idle-in-transaction|closed"):  # the stopped worker finds its session ended
+        stalled.execute(text("SELECT 1"))
+    stalled.invalidate()
 
 
 @pytest.mark.slow  # over 7 s: the slow suite (.ci/run runs it after make test)

@@ -122,6 +122,10 @@ class CampaignListener:
         the heartbeat's grace period between taking it and starting): nothing ran here; another
         worker's attempt counts."""
 
+    def lease_lost(self, campaign: str) -> None:
+        """This worker coordinated until its lease lapsed (its database was away longer than the
+        lease) and another process took the lease over: it coordinates now; this one runs points."""
+
     def stopped(self, campaign: str, reason: str) -> None:
         """``run()`` or ``work()`` ends (reason: a stop reason, "worker done", or "error")."""
 
@@ -583,6 +587,10 @@ class Campaign:
                 rep.coordinated = True
                 try:
                     self._coordinate(lease, report=rep)
+                except LeaseHeld:
+                    # the lease lapsed under this worker (its database was away longer than the
+                    # lease) and another took it over: that one coordinates, this one works on
+                    self.listener.lease_lost(self.name)
                 finally:
                     lease.release()
                 continue

@@ -253,6 +253,11 @@ class ProgressLines(CampaignListener):
             self._print(sanitize(f"{campaign} trial {trial}: taken back before its run began (this process was "
                                  "silent past the heartbeat's grace period; another worker's attempt counts)"))
 
+    def lease_lost(self, campaign: str) -> None:
+        with self._lock:
+            self._print(sanitize(f"{campaign}: this worker's lease lapsed and another process coordinates now; "
+                                 "this one runs points"))
+
     def stopped(self, campaign: str, reason: str) -> None:
         with self._lock:
             if self._bar is not None:

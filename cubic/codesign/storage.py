@@ -308,6 +308,7 @@ class Lease:
                 if n != 1:
                     return False
         self._stop.clear()
+        self.lost.clear()  # (taken again after losing it: held now)
         self._thread = threading.Thread(target=self._renew, daemon=True, name=f"lease:{self.name}")
         self._thread.start()
         return True

@@ -49,6 +49,10 @@ def _seconds_from_env(name: str, default: float) -> float:
 
 CONNECT_TIMEOUT_S = _seconds_from_env("CUBIC_DB_CONNECT_TIMEOUT_S", 10.0)
 STATEMENT_TIMEOUT_S = _seconds_from_env("CUBIC_DB_STATEMENT_TIMEOUT_S", 300.0)
+# a process stopped inside a transaction (a cut-off host, SIGSTOP) keeps its row locks until the
+# server ends its session: every worker that touches those rows (the lost trial's heartbeat) waits
+# with it. Above the heartbeat's grace period (20 s), so a worker is deemed gone before it is cut.
+IDLE_TRANSACTION_TIMEOUT_S = _seconds_from_env("CUBIC_DB_IDLE_TRANSACTION_TIMEOUT_S", 30.0)
 
 
 def redact_url(url: str | None) -> str:
@@ -154,8 +158,9 @@ def check_url(url: str, origin: str) -> Any:
 def engine_options(url: str) -> dict[str, Any]:
     """``create_engine`` keyword arguments with connect and statement timeouts for ``url``'s
     driver, so that a server that accepts and never answers fails in seconds instead of hanging.
-    Timeouts written in the URL's query win; $CUBIC_DB_CONNECT_TIMEOUT_S (default 10) and
-    $CUBIC_DB_STATEMENT_TIMEOUT_S (default 300) set them otherwise."""
+    Timeouts written in the URL's query win; $CUBIC_DB_CONNECT_TIMEOUT_S (default 10),
+    $CUBIC_DB_STATEMENT_TIMEOUT_S (default 300) and, on PostgreSQL, the server's end of a session
+    idle inside a transaction, $CUBIC_DB_IDLE_TRANSACTION_TIMEOUT_S (default 30), set them otherwise."""
     for name, text in _BAD_ENV.items():
         raise SpecError(f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {text!r}", field=name)
     parsed = make_url(url)
@@ -166,7 +171,8 @@ def engine_options(url: str) -> dict[str, Any]:
         args["timeout"] = SQLITE_BUSY_TIMEOUT_MS / 1000
     elif backend == "postgresql" and driver in ("psycopg2", "psycopg", "psycopg2cffi"):
         args["connect_timeout"] = max(1, round(CONNECT_TIMEOUT_S))
-        args["options"] = f"-c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)}"
+        args["options"] = (f"-c statement_timeout={int(STATEMENT_TIMEOUT_S * 1000)} "
+                           f"-c idle_in_transaction_session_timeout={int(IDLE_TRANSACTION_TIMEOUT_S * 1000)}")
     elif backend == "postgresql" and driver == "pg8000":
         args["timeout"] = CONNECT_TIMEOUT_S
     elif backend in ("mysql", "mariadb"):

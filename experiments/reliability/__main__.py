@@ -435,8 +435,10 @@ def _issue27_targets(payload: dict[str, Any], kr: dict[str, Any], kc: dict[str, 
                                        and r["fault"].get("interrupted_attempts") == 1
                                        and r["fault"].get("finished_by") != r["fault"].get("worker")
                                        and set(r["worker_exit_codes"]) == {0}
-                                       and r["lost_runs_not_told"] + r.get("lost_takes", 0) == 1),
-            "retired after the grace period, re-run once, told once, the stalled worker goes on"),
+                                       and r["lost_runs_not_told"] + r.get("lost_takes", 0)
+                                       + r["reattached_workers"] == 1),
+            "retired after the grace period, re-run once, told once, the stalled worker goes on (its attempt "
+            "reported lost, or re-attached when stopped inside a transaction the server then ended)"),
         "soak (8 workers, PostgreSQL, >= 1000 trials, kills, a restart)": _soak_target(payload.get("soak") or {}, t),
     }
 
