@@ -351,17 +351,10 @@ class Proxy(BaseEstimator):
 
 class FeasibilityClassifier(BaseEstimator):
     """P(a configuration runs and meets the constraints). Until both outcomes have been seen the
-    prior is the observed success rate (Laplace-smoothed), the same for every configuration.
+    prior is the observed success rate (Laplace-smoothed), the same for every configuration."""
 
-    Once a run has failed, XGBoost's answer is scaled down near each failure by a kernel estimate
-    (:meth:`near_failures`): with a few runs XGBoost cannot split at all (each leaf needs a hessian of
-    1, a run gives p(1-p) ~ 0.1), so a search kept proposing points a hair from one that had just
-    crashed (x = 5.0 after a failure at x = 5.0, three times in 18 trials)."""
-
-    def __init__(self, random_state: int = 0, width: float = 0.05, prior_weight: float = 0.5):
+    def __init__(self, random_state: int = 0):
         self.random_state = random_state
-        self.width = width  # RMS distance per feature (features scaled to [0, 1]) where a run weighs e^-1/2
-        self.prior_weight = prior_weight  # pseudo-runs at the base rate in every neighbourhood
 
     def fit(self, X, ok) -> "FeasibilityClassifier":
         import xgboost as xgb
@@ -374,30 +367,15 @@ class FeasibilityClassifier(BaseEstimator):
             self.model_ = xgb.XGBClassifier(n_estimators=60, max_depth=3, learning_rate=0.2,
                                             random_state=self.random_state, n_jobs=1)
             self.model_.fit(X, ok)
-        self.lo_ = X.min(axis=0) if len(X) else np.zeros(X.shape[1])
-        self.span_ = np.maximum((X.max(axis=0) - self.lo_) if len(X) else 1.0, 1e-12)
-        self.Z_, self.ok_ = (X - self.lo_) / self.span_, ok.astype(np.float64)
         self.n_features_in_ = X.shape[1]
         return self
-
-    def near_failures(self, X) -> np.ndarray:
-        """Per row, in (0, 1]: the kernel-weighted success rate around it (shrunk to the base rate by
-        ``prior_weight`` pseudo-runs) over the base rate, capped at 1: 1 far from every failure and
-        near successes, below 1 near failures. A lift, so it never raises what XGBoost says."""
-        Z = (np.asarray(X, dtype=np.float64) - self.lo_) / self.span_
-        d = max(Z.shape[1], 1)
-        # squared distances without an (n, m, d) array: candidates x runs only
-        sq = (Z * Z).sum(1)[:, None] + (self.Z_ * self.Z_).sum(1)[None, :] - 2.0 * Z @ self.Z_.T
-        w = np.exp(-np.maximum(sq, 0.0) / d / (2.0 * self.width ** 2))
-        p = (w @ self.ok_ + self.prior_weight * self.prior_) / (w.sum(1) + self.prior_weight)
-        return np.minimum(1.0, p / self.prior_)
 
     def predict_proba(self, X) -> np.ndarray:
         """P(feasible) per row (a 1-D array, unlike scikit-learn's two columns: there is one class of interest)."""
         X = np.asarray(X, dtype=np.float64)
         if self.model_ is None:
             return np.full(len(X), self.prior_)
-        return self.model_.predict_proba(X)[:, 1] * self.near_failures(X)
+        return self.model_.predict_proba(X)[:, 1]
 
     def predict(self, X) -> np.ndarray:
         return (self.predict_proba(X) >= 0.5).astype(np.int64)
