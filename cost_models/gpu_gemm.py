@@ -205,7 +205,9 @@ def check_line(device_name: str, c: dict[str, Any] | None, *, recipes: tuple[str
 def _check_text(device_name: str, c: dict[str, Any] | None) -> str:
     if c is None:
         return "the speed model was not checked against a measurement: read its speedups as unverified"
-    own, pub = c["own_measurement"], c["published_leave_one_source_out"]
+    # a device measured on its own (by_device) is quoted with its own figures
+    own = c.get("by_device", {}).get(device_name.lower(), c["own_measurement"])
+    pub = c["published_leave_one_source_out"]
     line = (f"the block speed model, checked on timings it was not fitted to: on {own['n']} fwd+bwd blocks "
             f"{own['what']}, speedups off by {own['mape_pct']:.0f}% (mean absolute), FP8 faster or slower called "
             f"right in {own['fast_slow_pct']:.0f}% ({own['fast_slow_resolved_pct']:.0f}% of the "

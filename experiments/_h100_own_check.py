@@ -29,6 +29,8 @@ from experiments._h100_site_steps import missing_targets, site_step_check
 from experiments.common import RESULTS
 
 RUN_FILES = ("gpu_checks.json", "gpu_checks_repeat.json")
+# a run and its repeat on another device the model names (cost_models.hardware): never fitted, the same checks
+OTHER_DEVICE_RUNS = {"h200": ("gpu_checks_h200.json", "gpu_checks_h200_repeat.json")}
 # a block within this factor of the run's smallest bf16 block time is bound by the host's per-call time
 HOST_BOUND_FACTOR = 2.0
 HOST_FLOOR_NOT_SHIPPED = (
@@ -38,11 +40,11 @@ HOST_FLOOR_NOT_SHIPPED = (
     "one site at a time (the site_step targets, experiments/_h100_site_steps.py): it would ship only if it met them")
 
 
-def own_runs() -> list[dict]:
-    """The GPU runs on record, first the one the shipped model is judged on; a repeat counts only when
-    it ran on the same device."""
+def own_runs(files: tuple[str, ...] = RUN_FILES) -> list[dict]:
+    """The GPU runs on record in ``files``, first the one the model is judged on; a repeat counts only
+    when it ran on the same device."""
     runs = []
-    for name in RUN_FILES:
+    for name in files:
         path = RESULTS / name
         doc = json.loads(path.read_text()) if path.is_file() else {}
         if not doc.get("device") or (runs and doc["device"] != runs[0]["device"]):
@@ -197,12 +199,14 @@ def shipped_check(run: dict, c: GemmConstants) -> dict:
             "block_rows": [{**b, "modelled": p} for b, p in zip(blocks, bpred)]}
 
 
-def own_measurement_check(c: GemmConstants) -> dict:
+def own_measurement_check(c: GemmConstants, files: tuple[str, ...] = RUN_FILES) -> dict:
     """The second look: the shipped model on the first run; the runs' own repeatability; the shipped
-    model on the fast/slow verdicts the runs agree on; the candidate host floor on the repeat run."""
-    runs = own_runs()
+    model on the fast/slow verdicts the runs agree on; the candidate host floor on the repeat run.
+    ``files``: the run and its repeat (another device's, ``OTHER_DEVICE_RUNS``, is checked the same way,
+    with that device's datasheet spec)."""
+    runs = own_runs(files)
     if not runs:
-        why = "no GPU measurement in results/gpu_checks.json (experiments/gpu_checks.py runs on a lent GPU)"
+        why = f"no GPU measurement in results/{files[0]} (experiments/gpu_checks.py runs on a lent GPU)"
         return {"label": None, "targets": _targets(None, SHIPPED, "", "", why) | _targets(None, CANDIDATE, "", "", why)
                 | missing_targets(why)}
     first = runs[0]
@@ -216,8 +220,8 @@ def own_measurement_check(c: GemmConstants) -> dict:
     out["site_steps"] = site_step_check(first, floors_ms, c)
     steps = out["site_steps"].pop("targets")
     if len(runs) < 2:
-        why = ("one GPU run on record: a repeat (gpu_checks.py --sections fp8,gemms,blocks --out gpu_checks_repeat) "
-               "is needed to check a floor fitted on the first run")
+        why = (f"one GPU run on record: a repeat (gpu_checks.py --sections fp8,gemms,blocks --out "
+               f"{files[-1].removesuffix('.json')}) is needed to check a floor fitted on the first run")
         out["targets"] = _targets(out, SHIPPED, lab, note, "") | _targets(None, CANDIDATE, "", "", why) | steps
         return out
     rep = repeatability(runs)

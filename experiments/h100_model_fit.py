@@ -45,7 +45,7 @@ from scipy import optimize  # noqa: E402
 
 from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants  # noqa: E402
 from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, meets, metrics, pairs, predict_block, predict_gemm  # noqa: E402
-from experiments._h100_own_check import own_measurement_check  # noqa: E402
+from experiments._h100_own_check import OTHER_DEVICE_RUNS, own_measurement_check  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "cost_models" / "data" / "h100_measurements"
@@ -167,18 +167,27 @@ def _target(what: str, value: float | None, target: float, higher_better: bool, 
     return out
 
 
-def _checked(published: dict, own: dict) -> dict | None:
-    """What every output showing a modelled speedup says about the model (cost_models.gpu_gemm.check_line):
-    its block speedups against timings the constants were not fitted to. None without an own measurement."""
+def _block_check(own: dict) -> dict | None:
     b, resolved = own.get("block_speedup"), own.get("block_fast_slow_on_resolved_rows")
     if not b or not resolved:
         return None
+    return {"what": own["label"].removeprefix("modelled vs ").removesuffix(" (not fitted)"),
+            "n": b["n"], "mape_pct": b["mape_pct"], "fast_slow_pct": b["agreement_pct"],
+            "fast_slow_resolved_n": resolved["n"], "fast_slow_resolved_pct": resolved["agreement_pct"]}
+
+
+def _checked(published: dict, own: dict, others: dict[str, dict]) -> dict | None:
+    """What every output showing a modelled speedup says about the model (cost_models.gpu_gemm.check_line):
+    its block speedups against timings the constants were not fitted to, on the H100 and on each other
+    device measured (``by_device``). None without an own H100 measurement."""
+    h100 = _block_check(own)
+    if h100 is None:
+        return None
+    by_device = {d: chk for d, o in others.items() if (chk := _block_check(o)) is not None}
     return {"label": "the shipped constants' fwd+bwd block speedups against timings they were not fitted to",
-            "devices": ["h100"],
-            "own_measurement": {"what": own["label"].removeprefix("modelled vs ").removesuffix(" (not fitted)"),
-                                "n": b["n"], "mape_pct": b["mape_pct"], "fast_slow_pct": b["agreement_pct"],
-                                "fast_slow_resolved_n": resolved["n"],
-                                "fast_slow_resolved_pct": resolved["agreement_pct"]},
+            "devices": ["h100", *by_device],
+            "own_measurement": h100,
+            "by_device": by_device,
             "published_leave_one_source_out": {"n": published["n"], "mape_pct": published["mape_pct"],
                                                "fast_slow_pct": published["agreement_pct"]},
             # what the measured blocks were: a speedup of another recipe or mode is outside the check
@@ -221,13 +230,17 @@ def main() -> None:
     }
     own = own_measurement_check(fitted)
     targets |= own.pop("targets")
+    # the same checks on another device the model names (its datasheet spec, the constants fitted on H100 rows)
+    others = {dev: own_measurement_check(fitted, files) for dev, files in OTHER_DEVICE_RUNS.items()}
+    for dev, chk in others.items():
+        targets |= {f"{dev.upper()}: {k}": v for k, v in chk.pop("targets").items()}
     sources = sorted({r["source"] for r in rows} | {b["source"] for b in blocks})
     FIT_PATH.write_text(json.dumps({
         "source": "experiments/h100_model_fit.py on cost_models/data/h100_measurements/gemm_throughput.csv (train "
                   "split; GEMM fields) and block_speedups.csv (cast_mem_frac)",
         "label": LABEL, "constants": {k: getattr(fitted, k) for k in names},
         "prior": {k: getattr(PRIOR_CONSTANTS, k) for k in names},
-        "checked": _checked(bs, own)}, indent=2) + "\n")
+        "checked": _checked(bs, own, others)}, indent=2) + "\n")
     payload = {
         "context": run_context("modelled"),
         "label": LABEL,
@@ -241,6 +254,9 @@ def main() -> None:
         "constants_after": {k: getattr(fitted, k) for k in names},
         "before": before, "after": after,
         "own_gpu_measurement": own,
+        "other_device_measurement": {
+            "label": "the model fitted on published H100 rows, with each device's datasheet spec, against that "
+                     "device's own runs (never fitted)", **others},
         "targets": targets,
         "rowwise_ln_linear_sigmoid_grid": {
             "label": "MODELLED (fitted constants); no published value here: torchao's README rowwise table is an "
@@ -250,14 +266,14 @@ def main() -> None:
                 for m, k, n in ROWWISE_GRID]},
     }
     path = write_result("h100_model_fit", payload)
-    _plot(rows, blocks, fitted, after["block_speedup"]["rows"], own)
+    _plot(rows, blocks, fitted, after["block_speedup"]["rows"], own, others)
     print(f"wrote {path} and {FIT_PATH} ({LABEL})")
     for k, t in targets.items():
         print(f"  {k}: {t['measured']} (target {t['target']}, n={t['n']}) {'met' if t['met'] else 'MISSED'}")
 
 
 def _plot(rows: list[dict], blocks: list[dict], fitted: GemmConstants, after_rows: list[dict] | None = None,
-          own: dict | None = None) -> None:
+          own: dict | None = None, others: dict[str, dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -291,6 +307,10 @@ def _plot(rows: list[dict], blocks: list[dict], fitted: GemmConstants, after_row
             ax.scatter([b["measured"] for b in cand["block_rows"]], [b["modelled_with_floor"] for b in cand["block_rows"]],
                        marker="s", facecolors="none", edgecolors="tab:red",
                        label="block, candidate host floor (fitted on run 1 without the shape; repeat run)")
+        for dev, o in (others or {}).items():
+            if o.get("block_rows"):
+                ax.scatter([b["speedup"] for b in o["block_rows"]], [b["modelled"] for b in o["block_rows"]],
+                           marker="^", alpha=0.7, label=f"block on the {dev.upper()} ({dev} spec; never fitted)")
         ax.plot([0.4, 2.0], [0.4, 2.0], "k--", lw=0.8)
         ax.axhline(1.0, color="grey", lw=0.5), ax.axvline(1.0, color="grey", lw=0.5)
         ax.set_xlabel("measured speedup"), ax.set_ylabel("modelled speedup (fitted on published rows)")

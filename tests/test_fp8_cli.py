@@ -24,9 +24,14 @@ def test_a_modelled_speedup_says_how_far_the_model_held_on_timings_it_was_not_fi
     own = checked["own_measurement"]
     assert f"on {own['n']} fwd+bwd blocks measured on" in text and f"off by {own['mape_pct']:.0f}%" in text
     assert "not a measured speedup" in text and "never checked" not in text  # the check is of this device
+    # a device measured on its own (the lent H200) is quoted with its own figures, one never measured says so
+    h200 = checked["by_device"]["h200"]
     assert main(["fp8", "model", "--m", "8192", "--k", "8192", "--n", "8192", "--device", "h200", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["checked"] == checked and out["trust"].endswith("h200 itself was never checked")
+    assert out["checked"] == checked and "never checked" not in out["trust"]
+    assert f"on {h200['n']} fwd+bwd blocks measured on NVIDIA H200, speedups off by {h200['mape_pct']:.0f}%" in out["trust"]
+    assert main(["fp8", "model", "--m", "8192", "--k", "8192", "--n", "8192", "--device", "a100", "--json"]) == 0
+    assert "a100 itself was never checked" in json.loads(capsys.readouterr().out)["trust"]
     bare = tmp_path / "fit.json"
     bare.write_text(json.dumps({"constants": {}}))  # constants without a recorded check: said, not hidden
     assert "not checked against a measurement" in check_line("h100", model_check(bare))

@@ -103,3 +103,24 @@ def test_site_steps_resolve_against_the_steps_own_drift_and_price_the_host_floor
     assert t["met"] is False and "1 resolved sites (1 unresolved" in t["reason"]
     none = site_steps.site_step_check({**run, "site_steps": []}, {}, DEFAULT_CONSTANTS)["targets"]
     assert all(x["met"] is False and "no resolved site" in x["reason"] for x in none.values())
+
+
+def test_another_devices_runs_are_judged_with_that_devices_spec(tmp_path, monkeypatch):
+    # the lent H200's runs: the same checks, the H200 datasheet in the model (more HBM bandwidth than the H100's)
+    from cost_models.gpu_gemm import DEFAULT_CONSTANTS
+    from experiments._h100_model import predict_gemm
+
+    monkeypatch.setattr(own, "RESULTS", tmp_path)
+    small, large = (1024, 1024, 1024), (8192, 8192, 8192)
+    speedups, times = {(small, "tensorwise"): 0.8, (large, "tensorwise"): 1.4}, {small: 1e-3, large: 5e-3}
+    files = own.OTHER_DEVICE_RUNS["h200"]
+    for f in files:
+        _run(tmp_path / f, speedups, times, device="NVIDIA H200")
+    _run(tmp_path / "gpu_checks.json", speedups, times)  # an H100 run beside them
+    h200 = own.own_measurement_check(DEFAULT_CONSTANTS, files)
+    h100 = own.own_measurement_check(DEFAULT_CONSTANTS)
+    assert h200["label"] == "modelled vs measured on NVIDIA H200 (not fitted)" and "repeatability" in h200
+    assert h100["label"].endswith("H100 80GB HBM3 (not fitted)") and "repeatability" not in h100
+    row = {"m": 16384, "k": 16, "n": 16384, "precision": "bf16", "recipe": None}  # bound by HBM
+    assert predict_gemm({**row, "device": "NVIDIA H200"}, DEFAULT_CONSTANTS) < predict_gemm(
+        {**row, "device": "NVIDIA H100 80GB HBM3"}, DEFAULT_CONSTANTS)
