@@ -17,7 +17,8 @@ What it learns from, as Optuna treats it:
 - PRUNED trials: the last reported intermediate value, but never better than the worst complete
   trial (Optuna's TPE ranks pruned trials below every complete one); one without any report
   counts as a failure.
-- FAIL trials: a failure (the feasibility classifier learns to avoid the region).
+- FAIL trials: a failure (the feasibility classifier learns to avoid the region; without
+  constraints, a kernel estimate marks the failure's neighbourhood from the first one on).
 - constraints (``constraints_func``, stored by :meth:`after_trial` in the trial's system
   attributes under Optuna's own key): each constraint value is a metric the surrogate models
   (feasible when <= 0), and a trial violating one is infeasible.

@@ -251,9 +251,10 @@ class Surrogate:
     runs that produced it), one per constraint metric (fit on every run that reported it, failed
     ones included: a simulated OOM reports its memory), and a
     :class:`cost_models.proxy.FeasibilityClassifier` of run-or-fail on every run (an OOM is a
-    failure whatever it reports). An OOM that reports no memory still teaches the memory model:
-    it enters censored, above the bound (1.25 x the larger of the bound and the largest memory
-    seen), since all we know is that it did not fit. P(feasible) = P(every constraint met) x the
+    failure whatever it reports; its kernel near failures only in a space without constraints).
+    An OOM that reports no memory still teaches the memory model: it enters censored, above the
+    bound (1.25 x the larger of the bound and the largest memory seen), since all we know is that
+    it did not fit. P(feasible) = P(every constraint met) x the
     classifier's lift over the base rate of success (capped at 1): both learned from the same
     OOMs, so a plain product would count each twice."""
 
@@ -307,7 +308,9 @@ class Surrogate:
                 np.array([x for x, _ in rows]), np.log(vals) if use_log else vals)
             self.constraints_.append((c, model, use_log))
         self.ok_train_ = np.array([o.ok for o in train], dtype=float)
-        self.feasibility_ = FeasibilityClassifier(random_state=self.seed).fit(X_all, self.ok_train_)
+        # the kernel near failures only where failure is the only signal (no declared constraints)
+        self.feasibility_ = FeasibilityClassifier(random_state=self.seed, local=not space.constraints).fit(
+            X_all, self.ok_train_)
         return self
 
     def predict(self, points: list[dict[str, Any]], context: dict[str, Any]) -> Prediction:

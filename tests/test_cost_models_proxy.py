@@ -166,3 +166,18 @@ def test_cross_validated_taus_carry_their_p_and_the_listing_says_whether_the_cho
                     "gp: not distinguishable from a proxy that ranks at random")
     assert cv_tau_text({"family": "gp", "cv_tau": {"gp": 0.3}}) == "CV Kendall tau, one-sided p: gp 0.30"
     assert cv_tau_text({"family": "ridge"}) == "CV Kendall tau: not cross-validated"
+
+
+def test_one_failure_among_few_runs_marks_its_neighbourhood_when_local():
+    """Stop 65 noticed: with 8 runs and 1 crash XGBoost cannot split (each leaf needs a hessian of 1), so
+    P(feasible) was the base rate everywhere and a search proposed the crashed point again and again."""
+    X = np.array([[4.412, 2.211], [3.109, 1.604], [0.372, 0.846], [3.187, 1.408], [4.29, 0.0],
+                  [3.536, 0.0], [3.422, 5.0], [4.02, 1.142], [5.0, 1.124]]) / 5.0
+    ok = [1] * 8 + [0]
+    clf = FeasibilityClassifier(local=True).fit(X, ok)
+    assert clf.predict_proba([[5.0 / 5, 1.126 / 5]])[0] < 0.4  # a hair from the crash
+    assert clf.predict_proba([[3.1 / 5, 1.6 / 5]])[0] > 0.7  # among successes: as before
+    assert np.all(clf.near_failures(X[:8]) <= 1.0) and clf.near_failures([[0.62, 0.5]])[0] == 1.0
+    # off by default (a space with constraints learns failures from their metrics): XGBoost's answer alone
+    plain = FeasibilityClassifier().fit(X, ok)
+    np.testing.assert_array_equal(plain.predict_proba(X), plain.model_.predict_proba(X)[:, 1])
