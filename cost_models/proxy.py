@@ -369,7 +369,9 @@ class FeasibilityClassifier(BaseEstimator):
         self.width = width  # RMS distance per feature (features scaled by the runs' range) where a run weighs e^-1/2
         self.prior_weight = prior_weight  # pseudo-runs at the base rate in every neighbourhood
 
-    def fit(self, X, ok) -> "FeasibilityClassifier":
+    def fit(self, X, ok, kernel_rows=None) -> "FeasibilityClassifier":
+        """``kernel_rows``: a mask of the runs the kernel estimate weighs (default all; a search leaves
+        out runs a pruner stopped: stopped for their curve, not failed at their configuration)."""
         import xgboost as xgb
 
         X = np.asarray(X, dtype=np.float64)
@@ -382,7 +384,8 @@ class FeasibilityClassifier(BaseEstimator):
             self.model_.fit(X, ok)
         self.lo_ = X.min(axis=0) if len(X) else np.zeros(X.shape[1])
         self.span_ = np.maximum((X.max(axis=0) - self.lo_) if len(X) else 1.0, 1e-12)
-        self.Z_, self.ok_ = (X - self.lo_) / self.span_, ok.astype(np.float64)
+        keep = np.ones(len(X), bool) if kernel_rows is None else np.asarray(kernel_rows, bool)
+        self.Z_, self.ok_ = ((X - self.lo_) / self.span_)[keep], ok[keep].astype(np.float64)
         self.n_features_in_ = X.shape[1]
         return self
 

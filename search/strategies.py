@@ -308,9 +308,10 @@ class Surrogate:
                 np.array([x for x, _ in rows]), np.log(vals) if use_log else vals)
             self.constraints_.append((c, model, use_log))
         self.ok_train_ = np.array([o.ok for o in train], dtype=float)
-        # the kernel near failures only where failure is the only signal (no declared constraints)
+        # the kernel near failures only where failure is the only signal (no declared constraints),
+        # and from runs that failed, not ones a pruner stopped before any value (they stay failures)
         self.feasibility_ = FeasibilityClassifier(random_state=self.seed, local=not space.constraints).fit(
-            X_all, self.ok_train_)
+            X_all, self.ok_train_, kernel_rows=[not o.result.extra.get("pruned") for o in train])
         return self
 
     def predict(self, points: list[dict[str, Any]], context: dict[str, Any]) -> Prediction:

@@ -181,3 +181,11 @@ def test_one_failure_among_few_runs_marks_its_neighbourhood_when_local():
     # off by default (a space with constraints learns failures from their metrics): XGBoost's answer alone
     plain = FeasibilityClassifier().fit(X, ok)
     np.testing.assert_array_equal(plain.predict_proba(X), plain.model_.predict_proba(X)[:, 1])
+
+
+def test_the_kernel_weighs_only_the_rows_it_is_given():
+    X = np.array([[0.0], [0.3], [0.6], [1.0]])
+    ok = [1, 1, 1, 0]
+    both = FeasibilityClassifier(local=True).fit(X, ok)
+    stopped = FeasibilityClassifier(local=True).fit(X, ok, kernel_rows=[True, True, True, False])
+    assert both.near_failures([[0.99]])[0] < 0.5 and stopped.near_failures([[0.99]])[0] == 1.0
