@@ -382,10 +382,11 @@ class FeasibilityClassifier(BaseEstimator):
             self.model_ = xgb.XGBClassifier(n_estimators=60, max_depth=3, learning_rate=0.2,
                                             random_state=self.random_state, n_jobs=1)
             self.model_.fit(X, ok)
-        self.lo_ = X.min(axis=0) if len(X) else np.zeros(X.shape[1])
-        self.span_ = np.maximum((X.max(axis=0) - self.lo_) if len(X) else 1.0, 1e-12)
-        keep = np.ones(len(X), bool) if kernel_rows is None else np.asarray(kernel_rows, bool)
-        self.Z_, self.ok_ = ((X - self.lo_) / self.span_)[keep], ok[keep].astype(np.float64)
+        if self.local:  # the runs the kernel weighs, scaled by their range
+            self.lo_ = X.min(axis=0) if len(X) else np.zeros(X.shape[1])
+            self.span_ = np.maximum((X.max(axis=0) - self.lo_) if len(X) else 1.0, 1e-12)
+            keep = np.ones(len(X), bool) if kernel_rows is None else np.asarray(kernel_rows, bool)
+            self.Z_, self.ok_ = ((X - self.lo_) / self.span_)[keep], ok[keep].astype(np.float64)
         self.n_features_in_ = X.shape[1]
         return self
 
