@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cubic.cli.app import main
+from cubic.testing import error_lines
 
 ESC = "\x1b"
 REPO = Path(__file__).resolve().parent.parent
@@ -113,9 +114,8 @@ def test_full_disk_under_storage_is_one_line(tmp_path):
                         "--store", "sqlite:///store.db"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
-    # live progress (the baseline's line, a line per run) and notes before the first run aside, one line
-    lines = [ln for ln in p.stderr.splitlines()
-             if ln.strip() and not ln.startswith(("f run ", "baseline (", "cubic: note: "))]
+    # live progress (the baseline's line, a line per run), warnings and notes aside, one line
+    lines = error_lines(p.stderr)
     assert p.returncode in (1, 2, 3) and len(lines) == 1 and lines[0].startswith("cubic: "), p.stderr[-2000:]
     assert "disk" in lines[0], p.stderr
 
@@ -129,3 +129,16 @@ def test_a_run_child_does_not_import_from_the_cwd(tmp_path):
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert p.returncode == 0, p.stderr[-2000:]
     assert not (tmp_path / "STRAY").exists()
+
+
+def test_an_error_is_one_line_besides_progress_warnings_and_notes():
+    """One rule for the tests and the reliability judge (experiments/reliability/attack.py): stop 68's
+    reliability run counted the default space's group-size note as a second error line (the full-disk
+    attack), a rule the full-disk test had learnt in stop 65 and the judge had not."""
+    err = ("cubic: note: the default space's sharding.group_size keeps [4, 8] of [4, 8, 16, 32, 64]\n"
+           "baseline (the workload's defaults): examples/s 26,100,000; SIMULATED\n"
+           "f run 1/8 (trial 0): examples/s 1.0\n\ncubic: warning: slow disk\n"
+           "cubic: store error: disk I/O error (is the disk full?)\n")
+    assert error_lines(err) == ["cubic: store error: disk I/O error (is the disk full?)"]
+    assert error_lines("Traceback (most recent call last):\ncubic: error: x\n") == [
+        "Traceback (most recent call last):", "cubic: error: x"]

@@ -5,7 +5,9 @@
   store are the code under test);
 - :func:`make_evaluate`: the ``module:factory`` entry (``cubic.testing:make_evaluate``) for
   ``python -m cubic.codesign.worker`` / ``cubic campaign work`` over the stand-in;
-- :class:`FaultyRunner`: the real LocalRunner with a test-only fault per point.
+- :class:`FaultyRunner`: the real LocalRunner with a test-only fault per point;
+- :func:`error_lines`: what a CLI's stderr says besides its live progress, warnings and notes (the
+  one rule the tests and the reliability experiment's judge share).
 
 Not measurements of anything: they exercise the campaign and the stores at a rate real runs cannot.
 """
@@ -13,6 +15,7 @@ Not measurements of anything: they exercise the campaign and the stores at a rat
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -23,6 +26,17 @@ from typing import Any
 from cubic.core.result import Result
 from cubic.core.spec import Workload
 from cubic.runners.base import Runner
+
+# a campaign's live progress: a line per run, and the baseline's
+_PROGRESS = re.compile(r"^(.* run \d+/\d+ \(trial \d+\): |baseline \()")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of a CLI's stderr that are not live progress, a ``cubic: warning:`` or a ``cubic: note:``
+    (a note before the first run, e.g. the default space's group sizes): an error should be exactly one."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("cubic: warning:", "cubic: note:"))
+            and not _PROGRESS.match(ln)]
+
 
 LOG_ENV = "CUBIC_RELIABILITY_LOG"
 DELAY_ENV = "CUBIC_RELIABILITY_DELAY"

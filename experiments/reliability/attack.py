@@ -11,7 +11,6 @@ left behind that it must not create.
 from __future__ import annotations
 
 import os
-import re
 import resource
 import signal
 import subprocess
@@ -20,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from cubic.testing import error_lines
 
 REPO = Path(__file__).resolve().parents[2]
 MEM_LIMIT_BYTES = 8 * 2**30  # a regression (an alias bomb expanding) fails this child, not the machine
@@ -50,7 +51,7 @@ class Attack:
     expect_rc: tuple[int, ...] = (2,)
     must_say: tuple[str, ...] = ()  # substrings of stderr (the file, field or row named)
     forbid: tuple[str, ...] = ()  # anywhere in stdout+stderr
-    one_line: bool = True  # stderr holds exactly one line (besides "cubic: warning:" lines)
+    one_line: bool = True  # stderr holds exactly one line (besides progress, warnings and notes)
     timeout_s: float = 60.0
     program: str = CLI
     env: dict[str, str] = field(default_factory=dict)
@@ -85,10 +86,7 @@ def run_attack(attack: Attack, wd: Path) -> Outcome:
                        why=f"no answer within {attack.timeout_s:g} s", stderr_tail=err[-300:])
     elapsed = round(time.monotonic() - t0, 2)
     out, err = proc.stdout, proc.stderr
-    # a campaign's live progress: a line per run, and the baseline's
-    progress = re.compile(r"^(.* run \d+/\d+ \(trial \d+\): |baseline \()")
-    lines = [ln for ln in err.splitlines()
-             if ln.strip() and not ln.startswith("cubic: warning:") and not progress.match(ln)]
+    lines = error_lines(err)  # live progress, warnings and notes aside (the tests' rule)
     why = []
     tb = "Traceback (most recent call last)" in err
     if tb:
