@@ -257,10 +257,9 @@ def test_a_crash_is_not_proposed_again_a_hair_away():
 
 
 def test_a_space_with_constraints_learns_failures_from_them_not_the_kernel():
-    from search.space import Constraint, Objective, Parameter, Space
-    from search.strategies import Surrogate
     from cubic.core.result import Result
-    from search.strategies import Observation
+    from search.space import Constraint, Objective, Parameter, Space
+    from search.strategies import Observation, Surrogate
 
     params = [Parameter(name="x", type="float", low=0.0, high=1.0)]
     obs = [Observation({"x": v}, Result(status="ok", metrics={"qps": 1.0 + v, "mem": v}) if v < 0.8
