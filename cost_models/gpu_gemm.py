@@ -211,7 +211,10 @@ def _check_text(device_name: str, c: dict[str, Any] | None) -> str:
     line = (f"the block speed model, checked on timings it was not fitted to: on {own['n']} fwd+bwd blocks "
             f"{own['what']}, speedups off by {own['mape_pct']:.0f}% (mean absolute), FP8 faster or slower called "
             f"right in {own['fast_slow_pct']:.0f}% ({own['fast_slow_resolved_pct']:.0f}% of the "
-            f"{own['fast_slow_resolved_n']} the repeat run resolves); on {pub['n']} published blocks "
+            f"{own['fast_slow_resolved_n']} the repeat run resolves)"
+            + "".join(f"; in another run pair (another machine start) {o['mape_pct']:.0f}% and {o['fast_slow_pct']:.0f}%"
+                      for o in own.get("other_leases", []))
+            + f"; on {pub['n']} published blocks "
             f"(leave one source out) {pub['mape_pct']:.0f}% and {pub['fast_slow_pct']:.0f}%: a guide to where "
             f"FP8 pays, not a measured speedup")
     if device_name.lower() not in {d.lower() for d in c["devices"]}:

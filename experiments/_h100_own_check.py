@@ -25,12 +25,15 @@ from scipy import optimize
 from cost_models.gpu_gemm import GemmConstants
 from experiments._h100_model import (BLOCK_TARGETS, TARGETS, fast_slow, meets, metrics, pairs, predict_block,
                                      predict_block_times, predict_gemm)
-from experiments._h100_site_steps import missing_targets, site_step_check
+from experiments._h100_site_steps import across_runs, missing_targets, settled_target, site_step_check
 from experiments.common import RESULTS
 
 RUN_FILES = ("gpu_checks.json", "gpu_checks_repeat.json")
-# a run and its repeat on another device the model names (cost_models.hardware): never fitted, the same checks
-OTHER_DEVICE_RUNS = {"h200": ("gpu_checks_h200.json", "gpu_checks_h200_repeat.json")}
+# another device the model names (cost_models.hardware), never fitted, the same checks: its leases (each a
+# run and its repeat, one machine start), newest first. The newest is the one reported; a verdict counts as
+# met only when every lease gives it (leases_check)
+OTHER_DEVICE_RUNS = {"h200": (("gpu_checks_h200_run3.json", "gpu_checks_h200_run4.json"),
+                              ("gpu_checks_h200.json", "gpu_checks_h200_repeat.json"))}
 # a block within this factor of the run's smallest bf16 block time is bound by the host's per-call time
 HOST_BOUND_FACTOR = 2.0
 HOST_FLOOR_NOT_SHIPPED = (
@@ -237,4 +240,35 @@ def own_measurement_check(c: GemmConstants, files: tuple[str, ...] = RUN_FILES) 
     cand_note = f"{cand['label']}; {HOST_FLOOR_NOT_SHIPPED}"
     out["targets"] = (_targets(out, SHIPPED, lab, note, "") | _targets(cand, CANDIDATE, cand["label"], cand_note, "")
                       | steps)
+    return out
+
+
+def leases_check(c: GemmConstants, leases: tuple[tuple[str, ...], ...]) -> dict:
+    """``own_measurement_check`` on each lease of a device (newest first), reported on the newest, each
+    target with its value in every lease: one met in one lease and missed in another is not met (a second
+    machine start did not confirm it). ``across_leases``: the runs' repeatability and the site steps'
+    settled verdicts over every run of every lease."""
+    checks = [own_measurement_check(c, files) for files in leases]
+    out = checks[0]
+    for name, t in out["targets"].items():
+        seen = [{"runs": [f"results/{f}" for f in files], "measured": chk["targets"][name]["measured"],
+                 "met": chk["targets"][name]["met"]} for files, chk in zip(leases, checks)]
+        t["every_lease"] = seen
+        if len(seen) > 1 and len({s["met"] for s in seen}) > 1:
+            met_in = [", ".join(s["runs"]) for s in seen if s["met"]]
+            t["met"] = False
+            t["reason"] = (f"met on {'; '.join(met_in)} and missed on another lease: not confirmed by a second "
+                           "machine start")
+    runs = [r for files in leases for r in own_runs(files)]
+    if runs:
+        across = across_runs(runs, c)
+        out["across_leases"] = {"runs": [r["file"] for r in runs], "repeatability": repeatability(runs)
+                                if len(runs) > 1 else None, "site_steps": across}
+        out["targets"] |= settled_target(across)
+    out["earlier_leases"] = [{"runs": [f"results/{f}" for f in files], "label": chk.get("label"),
+                              "block_speedup": chk.get("block_speedup"),
+                              "block_fast_slow_on_resolved_rows": chk.get("block_fast_slow_on_resolved_rows"),
+                              "site_steps": chk.get("site_steps") and {
+                                  k: chk["site_steps"][k] for k in ("shipped", "candidate_host_floor")}}
+                             for files, chk in zip(leases[1:], checks[1:])]
     return out

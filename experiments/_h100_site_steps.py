@@ -114,6 +114,52 @@ def missing_targets(why: str) -> dict:
     return _targets({SHIPPED: None, CANDIDATE: None}, "", why)
 
 
+def across_runs(runs: list[dict], c: GemmConstants) -> dict:
+    """The site steps of every run that has them (each a fresh process; leases apart on another day): a
+    site's change is *settled* when every run resolves it by its own drift, with one sign. A verdict one run
+    resolves and another contradicts is noise, whatever a model says; the shipped model is scored on the
+    settled sites (``fast_slow_pct``), the target ``SETTLED`` names."""
+    with_steps = [r for r in runs if r["site_steps"]]
+    per: dict[tuple, list[dict]] = {}
+    for run in with_steps:
+        for r in site_rows(run, {}, c):
+            per.setdefault((r["tower"], r["recipe"], r["site"]), []).append(r)
+    rows = []
+    for (tower, recipe, site), rs in sorted(per.items()):
+        if len(rs) < len(with_steps):
+            continue
+        change = [r["measured_change_ms"] for r in rs]
+        settled = all(r["resolved"] for r in rs) and len({x < 0 for x in change}) == 1
+        shipped = rs[0]["shipped_change_ms"]
+        rows.append({"tower": tower, "recipe": recipe, "site": site, "measured_change_ms": change,
+                     "resolved": [r["resolved"] for r in rs], "settled": settled, "shipped_change_ms": shipped,
+                     "shipped_right": ((change[0] < 0) == (shipped < 0)) if settled else None})
+    right = [r["shipped_right"] for r in rows if r["settled"]]
+    return {"label": f"MEASURED in {len(with_steps)} runs ({', '.join(r['file'] for r in with_steps)}) vs MODELLED "
+                     "(shipped, GPU time only)",
+            "runs": [r["file"] for r in with_steps], "n_sites": len(rows), "n_settled": len(right),
+            # a model right on settled sites of one kind only (say every one FP8-faster) is checked on that kind only
+            "n_settled_fp8_faster": sum(r["settled"] and r["measured_change_ms"][0] < 0 for r in rows),
+            "fast_slow_pct": 100.0 * sum(right) / len(right) if right else None, "rows": rows}
+
+
+SETTLED = "whole training step, FP8 on one site; shipped model, on the sites every run settles"
+
+
+def settled_target(across: dict) -> dict:
+    """The shipped model's fast/slow agreement on the settled sites, against the block check's bar."""
+    value, bar = across["fast_slow_pct"], BLOCK_TARGETS["fast_slow_pct"]
+    n, fast = across["n_settled"], across["n_settled_fp8_faster"]
+    t = {"measured": value, "target": bar, "met": meets(value, bar, True), "n": n, "label": across["label"],
+         "note": f"{fast} of the {n} settled sites FP8-faster, {n - fast} slower"
+                 + ("; every one of one kind, so the model is checked on that kind only" if n and fast in (0, n) else "")}
+    if not t["met"]:
+        t["reason"] = ("no site settled" if value is None else f"{value:.1f} against {bar} (at least)") + (
+            f" over {across['n_settled']} of {across['n_sites']} sites settled in {len(across['runs'])} runs "
+            "(resolved by each run's drift, with one sign)")
+    return {f"site_step_fast_slow_pct ({SETTLED})": t}
+
+
 def site_step_check(run: dict, floors: dict[str, float], c: GemmConstants) -> dict:
     """The shipped model and the candidate host floor against the run's site steps, with targets."""
     rows = site_rows(run, floors, c)

@@ -45,7 +45,7 @@ from scipy import optimize  # noqa: E402
 
 from cost_models.gpu_gemm import BLOCK_FIELDS, FIT_PATH, FITTED_FIELDS, PRIOR_CONSTANTS, GemmConstants  # noqa: E402
 from experiments._h100_model import BLOCK_TARGETS, TARGETS, fast_slow, meets, metrics, pairs, predict_block, predict_gemm  # noqa: E402
-from experiments._h100_own_check import OTHER_DEVICE_RUNS, own_measurement_check  # noqa: E402
+from experiments._h100_own_check import OTHER_DEVICE_RUNS, leases_check, own_measurement_check  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "cost_models" / "data" / "h100_measurements"
@@ -183,7 +183,11 @@ def _checked(published: dict, own: dict, others: dict[str, dict]) -> dict | None
     h100 = _block_check(own)
     if h100 is None:
         return None
-    by_device = {d: chk for d, o in others.items() if (chk := _block_check(o)) is not None}
+    by_device = {d: chk | {"other_leases": [
+                     {"runs": e["runs"], "mape_pct": e["block_speedup"]["mape_pct"],
+                      "fast_slow_pct": e["block_speedup"]["agreement_pct"]}
+                     for e in o.get("earlier_leases", []) if e.get("block_speedup")]}
+                 for d, o in others.items() if (chk := _block_check(o)) is not None}
     return {"label": "the shipped constants' fwd+bwd block speedups against timings they were not fitted to",
             "devices": ["h100", *by_device],
             "own_measurement": h100,
@@ -231,7 +235,7 @@ def main() -> None:
     own = own_measurement_check(fitted)
     targets |= own.pop("targets")
     # the same checks on another device the model names (its datasheet spec, the constants fitted on H100 rows)
-    others = {dev: own_measurement_check(fitted, files) for dev, files in OTHER_DEVICE_RUNS.items()}
+    others = {dev: leases_check(fitted, leases) for dev, leases in OTHER_DEVICE_RUNS.items()}
     for dev, chk in others.items():
         targets |= {f"{dev.upper()}: {k}": v for k, v in chk.pop("targets").items()}
     sources = sorted({r["source"] for r in rows} | {b["source"] for b in blocks})

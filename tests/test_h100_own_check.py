@@ -113,7 +113,7 @@ def test_another_devices_runs_are_judged_with_that_devices_spec(tmp_path, monkey
     monkeypatch.setattr(own, "RESULTS", tmp_path)
     small, large = (1024, 1024, 1024), (8192, 8192, 8192)
     speedups, times = {(small, "tensorwise"): 0.8, (large, "tensorwise"): 1.4}, {small: 1e-3, large: 5e-3}
-    files = own.OTHER_DEVICE_RUNS["h200"]
+    files = own.OTHER_DEVICE_RUNS["h200"][0]  # the newest lease: a run and its repeat
     for f in files:
         _run(tmp_path / f, speedups, times, device="NVIDIA H200")
     _run(tmp_path / "gpu_checks.json", speedups, times)  # an H100 run beside them
@@ -124,3 +124,45 @@ def test_another_devices_runs_are_judged_with_that_devices_spec(tmp_path, monkey
     row = {"m": 16384, "k": 16, "n": 16384, "precision": "bf16", "recipe": None}  # bound by HBM
     assert predict_gemm({**row, "device": "NVIDIA H200"}, DEFAULT_CONSTANTS) < predict_gemm(
         {**row, "device": "NVIDIA H100 80GB HBM3"}, DEFAULT_CONSTANTS)
+
+
+def test_a_target_one_lease_meets_and_another_misses_is_not_met(tmp_path, monkeypatch):
+    # two machine starts of the same GPU kind: the newest is reported, the verdict must hold in both
+    from cost_models.gpu_gemm import DEFAULT_CONSTANTS
+
+    monkeypatch.setattr(own, "RESULTS", tmp_path)
+    s, big, dev = (8192, 8192, 8192), (16384, 16384, 16384), "NVIDIA H200"
+    new, old = ("new.json", "new_repeat.json"), ("old.json", "old_repeat.json")
+    times = {s: 5e-3, big: 4e-2}
+    for f in new:
+        _run(tmp_path / f, {(s, "tensorwise"): 1.4, (big, "tensorwise"): 1.5}, times, device=dev)
+    for f in old:
+        _run(tmp_path / f, {(s, "tensorwise"): 0.7, (big, "tensorwise"): 0.8}, times, device=dev)
+    one = own.own_measurement_check(DEFAULT_CONSTANTS, new)["targets"]
+    out = own.leases_check(DEFAULT_CONSTANTS, (new, old))
+    name = f"block_speedup_fast_slow_pct ({own.SHIPPED})"
+    t = out["targets"][name]
+    assert [e["met"] for e in t["every_lease"]] == [one[name]["met"], not one[name]["met"]]
+    assert t["met"] is False and "not confirmed by a second machine start" in t["reason"]
+    assert t["measured"] == one[name]["measured"]  # the newest lease's figure
+    assert out["across_leases"]["runs"] == [f"results/{f}" for f in new + old]
+    assert out["earlier_leases"][0]["runs"] == [f"results/{f}" for f in old]
+
+
+def test_a_site_is_settled_only_when_every_run_resolves_it_with_one_sign():
+    from cost_models.gpu_gemm import DEFAULT_CONSTANTS
+
+    def run(name, ms0, ms2):
+        steps = [_step("t", "bf16", None, 1.00), _step("t", "site", "0", ms0, 8192, 8192, 8192),
+                 _step("t", "site", "2", ms2, 8192, 8192, 8192), _step("t", "bf16_again", None, 1.01)]
+        return {"file": name, "label": "measured on X", "device": "NVIDIA H200", "site_steps": steps}
+
+    # site 0 faster in both runs (resolved: |change| > 0.01 drift); site 2 slower in one, faster in the other
+    runs = [run("a", 0.80, 1.20), run("b", 0.85, 0.90), {"file": "c", "site_steps": []}]
+    across = site_steps.across_runs(runs, DEFAULT_CONSTANTS)
+    rows = {r["site"]: r for r in across["rows"]}
+    assert rows["0"]["settled"] and not rows["2"]["settled"] and rows["2"]["shipped_right"] is None
+    assert across["runs"] == ["a", "b"] and across["n_settled"] == 1 == across["n_settled_fp8_faster"]
+    (t,) = site_steps.settled_target(across).values()
+    assert t["n"] == 1 and t["measured"] == (100.0 if rows["0"]["shipped_right"] else 0.0)
+    assert "every one of one kind" in t["note"]
