@@ -144,6 +144,31 @@ def concurrent_workers(storage: str, store: str, workers: int = 4, budget: int =
     }
 
 
+def fault_outcome_problems(r: dict[str, Any]) -> list[str]:
+    """What a ``concurrent_workers`` run got wrong under its fault (empty: it held). One rule for the slow
+    tests and the reliability judge, so that neither passes what the other fails."""
+    f, store = r.get("fault") or {}, r.get("store") or {}
+    checks = [("every trial of the budget ran", r.get("trials") == r.get("budget")),
+              ("no trial lost", r.get("lost_trials") == 0), ("no trial duplicated", r.get("duplicated_trials") == 0),
+              ("every worker exited 0", set(r.get("worker_exit_codes") or [1]) == {0}),
+              ("nothing lost from the trial store", store.get("lost") == 0 and store.get("orphans") == 0)]
+    if f.get("fault") == "db_restart":
+        checks += [("the server was stopped and started", bool(f.get("stopped") and f.get("started"))),
+                   ("a worker re-attached", r.get("reattached_workers", 0) >= 1)]
+    elif f.get("fault") == "stall":
+        # the stalled worker reports its attempt lost: a run it finished and does not tell, (stopped between
+        # taking the trial and starting) a take it leaves to another worker, or (stopped inside a transaction
+        # the server then ended) it re-attaches and goes on
+        told = r.get("lost_runs_not_told", 0) + r.get("lost_takes", 0) + r.get("reattached_workers", 0)
+        checks += [("the stalled trial finished", f.get("state_when_resumed") == "COMPLETE"),
+                   ("retired once, after the grace period", f.get("interrupted_attempts") == 1),
+                   ("finished by another worker", f.get("finished_by") not in (None, f.get("worker"))),
+                   ("the stalled worker reported its attempt once", told == 1),
+                   # the untold run is still a measurement in the trial store: a second row of that point at most
+                   ("at most one extra row in the trial store", store.get("duplicates", 0) <= 1)]
+    return [what for what, ok in checks if not ok]
+
+
 def _stall(procs, t, study, deadline: float) -> dict[str, Any]:
     """SIGSTOP the worker running trial ``t`` (its heartbeat stops, as a cut-off host's would);
     SIGCONT it once the trial was finished by another worker (or at ``deadline``)."""
