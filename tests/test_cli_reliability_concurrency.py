@@ -131,8 +131,8 @@ def test_a_worker_whose_lease_lapsed_under_it_works_on_instead_of_exiting(tmp_pa
     other's lease is free."""
     from sqlalchemy import create_engine, update
 
-    from cubic.codesign.campaign import CampaignListener
     from cubic.codesign.storage import _LEASES
+    from cubic.testing import recording_listener
 
     sp = space()
     url = f"sqlite:///{tmp_path}/c.db"
@@ -147,18 +147,13 @@ def test_a_worker_whose_lease_lapsed_under_it_works_on_instead_of_exiting(tmp_pa
             time.sleep(0.5)  # (the lease is renewed every 0.2 s: it sees the loss before the budget ends)
         return inner(point)
 
-    class Seen(CampaignListener):
-        lost = 0
-
-        def lease_lost(self, campaign):
-            Seen.lost += 1
-
+    heard = recording_listener()
     Campaign(sp, evaluate, name="lapse", strategy="random", budget=6, batch_size=2, seed=1, storage=url)
-    c = Campaign.resume("lapse", evaluate, storage=url, lease_s=0.6, worker="w0", listener=Seen())
+    c = Campaign.resume("lapse", evaluate, storage=url, lease_s=0.6, worker="w0", listener=heard)
     rep = c.work(poll_s=0.05)
     eng.dispose()
     runs = [t for t in optuna.load_study(study_name="lapse", storage=url).trials if "finished_at" in t.user_attrs]
-    assert stolen == [1] and Seen.lost == 1 and rep.coordinated
+    assert stolen == [1] and heard.heard("lease_lost") == [("lapse",)] and rep.coordinated
     assert rep.runs == 6 == len(runs) == len({t.user_attrs["key"] for t in runs})
 
 

@@ -410,7 +410,7 @@ def test_a_run_taken_back_while_its_worker_was_silent_is_not_told(tmp_path):
     c.study.enqueue_trial(point)
     mine = c._take()
     assert mine is not None and c._still_ours(mine)
-    assert c._run_one(mine) == (point, None) and lost == [mine.number]
+    assert c._run_one(mine) == (point, None) and lost() == [mine.number]
     now = c.study._storage.get_trial(mine._trial_id)  # the other worker's attempt, untouched
     assert now.state == optuna.trial.TrialState.RUNNING and now.system_attrs["cubic_worker"] == "b"
     assert taken_by_other["t"] is not None and taken_by_other["t"].number == mine.number
@@ -449,7 +449,7 @@ def test_a_trial_taken_back_before_its_run_began_is_left_to_the_other_worker(tmp
         claim(t)
 
     c._claim = silent_then_claim
-    assert c._take() is None and lost == [0] and ran == ["b"]
+    assert c._take() is None and lost() == [0] and ran == ["b"]
     done = c.study._storage.get_trial(c._trials()[0]._trial_id)
     assert done.state == optuna.trial.TrialState.COMPLETE and done.values == [2.0]
     assert done.system_attrs["cubic_worker"] == "b"
@@ -473,7 +473,7 @@ def test_a_worker_silent_between_its_take_and_its_params_never_claims_the_other_
         claim(t)
 
     c._claim = silent_while_the_other_runs
-    assert c._take() is None and lost == [0] and ran == []
+    assert c._take() is None and lost() == [0] and ran == []
     now = c.study._storage.get_trial(theirs["t"]._trial_id)
     assert now.state == optuna.trial.TrialState.RUNNING and now.system_attrs[WORKER_ATTR] == "b"
     assert other._still_ours(theirs["t"])  # b's attempt is intact: its run counts
@@ -508,7 +508,7 @@ def test_a_trial_taken_back_between_the_check_and_the_tell_is_reported_lost_not_
 
     c._still_ours = ours_then_taken_back
     point, ev = c._run_one(mine)
-    assert ev is None and lost == [mine.number]
+    assert ev is None and lost() == [mine.number]
     assert c.study._storage.get_trial(mine._trial_id).values == [2.0]
 
 
@@ -555,13 +555,8 @@ def test_a_campaign_another_process_is_creating_is_not_taken_for_a_creation_cut_
 
 
 def _recording(event: str):
-    """A CampaignListener that records the trial numbers one event (lost_run, lost_take) reports."""
-    from cubic.codesign.campaign import CampaignListener
+    """A listener and a reader of the trial numbers one of its events (lost_run, lost_take) reported."""
+    from cubic.testing import recording_listener
 
-    seen: list[int] = []
-
-    class Recorder(CampaignListener):
-        pass
-
-    setattr(Recorder, event, lambda self, campaign, trial, *point: seen.append(trial))
-    return Recorder(), seen
+    rec = recording_listener()
+    return rec, lambda: [args[1] for args in rec.heard(event)]

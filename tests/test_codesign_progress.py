@@ -4,12 +4,12 @@
 import dataclasses
 import io
 
-from cubic.codesign.campaign import Campaign, CampaignListener, RunEvent
+from cubic.codesign.campaign import Campaign, RunEvent
 from cubic.codesign.evaluate import RunnerEvaluate
 from cubic.core.result import Result
 from cubic.codesign.progress import ProgressLines, format_run
 from cubic.core.store import TrialStore
-from cubic.testing import FastRunner, space, toy_workload
+from cubic.testing import FastRunner, recording_listener, space, toy_workload
 
 
 class MeasuredRunner(FastRunner):
@@ -59,24 +59,13 @@ def test_one_line_per_run_labelled_measured_then_served_from_the_store(tmp_path)
 
 def test_failed_runs_say_their_kind_and_the_engine_itself_prints_nothing(capsys):
     sp = space()
-    heard = []
-
-    class Listen(CampaignListener):
-        def started(self, campaign, runs, budget):
-            heard.append(("started", runs, budget))
-
-        def finished_run(self, event):
-            heard.append(event)
-
-        def stopped(self, campaign, reason):
-            heard.append(("stopped", reason))
-
+    rec = recording_listener()
     c = Campaign(sp, lambda p: Result.failed("oom", "stand-in: out of\nmemory"), strategy="random", budget=2,
-                 batch_size=2, listener=Listen())
+                 batch_size=2, listener=rec)
     c.run()
     assert capsys.readouterr() == ("", "")  # no listener of the terminal's: silence
-    assert heard[0] == ("started", 0, 2) and heard[-1] == ("stopped", "budget")
-    events = heard[1:-1]
+    assert rec.events[0] == ("started", (c.name, 0, 2)) and rec.events[-1] == ("stopped", (c.name, "budget"))
+    events = [args[0] for args in rec.heard("finished_run")]
     assert [e.runs for e in events] == [1, 2] and all(isinstance(e, RunEvent) for e in events)
     line = format_run(events[0], sp)
     assert "-> FAILED oom: stand-in: out of memory; measured" in line and "\n" not in line

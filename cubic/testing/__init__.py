@@ -8,6 +8,7 @@
 - :class:`FaultyRunner`: the real LocalRunner with a test-only fault per point;
 - :func:`error_lines`: what a CLI's stderr says besides its live progress, warnings and notes (the
   one rule the tests and the reliability experiment's judge share).
+- :func:`recording_listener`: a ``CampaignListener`` that records every event it hears.
 
 Not measurements of anything: they exercise the campaign and the stores at a rate real runs cannot.
 """
@@ -56,6 +57,24 @@ SPACE: dict[str, Any] = {
         {"name": "seed", "type": "int", "low": 0, "high": 3},
     ],
 }
+
+
+def recording_listener() -> Any:
+    """A ``CampaignListener`` that records every event it hears, in order, as ``(event, args)`` in
+    ``events``; ``heard(event)`` lists one event's argument tuples. The one listener the tests use."""
+    from cubic.codesign.campaign import CampaignListener  # late: the engine imports optuna and sqlalchemy
+
+    class Recording(CampaignListener):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, tuple]] = []
+
+        def heard(self, event: str) -> list[tuple]:
+            return [args for name, args in self.events if name == event]
+
+    for name in (n for n in vars(CampaignListener) if not n.startswith("_")):
+        # list.append is atomic: the campaign calls listeners from the threads that run points
+        setattr(Recording, name, lambda self, *args, _event=name: self.events.append((_event, args)))
+    return Recording()
 
 
 def toy_workload() -> Workload:
