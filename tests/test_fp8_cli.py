@@ -36,6 +36,9 @@ def test_a_modelled_speedup_says_how_far_the_model_held_on_timings_it_was_not_fi
     bare = tmp_path / "fit.json"
     bare.write_text(json.dumps({"constants": {}}))  # constants without a recorded check: said, not hidden
     assert "not checked against a measurement" in check_line("h100", model_check(bare))
+    # only another device's runs on record (no H100 run): its figures stand, the H100 is said never checked
+    only = {**checked, "own_measurement": None, "devices": ["h200"]}
+    assert said in check_line("h100", only) and "h100 itself was never checked" in check_line("h100", only)
 
 
 def test_bad_input_exits_2(capsys, tmp_path):

@@ -166,3 +166,17 @@ def test_a_site_is_settled_only_when_every_run_resolves_it_with_one_sign():
     (t,) = site_steps.settled_target(across).values()
     assert t["n"] == 1 and t["measured"] == (100.0 if rows["0"]["shipped_right"] else 0.0)
     assert "every one of one kind" in t["note"]
+
+
+def test_another_devices_check_is_kept_when_the_h100_run_is_absent():
+    from experiments.h100_model_fit import _checked
+
+    row = {"recipe": "tensorwise", "mode": "compile"}
+    h200 = {"label": "modelled vs measured on NVIDIA H200 (not fitted)", "block_rows": [row],
+            "block_speedup": {"n": 1, "mape_pct": 10.0, "agreement_pct": 100.0},
+            "block_fast_slow_on_resolved_rows": {"n": 1, "agreement_pct": 100.0}}
+    published = {"n": 9, "mape_pct": 15.0, "agreement_pct": 78.0}
+    rec = _checked(published, {"label": None}, {"h200": h200})
+    assert rec["own_measurement"] is None and rec["devices"] == ["h200"] and rec["recipes"] == ["tensorwise"]
+    assert rec["by_device"]["h200"]["what"] == "measured on NVIDIA H200"
+    assert _checked(published, {"label": None}, {}) is None
