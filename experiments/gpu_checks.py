@@ -283,9 +283,12 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
     par = torchao_parity(device=str(dev), dtypes=("bf16",), real=(True,), shape=(256, 128, 64), seed=2)
     rows["torchao_parity"] = par["per_recipe"]
     worst = max(v for p in par["per_recipe"].values() for v in p["rel_diff"].values())
-    targets["cubic's Linear vs torchao's Float8Linear (worst relative difference of y, dx, dw, db; bf16)"] = {
-        "measured": worst, "target": par["target"]["max_rel_diff"], "met": par["met"], "rule": par["target"],
-        "reason": f"worst relative difference {worst:.3g} above {par['target']['max_rel_diff']}"}
+    bar = par["target"]["max_rel_diff"]
+    parity = {"measured": worst, "target": bar, "met": par["met"], "rule": par["target"],
+              "reason": f"worst relative difference {worst:.3g} above {bar}"}
+    if par["met"] and worst > bar:  # met by the rule's bound where the paths differ (fp8.torchao_parity.TARGETS), not by equality
+        parity["note"] = f"{worst:.3g} above {bar}, within the rule's bound: {par['target'].get('where_paths_differ')}"
+    targets["cubic's Linear vs torchao's Float8Linear (worst relative difference of y, dx, dw, db; bf16)"] = parity
     # 4 + 5. a placement with the three recipes, applied by torchao (export) and by cubic's runtime, trained
     from fp8.torchao_export import apply_placement_torchao
 

@@ -36,6 +36,9 @@ def test_the_fp8_gpu_checks_run_here_on_the_cpu():
     assert out["rows"]["export_converted"] == ["2", "4", "6"]
     failed = {k: t for k, t in out["targets"].items() if not t["met"]}
     assert failed == {}, failed
+    # a met target carries no reason; a figure above the equality bar says which bound it met
+    par = next(t for k, t in out["targets"].items() if k.startswith("cubic's Linear vs torchao"))
+    assert "reason" not in par and ("note" in par) == (par["measured"] > par["target"])
 
 
 def _pretend_cuda(monkeypatch, tmp_path, gpu_checks, calls):
