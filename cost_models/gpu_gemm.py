@@ -214,8 +214,8 @@ def _check_text(device_name: str, c: dict[str, Any] | None) -> str:
             f"{own['what']}, speedups off by {own['mape_pct']:.0f}% (mean absolute), FP8 faster or slower called "
             f"right in {own['fast_slow_pct']:.0f}% ({own['fast_slow_resolved_pct']:.0f}% of the "
             f"{own['fast_slow_resolved_n']} the repeat run resolves)"
-            + "".join(f"; in another run pair (another machine start) {o['mape_pct']:.0f}% and {o['fast_slow_pct']:.0f}%"
-                      for o in own.get("other_leases", []))
+            + "".join(f"; in another run pair (another machine start) {o['mape_pct']:.0f}% and "
+                      f"{o['fast_slow_pct']:.0f}%" for o in own.get("other_leases", []))
             + f"; on {pub['n']} published blocks "
             f"(leave one source out) {pub['mape_pct']:.0f}% and {pub['fast_slow_pct']:.0f}%: a guide to where "
             f"FP8 pays, not a measured speedup")

@@ -255,10 +255,9 @@ def leases_check(c: GemmConstants, leases: tuple[tuple[str, ...], ...]) -> dict:
                  "met": chk["targets"][name]["met"]} for files, chk in zip(leases, checks)]
         t["every_lease"] = seen
         if len(seen) > 1 and len({s["met"] for s in seen}) > 1:
-            met_in = [", ".join(s["runs"]) for s in seen if s["met"]]
+            on = {ok: "; ".join(", ".join(s["runs"]) for s in seen if s["met"] == ok) for ok in (True, False)}
             t["met"] = False
-            t["reason"] = (f"met on {'; '.join(met_in)} and missed on another lease: not confirmed by a second "
-                           "machine start")
+            t["reason"] = f"met on {on[True]}, missed on {on[False]}: not confirmed by a second machine start"
     runs = [r for files in leases for r in own_runs(files)]
     if runs:
         across = across_runs(runs, c)

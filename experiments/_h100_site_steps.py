@@ -152,7 +152,8 @@ def settled_target(across: dict) -> dict:
     n, fast = across["n_settled"], across["n_settled_fp8_faster"]
     t = {"measured": value, "target": bar, "met": meets(value, bar, True), "n": n, "label": across["label"],
          "note": f"{fast} of the {n} settled sites FP8-faster, {n - fast} slower"
-                 + ("; every one of one kind, so the model is checked on that kind only" if n and fast in (0, n) else "")}
+                 + ("; every one of one kind, so the model is checked on that kind only"
+                    if n and fast in (0, n) else "")}
     if not t["met"]:
         t["reason"] = ("no site settled" if value is None else f"{value:.1f} against {bar} (at least)") + (
             f" over {across['n_settled']} of {across['n_sites']} sites settled in {len(across['runs'])} runs "

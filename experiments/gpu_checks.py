@@ -286,7 +286,8 @@ def fp8_checks(device: str = "cuda", quick: bool = False) -> dict:
     bar = par["target"]["max_rel_diff"]
     parity = {"measured": worst, "target": bar, "met": par["met"], "rule": par["target"],
               "reason": f"worst relative difference {worst:.3g} above {bar}"}
-    if par["met"] and worst > bar:  # met by the rule's bound where the paths differ (fp8.torchao_parity.TARGETS), not by equality
+    # met by the rule's bound where the paths differ (fp8.torchao_parity.TARGETS), not by equality
+    if par["met"] and worst > bar:
         parity["note"] = f"{worst:.3g} above {bar}, within the rule's bound: {par['target'].get('where_paths_differ')}"
     targets["cubic's Linear vs torchao's Float8Linear (worst relative difference of y, dx, dw, db; bf16)"] = parity
     # 4 + 5. a placement with the three recipes, applied by torchao (export) and by cubic's runtime, trained

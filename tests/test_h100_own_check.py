@@ -144,6 +144,7 @@ def test_a_target_one_lease_meets_and_another_misses_is_not_met(tmp_path, monkey
     t = out["targets"][name]
     assert [e["met"] for e in t["every_lease"]] == [one[name]["met"], not one[name]["met"]]
     assert t["met"] is False and "not confirmed by a second machine start" in t["reason"]
+    assert t["reason"].startswith("met on results/new.json, results/new_repeat.json, missed on results/old.json")
     assert t["measured"] == one[name]["measured"]  # the newest lease's figure
     assert out["across_leases"]["runs"] == [f"results/{f}" for f in new + old]
     assert out["earlier_leases"][0]["runs"] == [f"results/{f}" for f in old]
