@@ -121,28 +121,74 @@ def test_fp8_dense_faster_than_bf16_on_big_gemms():
     w = DEFAULT_WORKLOADS["wukong-large"]
     base = predict_step(w, cfg(), H100, 64)
     everywhere = predict_step(w, cfg(fp8=FP8Choice(policy="all")), H100, 64)
-    sites = {s.name: {"m": s.m, "k": s.k, "n": s.n, "recipe": "tensorwise", "kernel": "scaled_mm_tensorwise"}
-             for s in dense_sites(w, w.batch_size)
-             if ".fmb.mlp." in s.name or s.name.endswith(".fmb.out") or s.name == "top.0"}
+    # named as `cubic fp8 probe` names them: the real model's modules
+    sites = {f"dense.{name}": {"m": w.batch_size, "k": m.in_features, "n": m.out_features, "recipe": "tensorwise",
+                               "kernel": "scaled_mm_tensorwise"}
+             for name, m in _real_linears(w).items() if ".fmb.mlp." in name or name == "top.fc.0"}
     doc = {"version": 1, "workload": w.name, "sites": sites, "module_filter": sorted(sites)}
     placed = predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement=doc)), H100, 64)
     assert dense(placed) < dense(base) and dense(placed) < dense(everywhere)
     # the one placement parser (fp8.placement): a site list that is not the schema is named
     with pytest.raises(SpecError, match="config.fp8.placement"):
-        predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement={"sites": [{"site": "top.0",
+        predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement={"sites": [{"site": "top.fc.0",
                                                                                       "recipe": "tensorwise"}]})), H100, 64)
     fp32 = predict_step(w, Config(sharding=ShardingChoice(planner="sim")), H100, 64)
     assert dense(fp32) > dense(base)
+
+
+def _real_linears(w: Workload) -> dict:
+    import torch
+
+    from cubic.core.models import build_dense
+    from fp8.runtime import linear_sites
+
+    with torch.device("meta"):
+        return linear_sites(build_dense(w))
 
 
 def test_dense_sites_follow_the_arch():
     w = DEFAULT_WORKLOADS["wukong-large"]
     sites = dense_sites(w, 2048)
     names = {s.name for s in sites}
-    assert {"layers.0.fmb.mlp.0", "layers.7.lcb", "top.0"} <= names
-    assert sum(1 for s in sites if s.name.endswith(".lcb")) == w.dense_arch.num_layers
+    assert {"layers.0.fmb.mlp.fc.0", "layers.7.lcb.proj", "top.fc.0"} <= names
+    assert sum(1 for s in sites if s.name.endswith(".lcb.proj")) == w.dense_arch.num_layers
     for name in ("dlrm-small", "dmt-small"):
         assert any(s.name.startswith("top.") for s in dense_sites(DEFAULT_WORKLOADS[name], 64))
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_WORKLOADS))
+def test_dense_sites_are_the_real_models_modules(name):
+    """The simulator's linear sites stand for exactly the real model's nn.Linear modules (the names a
+    placement from `cubic fp8 probe` carries): before, 'top.0' against 'top.fc.0' left most sites of a
+    real placement in bf16 in the simulator, without a word."""
+    w = DEFAULT_WORKLOADS[name]
+    real = _real_linears(w)
+    sim = {m: (s.k, s.n) for s in dense_sites(w, 64) for m in s.module_names}
+    assert sum(len(s.module_names) for s in dense_sites(w, 64)) == len(sim)  # no module twice
+    # the same modules in the same shapes (a Wukong's dense features were one embedding here, 2-8 there)
+    assert sim == {n: (m.in_features, m.out_features) for n, m in real.items()}
+
+
+def test_a_probed_placement_is_simulated_site_for_site():
+    from cubic.core.config import Kernels as K
+
+    w = DEFAULT_WORKLOADS["dmt-small"]
+    real = _real_linears(w)
+    big = {n: m for n, m in real.items() if m.in_features >= 16 and m.out_features >= 16}
+    doc = {"version": 1, "workload": w.name, "module_filter": sorted(f"dense.{n}" for n in big),
+           "sites": {f"dense.{n}": {"m": 64, "k": m.in_features, "n": m.out_features, "recipe": "rowwise",
+                                   "kernel": "scaled_mm_rowwise"} for n, m in big.items()}}
+    c = Config(kernels=K(dense_dtype="bf16"), sharding=ShardingChoice(planner="sim"),
+               fp8=FP8Choice(policy="placement", placement=doc))
+    placed = predict_step(w, c, H100, 64).dense["site_precisions"]
+    everywhere = predict_step(w, c.model_copy(update={"fp8": FP8Choice(policy="all")}), H100, 64).dense
+    # every site the real model has in FP8 is FP8 in the simulator: the same count as policy "all"
+    assert placed.get("fp8") == len(big) == everywhere["site_precisions"]["fp8"]
+    # a site the model lacks is refused, as a real run refuses it, not simulated in bf16
+    bad = {**doc, "sites": {**doc["sites"], "dense.top.fc.9": doc["sites"]["dense.top.fc.0"]},
+           "module_filter": sorted([*doc["module_filter"], "dense.top.fc.9"])}
+    with pytest.raises(SpecError, match="config.fp8.placement: sites.dense.top.fc.9"):
+        predict_step(w, c.model_copy(update={"fp8": FP8Choice(policy="placement", placement=bad)}), H100, 64)
 
 
 def test_greedy_plan_covers_every_table_exactly_once():

@@ -143,7 +143,10 @@ DEFAULT_PARAMS = StepModelParams()
 
 @dataclass(frozen=True)
 class DenseSite:
-    """One GEMM of the dense part: ``[m, k] @ [k, n]``; ``linear`` sites are nn.Linear (FP8-eligible)."""
+    """One GEMM of the dense part: ``[m, k] @ [k, n]``; ``linear`` sites are nn.Linear (FP8-eligible).
+    ``name`` is the real model's module name under its dense part (``cubic.core.models.build_dense``: the
+    names a placement probed on the model carries, less ``dense.``); a site that batches several
+    modules of one shape (the per-table projections) names them in ``modules``."""
 
     name: str
     m: int
@@ -152,6 +155,12 @@ class DenseSite:
     kind: str = "linear"  # "linear" | "bmm" (activation x activation, stays in the base precision)
     norm_before: bool = False
     act_after: str | None = None
+    modules: tuple[str, ...] = ()
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """The real model's nn.Linear modules this site stands for (none for a bmm)."""
+        return () if self.kind != "linear" else (self.modules or (self.name,))
 
     @property
     def params(self) -> int:
@@ -166,9 +175,19 @@ def _mlp(prefix: str, m: int, sizes: list[int], d_in: int, *, norm_first: bool =
     out, k = [], d_in
     for j, n in enumerate(sizes):
         last = j == len(sizes) - 1
-        out.append(DenseSite(f"{prefix}.{j}", m, k, n, norm_before=norm_first and j == 0,
+        out.append(DenseSite(f"{prefix}.fc.{j}", m, k, n, norm_before=norm_first and j == 0,
                              act_after=None if (last and n == 1) else "relu"))
         k = n
+    return out
+
+
+def _projection_sites(tables: list[Table], m: int, d: int) -> list[DenseSite]:
+    # a table whose dim is not the common width d has its own projection (proj.<table>); the ones of
+    # one dim are costed as one batched GEMM
+    out = []
+    for dim in sorted({t.dim for t in tables if t.dim != d}):
+        names = tuple(f"proj.{t.name}" for t in tables if t.dim == dim)
+        out.append(DenseSite(f"proj.d{dim}", m * len(names), dim, d, modules=names))
     return out
 
 
@@ -180,13 +199,12 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
     sites: list[DenseSite] = []
     if isinstance(arch, WukongArch):
         d = arch.emb_dim
+        # the real model's dense features: max(1, round(F / 8)) embeddings, no activation (WukongDense)
+        n_dense = max(1, round(F / 8)) if F else 0
         if F:
-            sites.append(DenseSite("dense_proj", B, F, d, act_after="relu"))
-        # per-table projection to the common width d, batched per distinct table dim
-        for dim in sorted({t.dim for t in tables if t.dim != d}):
-            cnt = sum(1 for t in tables if t.dim == dim)
-            sites.append(DenseSite(f"emb_proj.d{dim}", B * cnt, dim, d))
-        n_in = len(tables) + (1 if F else 0)
+            sites.append(DenseSite("dense_proj", B, F, n_dense * d))
+        sites += _projection_sites(tables, B, d)
+        n_in = len(tables) + n_dense
         for i in range(arch.num_layers):
             p = f"layers.{i}"
             n_out = arch.num_emb_lcb + arch.num_emb_fmb
@@ -196,11 +214,11 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
             widths = [arch.mlp_width] * arch.fmb_mlp_layers
             k = n_in * arch.rank_fmb
             for j, w in enumerate(widths):
-                sites.append(DenseSite(f"{p}.fmb.mlp.{j}", B, k, w, norm_before=(j == 0 and arch.layer_norm),
+                sites.append(DenseSite(f"{p}.fmb.mlp.fc.{j}", B, k, w, norm_before=(j == 0 and arch.layer_norm),
                                        act_after="relu"))
                 k = w
-            sites.append(DenseSite(f"{p}.fmb.out", B, k, arch.num_emb_fmb * d))
-            sites.append(DenseSite(f"{p}.lcb", B * d, n_in, arch.num_emb_lcb))
+            sites.append(DenseSite(f"{p}.fmb.mlp.fc.{len(widths)}", B, k, arch.num_emb_fmb * d))
+            sites.append(DenseSite(f"{p}.lcb.proj", B * d, n_in, arch.num_emb_lcb))
             if n_in != n_out:
                 sites.append(DenseSite(f"{p}.residual", B * d, n_in, n_out))
             n_in = n_out
@@ -209,14 +227,12 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
         d = arch.bottom_mlp[-1]
         if F:
             sites += _mlp("bottom", B, list(arch.bottom_mlp), F)
-        for dim in sorted({t.dim for t in tables if t.dim != d}):
-            cnt = sum(1 for t in tables if t.dim == dim)
-            sites.append(DenseSite(f"emb_proj.d{dim}", B * cnt, dim, d))
+        sites += _projection_sites(tables, B, d)
         n = len(tables) + (1 if F else 0)
         sites.append(DenseSite("interaction", B * n, d, n, kind="bmm"))
         sites += _mlp("top", B, list(arch.top_mlp), d + n * (n - 1) // 2)
     elif isinstance(arch, DMTArch):
-        groups = sorted({t.feature_group for t in tables})
+        groups = list(dict.fromkeys(t.feature_group for t in tables))  # the real model's order: first appearance
         towers: list[list[Table]] = [[] for _ in range(arch.num_towers)]
         for gi, g in enumerate(groups):
             towers[gi % arch.num_towers] += [t for t in tables if t.feature_group == g]
@@ -224,7 +240,7 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
             if ts:
                 sites += _mlp(f"towers.{j}", B, list(arch.tower_mlp) + [arch.tower_dim], sum(t.dim for t in ts))
         if F:
-            sites.append(DenseSite("dense_proj", B, F, arch.tower_dim, act_after="relu"))
+            sites.append(DenseSite("bottom.fc.0", B, F, arch.tower_dim, act_after="relu"))
         n_towers = sum(1 for ts in towers if ts) + (1 if F else 0)
         sites += _mlp("top", B, list(arch.top_mlp), n_towers * arch.tower_dim)
     else:  # pragma: no cover - DenseArch is a closed union
@@ -232,29 +248,36 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
     return sites
 
 
-def _site_precisions(sites: list[DenseSite], config: Config) -> dict[str, tuple[str, str | None]]:
+def _site_precisions(sites: list[DenseSite], config: Config,
+                     workload: Workload) -> dict[str, tuple[str, str | None]]:
     """(precision, recipe) per site from the config's dense dtype and FP8 policy. A placement is a
     full ``fp8.placement.Placement`` document, read by ``fp8.placement.parse_placement``; its site
-    names are module names of the real model, matched to the model's sites by dotted suffix."""
+    names are the real model's module names (``dense.top.fc.0``), matched to the sites' module names
+    exactly, and a site the model lacks is refused as a real run refuses it
+    (``fp8.runtime.placement_misfit``). A batched site is FP8 only when the placement puts every
+    module it stands for in FP8 with one recipe."""
     base = "bf16" if config.kernels.dense_dtype == "bf16" else "fp32"
     fp8 = config.fp8
     placed: dict[str, str] = {}
     if fp8.policy == "placement":
         # imported here: fp8's kernels import torch, which only placement configs need to load
         from fp8.placement import parse_placement
+        from fp8.runtime import placement_misfit
 
         placement = parse_placement(fp8.placement or {}, source="config.fp8.placement")
-        placed = {name: str(site.recipe) for name, site in placement.fp8_sites().items()}
+        # a name that matched nothing was simulated in the base precision without a word
+        if misfit := placement_misfit(placement, workload):
+            raise SpecError(misfit[1], source="config.fp8.placement", field=misfit[0])
+        placed = {name.removeprefix("dense."): str(site.recipe) for name, site in placement.fp8_sites().items()}
     out: dict[str, tuple[str, str | None]] = {}
     for s in sites:
         eligible = s.kind == "linear" and s.n >= 16 and s.k >= 16
+        recipes = {placed.get(m) for m in s.module_names}
         if eligible and fp8.policy in ("all", "budget"):
             out[s.name] = ("fp8", fp8.recipe)
-        elif eligible and fp8.policy == "placement" and any(s.name == k or s.name.endswith("." + k) or k.endswith(s.name)
-                                                            for k in placed):
-            key = next(k for k in placed if s.name == k or s.name.endswith("." + k) or k.endswith(s.name))
-            out[s.name] = ("fp8", placed[key] if placed[key] in FP8_RECIPES
-                           else fp8.recipe)
+        elif eligible and fp8.policy == "placement" and len(recipes) == 1 and None not in recipes:
+            recipe = recipes.pop()
+            out[s.name] = ("fp8", recipe if recipe in FP8_RECIPES else fp8.recipe)
         else:
             out[s.name] = (base, None)
     return out
@@ -277,7 +300,7 @@ def dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSpe
                params: StepModelParams = DEFAULT_PARAMS) -> DenseCost:
     """Forward/backward time of the dense part on one rank, its parameter count and saved activations."""
     key = (stable_hash(workload.dense_arch.model_dump(mode="json")), workload.data.num_dense_features,
-           tuple((t.dim, t.feature_group) for t in workload.tables), config.kernels.dense_dtype,
+           tuple((t.name, t.dim, t.feature_group) for t in workload.tables), config.kernels.dense_dtype,
            stable_hash(config.fp8.model_dump(mode="json")), batch, stable_hash(device.model_dump(mode="json")),
            stable_hash(params.gemm_constants))
     if key not in _DENSE_CACHE:
@@ -294,7 +317,7 @@ def _dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSp
                 params: StepModelParams) -> DenseCost:
     consts = params.gemm_constants_obj()
     sites = dense_sites(workload, batch)
-    prec = _site_precisions(sites, config)
+    prec = _site_precisions(sites, config, workload)
     fwd = bwd = act = 0.0
     counts: dict[str, int] = {}
     for s in sites:
