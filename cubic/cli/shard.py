@@ -418,17 +418,12 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    from cubic.cli.common import add_store_argument
-    from sharding.types import PLANNERS
-
-    p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
-    from cubic.cli.common import (finite_float, fraction, int_at_most, nonnegative_float, nonnegative_int,
+def _register_plan(sub) -> None:
+    from cubic.cli.common import (finite_float, int_at_most, nonnegative_float, nonnegative_int,
                                   positive_float_at_most, positive_int)
-    from cubic.core.units import GB, GIB
     from cubic.core.spec import MAX_BATCH_SIZE, MAX_MEMORY_GB, MAX_WORLD_SIZE
-
-    sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    from cubic.core.units import GB, GIB
+    from sharding.types import PLANNERS
 
     pl = sub.add_parser("plan", help="plan the sharding of a set of tables")
     pl.add_argument("--tables", required=True, help="workload name/file or CSV (name,rows,dim,pooling_factor,zipf_alpha)")
@@ -475,6 +470,14 @@ def register(subparsers) -> None:
     pl.add_argument("--out", default=None)
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(func=cmd_plan)
+
+
+def register(subparsers) -> None:
+    from cubic.cli.common import add_store_argument, fraction, int_at_most, nonnegative_int, positive_int
+
+    p = subparsers.add_parser("shard", help="sharding plans for embedding tables")
+    sub = p.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    _register_plan(sub)
 
     ev = sub.add_parser("evaluate", help="measure a plan's cost on the real kernel")
     ev.add_argument("plan")
