@@ -178,12 +178,19 @@ def test_a_probed_placement_is_simulated_site_for_site():
     doc = {"version": 1, "workload": w.name, "module_filter": sorted(f"dense.{n}" for n in big),
            "sites": {f"dense.{n}": {"m": 64, "k": m.in_features, "n": m.out_features, "recipe": "rowwise",
                                    "kernel": "scaled_mm_rowwise"} for n, m in big.items()}}
+    assert 0 < len(big) < len(real)  # bottom.fc.0 (13 dense features) and top's last layer are small
     c = Config(kernels=K(dense_dtype="bf16"), sharding=ShardingChoice(planner="sim"),
                fp8=FP8Choice(policy="placement", placement=doc))
     placed = predict_step(w, c, H100, 64).dense["site_precisions"]
     everywhere = predict_step(w, c.model_copy(update={"fp8": FP8Choice(policy="all")}), H100, 64).dense
     # every site the real model has in FP8 is FP8 in the simulator: the same count as policy "all"
     assert placed.get("fp8") == len(big) == everywhere["site_precisions"]["fp8"]
+    # a small site the placement puts in FP8 is FP8 here too (the size rule is policy "all"'s)
+    every = {**doc, "module_filter": sorted(f"dense.{n}" for n in real),
+             "sites": {f"dense.{n}": {**doc["sites"]["dense.top.fc.0"], "k": m.in_features, "n": m.out_features}
+                       for n, m in real.items()}}
+    c_every = c.model_copy(update={"fp8": FP8Choice(policy="placement", placement=every)})
+    assert predict_step(w, c_every, H100, 64).dense["site_precisions"] == {"fp8": len(real)}
     # a site the model lacks is refused, as a real run refuses it, not simulated in bf16
     bad = {**doc, "sites": {**doc["sites"], "dense.top.fc.9": doc["sites"]["dense.top.fc.0"]},
            "module_filter": sorted([*doc["module_filter"], "dense.top.fc.9"])}

@@ -254,8 +254,9 @@ def _site_precisions(sites: list[DenseSite], config: Config,
     full ``fp8.placement.Placement`` document, read by ``fp8.placement.parse_placement``; its site
     names are the real model's module names (``dense.top.fc.0``), matched to the sites' module names
     exactly, and a site the model lacks is refused as a real run refuses it
-    (``fp8.runtime.placement_misfit``). A batched site is FP8 only when the placement puts every
-    module it stands for in FP8 with one recipe."""
+    (``fp8.runtime.placement_misfit``). A placed site is FP8 whatever its size (the placement decided; the
+    size rule is policy "all"'s); a batched site only when the placement puts every module it stands
+    for in FP8 with one recipe."""
     base = "bf16" if config.kernels.dense_dtype == "bf16" else "fp32"
     fp8 = config.fp8
     placed: dict[str, str] = {}
@@ -275,7 +276,7 @@ def _site_precisions(sites: list[DenseSite], config: Config,
         recipes = {placed.get(m) for m in s.module_names}
         if eligible and fp8.policy in ("all", "budget"):
             out[s.name] = ("fp8", fp8.recipe)
-        elif eligible and fp8.policy == "placement" and len(recipes) == 1 and None not in recipes:
+        elif s.kind == "linear" and fp8.policy == "placement" and len(recipes) == 1 and None not in recipes:
             recipe = recipes.pop()
             out[s.name] = ("fp8", recipe if recipe in FP8_RECIPES else fp8.recipe)
         else:
