@@ -130,8 +130,8 @@ def test_fp8_dense_faster_than_bf16_on_big_gemms():
     assert dense(placed) < dense(base) and dense(placed) < dense(everywhere)
     # the one placement parser (fp8.placement): a site list that is not the schema is named
     with pytest.raises(SpecError, match="config.fp8.placement"):
-        predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement={"sites": [{"site": "top.fc.0",
-                                                                                      "recipe": "tensorwise"}]})), H100, 64)
+        not_the_schema = {"sites": [{"site": "top.fc.0", "recipe": "tensorwise"}]}
+        predict_step(w, cfg(fp8=FP8Choice(policy="placement", placement=not_the_schema)), H100, 64)
     fp32 = predict_step(w, Config(sharding=ShardingChoice(planner="sim")), H100, 64)
     assert dense(fp32) > dense(base)
 
@@ -194,7 +194,7 @@ def test_a_probed_placement_is_simulated_site_for_site():
     # a site the model lacks is refused, as a real run refuses it, not simulated in bf16
     bad = {**doc, "sites": {**doc["sites"], "dense.top.fc.9": doc["sites"]["dense.top.fc.0"]},
            "module_filter": sorted([*doc["module_filter"], "dense.top.fc.9"])}
-    with pytest.raises(SpecError, match="config.fp8.placement: sites.dense.top.fc.9"):
+    with pytest.raises(SpecError, match="^fp8.placement.sites.dense.top.fc.9: the model has no linear site"):
         predict_step(w, c.model_copy(update={"fp8": FP8Choice(policy="placement", placement=bad)}), H100, 64)
 
 
@@ -258,3 +258,18 @@ def test_plan_document_round_trips_through_the_sharding_schema():
 
     plan = plan_from_dict(doc)  # a full plan document: what `cubic shard export/evaluate` read
     assert len(plan.shards) == len(doc["shards"]) and plan.world_size == 64 and plan.topology.device == H100.device.name
+
+
+def test_a_placement_run_says_its_own_recipes_and_how_many_sites():
+    """The simulated run's note states the placement's recipes (not fp8.recipe, which a placement's sites
+    do not use) and how many GEMM sites the prediction put in FP8."""
+    from cubic.runners.sim import dense_precision
+
+    doc = {"version": 1, "workload": "w", "module_filter": ["dense.top.fc.0"],
+           "sites": {"dense.top.fc.0": {"m": 64, "k": 256, "n": 256, "recipe": "rowwise_with_gw_hp",
+                                        "kernel": "scaled_mm_rowwise"}}}
+    c = cfg(fp8=FP8Choice(policy="placement", placement=doc))
+    text = dense_precision(c, {"fp8": 1, "bf16": 8})
+    assert text == "dense bf16, FP8 (rowwise_with_gw_hp) where the placement puts it: 1 of 9 GEMM sites"
+    assert dense_precision(cfg(fp8=FP8Choice(policy="all", recipe="rowwise"))) == (
+        "dense bf16, FP8 (rowwise) where fp8.policy all puts it")

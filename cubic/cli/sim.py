@@ -124,9 +124,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise
     quality = assumed_quality(workload.optimizers.embedding, p.group_size, runner.world_size,
                               sync_params(config, runner.params))
+    precision = dense_precision(config, p.dense.get("site_precisions"))
     out = {
         "simulated": True, "cluster": runner.describe(), "workload": workload.name, "oom": p.oom,
-        "oom_reason": p.oom_reason, "dense_dtype": config.kernels.dense_dtype, "precision": dense_precision(config),
+        "oom_reason": p.oom_reason, "dense_dtype": config.kernels.dense_dtype, "precision": precision,
         "step_ms": p.step_s * 1e3, "examples_per_s": p.examples_per_s,
         "phases_ms": {k: v * 1e3 for k, v in p.phases_s.items()}, "dominant_phase": p.dominant_phase,
         "memory_gib": {k: gib(v) for k, v in p.memory.items()}, "peak_mem_gib": gib(p.peak_mem_bytes),
@@ -137,7 +138,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 1 if p.oom else 0
     con = stdout_console()
     con.print(f"SIMULATED step of {workload.name} on {runner.describe()['name']} "
-              f"(group size {p.group_size}, batch {p.batch_per_rank}/GPU, {dense_precision(config)})")
+              f"(group size {p.group_size}, batch {p.batch_per_rank}/GPU, {precision})")
     if p.oom:
         con.print(f"OOM: {p.oom_reason}")
         return 1

@@ -101,11 +101,20 @@ def simulation_config(config: Config | None = None) -> Config:
     return config.model_copy(update={"kernels": config.kernels.model_copy(update={"dense_dtype": DEFAULT_DENSE_DTYPE})})
 
 
-def dense_precision(config: Config) -> str:
-    """The dense GEMMs' precision as every simulated output states it (bf16 vs fp32 is a ~7x step time)."""
+def dense_precision(config: Config, site_precisions: dict[str, int] | None = None) -> str:
+    """The dense GEMMs' precision as every simulated output states it (bf16 vs fp32 is a ~7x step time);
+    with a prediction's ``dense["site_precisions"]``, how many GEMM sites ran in FP8."""
     text = f"dense {config.kernels.dense_dtype}"
-    if config.fp8.policy != "off":
-        text += f", FP8 ({config.fp8.recipe}) where fp8.policy {config.fp8.policy} puts it"
+    f = config.fp8
+    if f.policy == "placement":
+        # a placement's recipes are its sites' own; fp8.recipe does not apply to them
+        sites = (f.placement or {}).get("sites") or {}
+        recipes = sorted({str(v["recipe"]) for v in sites.values() if isinstance(v, dict) and v.get("recipe")})
+        text += f", FP8 ({', '.join(recipes) or 'no site'}) where the placement puts it"
+    elif f.policy != "off":
+        text += f", FP8 ({f.recipe}) where fp8.policy {f.policy} puts it"
+    if f.policy != "off" and site_precisions is not None:
+        text += f": {site_precisions.get('fp8', 0)} of {sum(site_precisions.values())} GEMM sites"
     return text
 
 
@@ -217,6 +226,7 @@ class SimulatedRunner(Runner):
         except Exception as e:  # a model bug is a failed trial, not a crashed campaign
             return Result.failed("error", f"{type(e).__name__}: {e}", extra=extra,
                                  wall_time_s=time.perf_counter() - t0, **common)
+        extra["note"] = f"{SIM_NOTE}; {dense_precision(config, pred.dense.get('site_precisions'))}"
         extra.update({
             "plan": pred.plan,
             "dense": pred.dense,

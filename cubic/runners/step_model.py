@@ -268,7 +268,7 @@ def _site_precisions(sites: list[DenseSite], config: Config,
         placement = parse_placement(fp8.placement or {}, source="config.fp8.placement")
         # a name that matched nothing was simulated in the base precision without a word
         if misfit := placement_misfit(placement, workload):
-            raise SpecError(misfit[1], source="config.fp8.placement", field=misfit[0])
+            raise SpecError(misfit[1], field=f"fp8.placement.{misfit[0]}")  # the caller names the config file
         placed = {name.removeprefix("dense."): str(site.recipe) for name, site in placement.fp8_sites().items()}
     out: dict[str, tuple[str, str | None]] = {}
     for s in sites:
