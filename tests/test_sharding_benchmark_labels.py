@@ -127,8 +127,10 @@ def test_the_own_model_second_look_joins_the_targets_and_the_shipped_misses_cite
     twin = targets[sb.OWN_PREFIX + "r: no task > 3% worse than its best heuristic"]
     assert worst["measured"] == pytest.approx(0.2) and worst["worst_task"] == "small-0"
     assert twin["measured"] == pytest.approx(-0.05) and twin["met"] and twin["worst_task"] == "small-1"
-    assert "trained on this machine, the same planner: -5.0% (met)" in worst["reason"]
+    assert "trained on a machine of this fingerprint, the same planner: -5.0% (met)" in worst["reason"]
     assert own["machine_mismatch"] is None and own["accuracy"]["r"]["ranks"] == 2
+    # a fingerprint names a CPU model, not a host: the own model here predicts half the measured ms
+    assert own["holds_here"] is False and "0.50x what this machine measures (median over 2" in own["what"]
     assert not target_defects(targets)
     # another machine's model: the same look, named a cross-check with the machine it was trained on
     other = {"fingerprint": {**fingerprint("cpu"), "cpu_model": "Some Other CPU"}}
@@ -148,3 +150,14 @@ def test_an_own_model_that_is_not_a_model_is_the_flags_error(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--own-model" in err and str(bad) in err
+
+
+def test_a_model_of_this_fingerprint_is_said_not_to_hold_when_its_figures_do_not():
+    """Stop 64's model, trained on another host with this fingerprint, predicts 1.85x the compute
+    measured here: the benchmark said 'trained on this machine'; now its accuracy here says whether
+    its figures carry over, by the band `cubic shard plan --check` allows."""
+    assert sb.carry_over({"ranks": 84, "median_measured_over_predicted": 0.95}) is None
+    assert sb.carry_over({"ranks": 0}) is None
+    off = sb.carry_over({"ranks": 84, "median_measured_over_predicted": 0.54})
+    assert off.startswith("its compute predictions are 1.85x what this machine measures (median over 84")
+    assert sb.carry_over({"ranks": 84, "median_measured_over_predicted": 1.0 / 0.75}) is not None

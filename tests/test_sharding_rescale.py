@@ -47,7 +47,9 @@ def test_each_model_is_named_by_where_it_was_trained_against_this_machine():
     def est(fp):
         return SimpleNamespace(model=SimpleNamespace(meta_={"fingerprint": fp}))
 
-    assert sr.model_origin(est(fingerprint("cpu"))) == "trained on this machine"
+    here = fingerprint("cpu")
+    assert sr.model_origin(est(here)) == (f"trained on a machine of this fingerprint ({here['cpu_model']}, "
+                                          f"{here['cpu_count']} cores)")
     other = {**fingerprint("cpu"), "cpu_model": "Some Other CPU"}
     assert sr.model_origin(est(other)) == "trained on another machine (Some Other CPU)"
     _, targets = sr.targets_of([_cell("x", -0.02)] * 3, {"x": est(other)})
