@@ -168,6 +168,8 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
     w = c["winner"]
     ew, er = re["winner"].pop("_e"), re["runner_up"].pop("_e")
     row["remeasured"] = re
+    if _not_remeasured(row):  # no second look to score the claim by: neither a hit nor a miss
+        return row
     row["covered"] = ew is not None and w["lo"] <= ew.value <= w["hi"]
     if kind == "objective":
         row["covered_true"] = w["lo"] <= re["winner"]["true"] <= w["hi"]
@@ -254,6 +256,33 @@ def _remeasure_speedup(row: dict, sp: dict | None, re: dict, kind: str, seed: in
         row["speedup_covered_true"] = sp["lo"] <= true <= sp["hi"]
 
 
+# a campaign's scores, meaningless without a re-measured winner (set to False or absent in files before stop 70)
+SCORES = ("covered", "covered_true", "flipped", "flipped_and_apart", "speedup_remeasured", "speedup_covered",
+          "speedup_contradicted", "speedup_true", "speedup_covered_true", "miss_reason")
+
+
+def _not_remeasured(row: dict) -> bool:
+    """Whether the second look at ``row``'s winner produced no value: every fresh run failed, or ran while
+    the machine was overloaded (a contended run is not a measurement: RunnerEvaluate.run_value). Such a
+    campaign is reported (``not_remeasured``, with the loads) and left out of the rates, not scored as a
+    miss: nothing contradicted its claim, and nothing confirmed it."""
+    re = row.get("remeasured") or {}
+    if (re.get("winner") or {}).get("median") is not None:
+        return False
+    loads = [row.get(k) for k in ("load_1m_remeasure_start", "load_1m_remeasure_end") if row.get(k) is not None]
+    busy = (f" (1-min load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores: each fresh run "
+            "contended)" if loads and max(loads) > (os.cpu_count() or 1) else "")
+    row["not_remeasured"] = f"none of the winner's {REMEASURE} fresh runs gave a value{busy}"
+    for k in SCORES:
+        row.pop(k, None)
+    return True
+
+
+def _judged(rows: list[dict]) -> list[dict]:
+    """The campaigns the second look scored: completed, with a re-measured winner."""
+    return [r for r in rows if "covered" in r and "not_remeasured" not in r]
+
+
 def _say(what: str, row: dict) -> None:
     shown = {k: row.get(k) for k in ("covered", "claimed_separated", "flipped", "speedup_covered", "error")}
     print(f"{what}: {json.dumps(shown)}", file=sys.stderr, flush=True)
@@ -276,7 +305,11 @@ NOTES = ["The claimed interval is a 95% interval for what ONE fresh run measures
          "interval should cover it about 95% of the time.",
          "Every rate here is a count over a few campaigns: each target gives its exact (Clopper-Pearson) "
          "95% interval; 'met' is the point estimate, 'resolved' says whether the interval lies on the "
-         "target's side, and 'to_resolve' how many campaigns or claims would at the rate seen."]
+         "target's side, and 'to_resolve' how many campaigns or claims would at the rate seen.",
+         "A campaign whose winner's fresh runs gave no value (each failed, or ran contended on an overloaded "
+         "machine, which is not a measurement) is listed under analysis.campaigns_not_remeasured and left out "
+         "of the rates: nothing confirmed or contradicted its claim; each coverage target then also says what "
+         "it would read with those campaigns counted as misses (counting_those_as_misses)."]
 
 
 def main() -> None:
@@ -290,7 +323,13 @@ def main() -> None:
     ap.add_argument("--dlrm-campaigns", type=int, default=36)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="recompute the analysis, targets and plot of the stored results/answer_calibration.json "
+                         "from its campaigns with this code's rules, running nothing (the file keeps its run's "
+                         "context and records the re-analysis)")
     args = ap.parse_args()
+    if args.reanalyse:
+        return _reanalyse("answer_calibration_quick" if args.quick else "answer_calibration")
     if args.quick:
         args.objective_campaigns, args.dlrm_campaigns = 3, 0
     payload = {**run_context("measured"), "benchmark": "answer_calibration",
@@ -306,13 +345,35 @@ def main() -> None:
         for i in range(args.dlrm_campaigns):
             rows.append(one_campaign("dlrm", 200 + i, Path(tmp), budget=3, steps=args.steps, warmup=args.warmup))
             _say(f"dlrm {i}", rows[-1])
-    done = [r for r in rows if "covered" in r]
     payload.update({
         "label": "MEASURED: every figure from real runs on this machine (objective: a known-noise job; dlrm: "
-                 "dlrm-small training runs)",
-        "campaigns": rows, "analysis": _analysis(rows, done, time.monotonic() - t0), "notes": NOTES})
-    payload["targets"] = _targets(done, rows, payload["analysis"], args.quick)
-    result = "answer_calibration_quick" if args.quick else "answer_calibration"
+                 "dlrm-small training runs)", "campaigns": rows})
+    _finish(payload, time.monotonic() - t0, "answer_calibration_quick" if args.quick else "answer_calibration")
+
+
+def _reanalyse(name: str) -> None:
+    """The stored run's campaigns scored again by this code's rules (_not_remeasured, the targets):
+    the measurements are the run's; what changes is what they are counted as, recorded in the file."""
+    from experiments.common import RESULTS, stored_result
+
+    if not (RESULTS / f"{name}.json").exists():
+        print(f"answer_calibration: --reanalyse needs results/{name}.json: run the benchmark first", file=sys.stderr)
+        raise SystemExit(2)
+    payload = stored_result(name)
+    for row in payload["campaigns"]:
+        _not_remeasured(row)
+    payload["reanalysed"] = {"code_version": run_context("measured")["code_version"],
+                             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "what": "analysis, targets and plot recomputed from the stored campaigns; no run"}
+    _finish(payload, payload["analysis"]["benchmark_wall_s"], name)
+
+
+def _finish(payload: dict, wall_s: float, result: str) -> None:
+    """Analysis, targets, the file and the plot, from ``payload``'s campaigns (a run's or a stored file's)."""
+    rows = payload["campaigns"]
+    done = _judged(rows)
+    payload.update({"analysis": _analysis(rows, done, wall_s), "notes": NOTES})
+    payload["targets"] = _targets(done, rows, payload["analysis"], payload["settings"]["quick"])
     path = write_result(result, payload)
     _plot(done, result)
     an = payload["analysis"]
@@ -333,7 +394,10 @@ def _analysis(rows: list[dict], done: list[dict], wall_s: float) -> dict:
     campaign_s = sum(r["campaign_wall_s"] for r in done)
     loads = [x for r in rows for x in (r["load_1m_start"], r["load_1m_end"])]
     return {
-        "campaigns_completed": len(done), "campaigns_failed": len(rows) - len(done),
+        "campaigns_completed": len(done),
+        "campaigns_not_remeasured": [{"kind": r["kind"], "seed": r["seed"], "why": r["not_remeasured"]}
+                                     for r in rows if "not_remeasured" in r],
+        "campaigns_failed": sum(1 for r in rows if "covered" not in r and "not_remeasured" not in r),
         "coverage_of_remeasured_median": sum(r["covered"] for r in done) / len(done) if done else math.nan,
         "by_kind": {k: _rates([r for r in done if r["kind"] == k]) for k in ("objective", "dlrm")},
         "misses": [r.get("miss_reason") for r in done if not r["covered"]],
@@ -371,7 +435,8 @@ def _targets(done: list[dict], rows: list[dict], an: dict, quick: bool) -> dict:
                                          "reason": "no separated claim was made"}),
         "campaigns": {"measured": len(done), "target": 10, "met": len(done) >= 10,
                       **({} if len(done) >= 10 else {"reason": ("a --quick smoke run" if quick else
-                                                                f"{len(rows) - len(done)} campaigns failed")})},
+                                                                f"{len(rows) - len(done)} campaigns failed or "
+                                                                "were not re-measured")})},
     }
     dl = an["by_kind"]["dlrm"]
     for name, r, key, bound, above, why in (
@@ -386,7 +451,26 @@ def _targets(done: list[dict], rows: list[dict], an: dict, quick: bool) -> dict:
              "on dlrm-small training campaigns alone")):
         if r[RATE_OVER[key][0]]:
             targets[name] = _rate_target(r, key, bound, above, why)
+    for name, kinds in (("winner_interval_covers_remeasured_median", ("objective", "dlrm")),
+                        ("dlrm_winner_interval_covers_remeasured_median", ("dlrm",))):
+        _say_unscored(targets.get(name), [r for r in rows if r["kind"] in kinds],
+                      [r for r in done if r["kind"] in kinds])
     return targets
+
+
+def _say_unscored(target: dict | None, rows: list[dict], done: list[dict]) -> None:
+    """A coverage target names the campaigns left unscored (:func:`_not_remeasured`) and what it would
+    read with each of them counted as a miss, the worst case, so that leaving them out hides nothing."""
+    from cubic.core.stats import rate_interval
+
+    unscored = [r for r in rows if "not_remeasured" in r]
+    if target is None or not unscored:
+        return
+    covered = sum(r["covered"] for r in done)
+    v, lo, hi = rate_interval(covered, len(done) + len(unscored))
+    target["not_remeasured"] = len(unscored)
+    target["counting_those_as_misses"] = {"measured": v, "ci95": [lo, hi], "met": v >= target["target"],
+                                          "resolved": lo > target["target"]}
 
 
 # each rate of _rates -> the count it is over, and that count in words (one table for the targets and

@@ -46,3 +46,44 @@ def test_the_committed_result_follows_the_benchmark_convention():
     a = out["analysis"]
     assert a["campaigns_completed"] >= 10 or out["settings"]["quick"]
     assert a["confirm_wall_s_total"] > 0 and 0 < a["confirm_share_of_campaign_wall"] < 1
+
+
+def _row(kind, seed, covered, median=100.0, load=0.5):
+    winner = {"point": {"a": 4}, "values": [median] * 4 if median else [], "median": median}
+    row = {"kind": kind, "seed": seed, "rc": 0, "campaign_wall_s": 10.0, "load_1m_start": load, "load_1m_end": load,
+           "load_1m_remeasure_start": load, "load_1m_remeasure_end": load,
+           "confirm": {"winner": {"value": 100.0, "lo": 90.0, "hi": 110.0}, "repeats_spent": 2},
+           "remeasured": {"winner": winner}, "covered": covered, "claimed_separated": False, "flipped": False,
+           "flipped_and_apart": False, "confirm_wall_s": 1.0}
+    if kind == "objective":
+        row["covered_true"] = covered
+    return row
+
+
+def test_a_winner_never_re_measured_is_left_out_and_the_worst_case_said(tmp_path, monkeypatch):
+    """Stop 70's run: three dlrm-small campaigns whose winner's fresh runs all ran contended (load ~2.9
+    on 2 cores, the coordinator's other jobs) got no re-measured value and were scored as misses. Now
+    they are listed, left out of the rates, and each coverage target says what it would read with them
+    counted as misses; --reanalyse re-scores a stored file without running anything."""
+    import experiments.answer_calibration as ac
+    from experiments import common
+
+    rows = [_row("objective", 100 + i, True) for i in range(3)] + [_row("dlrm", 200 + i, True) for i in range(10)]
+    rows += [_row("dlrm", 210, False, median=None, load=2.9)]  # as a file before stop 70 stored it
+    stored = {"kind": "measured", "code_version": "old", "settings": {"quick": False}, "campaigns": rows,
+              "analysis": {"benchmark_wall_s": 99.0}, "targets": {}}
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "answer_calibration.json").write_text(json.dumps(stored))
+    monkeypatch.setattr(ac, "_plot", lambda done, name: None)
+    ac._reanalyse("answer_calibration")
+    out = json.loads((tmp_path / "answer_calibration.json").read_text())
+    assert out["code_version"] == "old" and out["reanalysed"]["what"].startswith("analysis, targets and plot")
+    (left,) = out["analysis"]["campaigns_not_remeasured"]
+    assert left["seed"] == 210 and "each fresh run contended" in left["why"]
+    assert out["analysis"]["campaigns_failed"] == 0 and "covered" not in out["campaigns"][-1]
+    dl = out["targets"]["dlrm_winner_interval_covers_remeasured_median"]
+    assert dl["measured"] == 1.0 and dl["over"] == 10 and dl["not_remeasured"] == 1
+    assert dl["counting_those_as_misses"]["measured"] == 10 / 11
+    assert out["targets"]["winner_interval_covers_remeasured_median"]["counting_those_as_misses"]["measured"] == (
+        13 / 14)
+    check_targets(out["targets"])
