@@ -110,12 +110,14 @@ def regimes() -> dict:
     }
 
 
-def name_foreign_model(targets: dict, mismatch: str | None) -> None:
-    """A missed target's reason names a compute model trained on another machine (``mismatch``:
-    sharding.estimate.machine_mismatch), whose error on this CPU is part of why it missed."""
+def name_foreign_model(targets: dict, *why: str | None) -> None:
+    """A missed target's reason names a compute model trained on another machine (sharding.estimate
+    .machine_mismatch) or one whose figures do not hold here (:func:`carry_over`): its error on this
+    CPU is part of why it missed. None in ``why`` adds nothing."""
+    said = "; ".join(w for w in why if w)
     for t in targets.values():
-        if mismatch and not t["met"] and "reason" in t:
-            t["reason"] += f"; {mismatch}"
+        if said and not t["met"] and "reason" in t:
+            t["reason"] += f"; {said}"
 
 
 def own_estimator(path: str) -> LearnedEstimator:
@@ -133,7 +135,8 @@ def model_origin(meta: dict) -> str:
     """Where a learned compute model was trained, against THIS machine's fingerprint: how the sharding
     benchmarks name a model, so that a model native here is never called foreign, nor the other way
     round. A fingerprint names a CPU model and its cores, not a host: a model of this fingerprint may
-    come from another host (stop 64's, 1.85x off here), which :func:`carry_over` then says."""
+    come from another host (stop 64's: 1.85x and 2.09x off on the hosts of stops 69 and 70), which
+    :func:`carry_over` then says."""
     fp = meta.get("fingerprint") or {}
     if machine_mismatch(meta) is None:
         return f"trained on a machine of this fingerprint ({fp.get('cpu_model')}, {fp.get('cpu_count')} cores)"
@@ -169,8 +172,7 @@ def own_look(families, regs, methods, own_est, targets, looks: int = 0) -> dict:
     accuracy = {r: model_accuracy(tasks, r, own=True) for r in regs}
     mismatch = machine_mismatch(meta)
     off_here = carry_over(accuracy[regs[0]])
-    # (both None when it was trained here and holds here, as it should)
-    name_foreign_model(own_t, "; ".join(x for x in (mismatch, off_here) if x) or None)
+    name_foreign_model(own_t, mismatch, off_here)  # (both None when it was trained here and holds here)
     for k, t in targets.items():
         twin = own_t.get(prefix + k)
         if twin and not t["met"] and twin["measured"] is not None:
@@ -647,7 +649,7 @@ def main(argv=None) -> int:
     mismatch = machine_mismatch(getattr(est.model, "meta_", {}))
     accuracy = {r: model_accuracy(tasks + multi, r) for r in regs}
     shipped_off_here = carry_over(accuracy[next(iter(regs))])
-    name_foreign_model(targets, "; ".join(x for x in (mismatch, shipped_off_here) if x) or None)
+    name_foreign_model(targets, mismatch, shipped_off_here)
     own = {"path": args.own_model, **own_look(families, list(regs), methods, own_est, targets, looks)} if own_est else {
         "not_run": "no --own-model: whether a miss is the shipped model's machine is not checked by this run"}
     payload = {
