@@ -168,18 +168,18 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
     w = c["winner"]
     ew, er = re["winner"].pop("_e"), re["runner_up"].pop("_e")
     row["remeasured"] = re
-    if _not_remeasured(row):  # no second look to score the claim by: neither a hit nor a miss
-        return row
-    row["covered"] = ew is not None and w["lo"] <= ew.value <= w["hi"]
-    if kind == "objective":
-        row["covered_true"] = w["lo"] <= re["winner"]["true"] <= w["hi"]
     row["claimed_separated"] = bool(c.get("separated"))
-    row["flipped"] = ew is not None and er is not None and er.value > ew.value
-    row["flipped_and_apart"] = ew is not None and er is not None and separated(er, ew)
     row["confirm_wall_s"] = c.get("wall_s")
     if kind == "dlrm":  # every run's figures, for a miss to be explained from data rather than guessed
         row["runs"] = {db: _runs(d / f"{db}.db") for db in ("t", "remeasure")}
-    if not row["covered"] and ew is not None:
+    if _not_remeasured(row):  # no second look to score the claim by: neither a hit nor a miss
+        return row
+    row["covered"] = w["lo"] <= ew.value <= w["hi"]
+    if kind == "objective":
+        row["covered_true"] = w["lo"] <= re["winner"]["true"] <= w["hi"]
+    row["flipped"] = er is not None and er.value > ew.value
+    row["flipped_and_apart"] = er is not None and separated(er, ew)
+    if not row["covered"]:
         cores = os.cpu_count() or 1
         loads = [row[k] for k in ("load_1m_start", "load_1m_end", "load_1m_remeasure_start", "load_1m_remeasure_end")]
         row["miss_reason"] = (f"re-measured median {ew.value:,.0f} vs claimed [{w['lo']:,.0f}, {w['hi']:,.0f}] "
