@@ -87,15 +87,21 @@ def site_misfit(sites: dict[str, nn.Linear], name: str, site) -> str | None:
     return None
 
 
-def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str] | None:
-    """(field, why) for the first site of ``placement`` the workload's model lacks or has in another
-    shape (None when every site fits): what :func:`apply_placement` would refuse inside a run, found
-    before one starts. The dense part is built on the meta device: no memory, no init."""
+def workload_linear_sites(workload: Workload) -> dict[str, nn.Linear]:
+    """The workload's model's linear sites by the names a placement probed on it carries
+    (``dense.<module>``), built on the meta device: no memory, no init."""
     from cubic.core.models import build_dense
 
     with torch.device("meta"):
         dense = build_dense(workload)
-    sites = {f"dense.{n}": m for n, m in linear_sites(dense).items()}
+    return {f"dense.{n}": m for n, m in linear_sites(dense).items()}
+
+
+def placement_misfit(placement: Placement, workload: Workload) -> tuple[str, str] | None:
+    """(field, why) for the first site of ``placement`` the workload's model lacks or has in another
+    shape (None when every site fits): what :func:`apply_placement` would refuse inside a run, found
+    before one starts. The dense part is built on the meta device: no memory, no init."""
+    sites = workload_linear_sites(workload)
     for name, site in placement.sites.items():
         if why := site_misfit(sites, name, site):
             return f"sites.{name}", why
