@@ -153,17 +153,93 @@ def test_dense_sites_follow_the_arch():
         assert any(s.name.startswith("top.") for s in dense_sites(DEFAULT_WORKLOADS[name], 64))
 
 
-@pytest.mark.parametrize("name", sorted(DEFAULT_WORKLOADS))
+def _variant(name: str) -> Workload:
+    """An embedded workload, or one with its dense features or its layers' LayerNorm removed."""
+    base, _, change = name.partition("/")
+    w = DEFAULT_WORKLOADS[base]
+    if change == "no-dense":
+        return w.model_copy(update={"data": w.data.model_copy(update={"num_dense_features": 0})})
+    if change == "no-layer-norm":
+        return w.model_copy(update={"dense_arch": w.dense_arch.model_copy(update={"layer_norm": False})})
+    return w
+
+
+VARIANTS = [*sorted(DEFAULT_WORKLOADS), "dlrm-small/no-dense", "dmt-small/no-dense", "wukong-small/no-dense",
+            "wukong-small/no-layer-norm"]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_dense_sites_are_the_real_models_modules(name):
     """The simulator's linear sites stand for exactly the real model's nn.Linear modules (the names a
     placement from `cubic fp8 probe` carries): before, 'top.0' against 'top.fc.0' left most sites of a
     real placement in bf16 in the simulator, without a word."""
-    w = DEFAULT_WORKLOADS[name]
+    w = _variant(name)
     real = _real_linears(w)
     sim = {m: (s.k, s.n) for s in dense_sites(w, 64) for m in s.module_names}
     assert sum(len(s.module_names) for s in dense_sites(w, 64)) == len(sim)  # no module twice
     # the same modules in the same shapes (a Wukong's dense features were one embedding here, 2-8 there)
     assert sim == {n: (m.in_features, m.out_features) for n, m in real.items()}
+
+
+def _real_dense_pass(w: Workload, batch: int) -> tuple[int, dict[str, bool]]:
+    """The real dense part run on the meta device (no memory): the elements its LayerNorms read, and per
+    linear module whether a ReLU reads its output (a functional F.relu, seen through its caller's MLP)."""
+    import torch
+
+    from cubic.core.models import MLP, build_dense
+
+    with torch.device("meta"):
+        dense = build_dense(w)
+    normed = [0]
+    hooks = [m.register_forward_hook(lambda mod, inp, out: normed.__setitem__(0, normed[0] + inp[0].numel()))
+             for m in dense.modules() if isinstance(m, torch.nn.LayerNorm)]
+    relu_after = {f"{prefix}.fc.{j}" if prefix else f"fc.{j}": m.last_act or j < len(m.fc) - 1
+                  for prefix, m in dense.named_modules() if isinstance(m, MLP) for j in range(len(m.fc))}
+    embs = {t.name: torch.empty(batch, t.dim, device="meta") for t in w.tables}
+    dense(torch.empty(batch, w.data.num_dense_features, device="meta"), embs)
+    for h in hooks:
+        h.remove()
+    return normed[0], relu_after
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_dense_sites_norms_and_activations_are_the_real_models(name):
+    """The simulator prices the LayerNorms the real model runs (a Wukong FMB's always, a layer's output
+    norm when layer_norm) and a ReLU exactly after the linear sites the model follows with one: before,
+    the FMB's norm was priced only with layer_norm, and a DLRM without dense features had a top input d
+    too wide."""
+    w, batch = _variant(name), 64
+    normed, relu_after = _real_dense_pass(w, batch)
+    sites = dense_sites(w, batch)
+    assert sum(s.m * s.k for s in sites if s.norm_before) == normed
+    sim_relu = {m: s.act_after == "relu" for s in sites for m in s.module_names}
+    assert sim_relu == {n: relu_after.get(n, False) for n in _real_linears(w)}
+
+
+def test_a_mixed_placement_of_batched_projections_is_priced_as_placed():
+    """The per-table projections of one dim are one batched GEMM in the simulator; a placement that puts
+    some of them in FP8 is priced with those in FP8 (before: all of them in the base precision)."""
+    w = DEFAULT_WORKLOADS["wukong-small"]
+    real = _real_linears(w)
+    batched = next(s for s in dense_sites(w, 64) if len(s.modules) >= 2)
+    one = batched.modules[0]
+
+    def placed(names) -> Config:
+        sites = {f"dense.{n}": {"m": 64, "k": real[n].in_features, "n": real[n].out_features,
+                                "recipe": "tensorwise", "kernel": "scaled_mm_tensorwise"} for n in names}
+        doc = {"version": 1, "workload": w.name, "sites": sites, "module_filter": sorted(sites)}
+        return cfg(fp8=FP8Choice(policy="placement", placement=doc))
+
+    n_sites = len(real) + sum(1 for s in dense_sites(w, 64) if s.kind == "bmm")
+    mixed = predict_step(w, placed([one]), H100, 64)
+    assert mixed.dense["site_precisions"] == {"fp8": 1, "bf16": n_sites - 1}
+    whole = predict_step(w, placed(batched.modules), H100, 64)
+    assert whole.dense["site_precisions"] == {"fp8": len(batched.modules), "bf16": n_sites - len(batched.modules)}
+    none = predict_step(w, cfg(), H100, 64)
+    # the same GEMM work, only the placed rows' precision moves
+    assert mixed.dense["flops_fwd_per_rank"] == none.dense["flops_fwd_per_rank"]
+    times = [p.phases_s["dense_fwd"] + p.phases_s["dense_bwd"] for p in (none, mixed, whole)]
+    assert times[0] != times[1] != times[2]
 
 
 def test_a_probed_placement_is_simulated_site_for_site():

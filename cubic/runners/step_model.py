@@ -46,7 +46,7 @@ simulator reports the MEASURED NE cost of a 2D sync choice from cost_models.two_
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -171,12 +171,14 @@ class DenseSite:
         return 2.0 * self.m * self.k * self.n
 
 
-def _mlp(prefix: str, m: int, sizes: list[int], d_in: int, *, norm_first: bool = False) -> list[DenseSite]:
+def _mlp(prefix: str, m: int, sizes: list[int], d_in: int, *, norm_first: bool = False,
+         last_act: bool = True) -> list[DenseSite]:
+    # the sites of cubic.core.models.MLP(d_in, sizes, last_act): ReLU between, after the last unless last_act=False
     out, k = [], d_in
     for j, n in enumerate(sizes):
-        last = j == len(sizes) - 1
+        act = last_act or j < len(sizes) - 1
         out.append(DenseSite(f"{prefix}.fc.{j}", m, k, n, norm_before=norm_first and j == 0,
-                             act_after=None if (last and n == 1) else "relu"))
+                             act_after="relu" if act else None))
         k = n
     return out
 
@@ -209,20 +211,20 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
             p = f"layers.{i}"
             n_out = arch.num_emb_lcb + arch.num_emb_fmb
             # optimized FM: X^T Y (learned n x k projection), then X (X^T Y) per example
-            sites.append(DenseSite(f"{p}.fmb.proj", B * d, n_in, arch.rank_fmb))
+            # the previous layer's output LayerNorm (when layer_norm) is priced before this layer's first
+            # GEMM over it: the same B x n_in x d elements
+            sites.append(DenseSite(f"{p}.fmb.proj", B * d, n_in, arch.rank_fmb, norm_before=i > 0 and arch.layer_norm))
             sites.append(DenseSite(f"{p}.fmb.fm", B * n_in, d, arch.rank_fmb, kind="bmm"))
-            widths = [arch.mlp_width] * arch.fmb_mlp_layers
-            k = n_in * arch.rank_fmb
-            for j, w in enumerate(widths):
-                sites.append(DenseSite(f"{p}.fmb.mlp.fc.{j}", B, k, w, norm_before=(j == 0 and arch.layer_norm),
-                                       act_after="relu"))
-                k = w
-            sites.append(DenseSite(f"{p}.fmb.mlp.fc.{len(widths)}", B, k, arch.num_emb_fmb * d))
+            # the FMB's own LayerNorm over the FM output comes before its MLP always (layer_norm is the
+            # layers' output norm, not this one)
+            sites += _mlp(f"{p}.fmb.mlp", B, [arch.mlp_width] * arch.fmb_mlp_layers + [arch.num_emb_fmb * d],
+                          n_in * arch.rank_fmb, norm_first=True, last_act=False)
             sites.append(DenseSite(f"{p}.lcb.proj", B * d, n_in, arch.num_emb_lcb))
             if n_in != n_out:
                 sites.append(DenseSite(f"{p}.residual", B * d, n_in, n_out))
             n_in = n_out
-        sites += _mlp("top", B, list(arch.top_mlp), n_in * d, norm_first=arch.layer_norm)
+        # the last layer's output LayerNorm, priced before the top MLP's first GEMM over it (same elements)
+        sites += _mlp("top", B, list(arch.top_mlp), n_in * d, norm_first=arch.layer_norm, last_act=False)
     elif isinstance(arch, DLRMArch):
         d = arch.bottom_mlp[-1]
         if F:
@@ -230,7 +232,8 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
         sites += _projection_sites(tables, B, d)
         n = len(tables) + (1 if F else 0)
         sites.append(DenseSite("interaction", B * n, d, n, kind="bmm"))
-        sites += _mlp("top", B, list(arch.top_mlp), d + n * (n - 1) // 2)
+        # the real top MLP reads the bottom's output only when there are dense features
+        sites += _mlp("top", B, list(arch.top_mlp), (d if F else 0) + n * (n - 1) // 2, last_act=False)
     elif isinstance(arch, DMTArch):
         groups = list(dict.fromkeys(t.feature_group for t in tables))  # the real model's order: first appearance
         towers: list[list[Table]] = [[] for _ in range(arch.num_towers)]
@@ -240,23 +243,24 @@ def dense_sites(workload: Workload, batch: int) -> list[DenseSite]:
             if ts:
                 sites += _mlp(f"towers.{j}", B, list(arch.tower_mlp) + [arch.tower_dim], sum(t.dim for t in ts))
         if F:
-            sites.append(DenseSite("bottom.fc.0", B, F, arch.tower_dim, act_after="relu"))
+            sites += _mlp("bottom", B, [arch.tower_dim], F)
         n_towers = sum(1 for ts in towers if ts) + (1 if F else 0)
-        sites += _mlp("top", B, list(arch.top_mlp), n_towers * arch.tower_dim)
+        sites += _mlp("top", B, list(arch.top_mlp), n_towers * arch.tower_dim, last_act=False)
     else:  # pragma: no cover - DenseArch is a closed union
         raise SpecError(f"unknown dense arch {type(arch).__name__}", field="dense_arch")
     return sites
 
 
-def _site_precisions(sites: list[DenseSite], config: Config,
-                     workload: Workload) -> dict[str, tuple[str, str | None]]:
-    """(precision, recipe) per site from the config's dense dtype and FP8 policy. A placement is a
+def _priced_sites(sites: list[DenseSite], config: Config,
+                  workload: Workload) -> list[tuple[DenseSite, str, str | None]]:
+    """(site, precision, recipe) from the config's dense dtype and FP8 policy. A placement is a
     full ``fp8.placement.Placement`` document, read by ``fp8.placement.parse_placement``; its site
     names are the real model's module names (``dense.top.fc.0``), matched to the sites' module names
     exactly, and a site the model lacks is refused as a real run refuses it
     (``fp8.runtime.placement_misfit``). A placed site is FP8 whatever its size (the placement decided; the
-    size rule is policy "all"'s); a batched site only when the placement puts every module it stands
-    for in FP8 with one recipe."""
+    size rule is policy "all"'s). A batched site (one dim's table projections) whose modules the placement
+    splits is priced as one batched GEMM per (precision, recipe) of its modules, so a mixed placement is
+    priced as placed, not in the base precision."""
     base = "bf16" if config.kernels.dense_dtype == "bf16" else "fp32"
     fp8 = config.fp8
     placed: dict[str, str] = {}
@@ -270,17 +274,25 @@ def _site_precisions(sites: list[DenseSite], config: Config,
         if misfit := placement_misfit(placement, workload):
             raise SpecError(misfit[1], field=f"fp8.placement.{misfit[0]}")  # the caller names the config file
         placed = {name.removeprefix("dense."): str(site.recipe) for name, site in placement.fp8_sites().items()}
-    out: dict[str, tuple[str, str | None]] = {}
+    out: list[tuple[DenseSite, str, str | None]] = []
     for s in sites:
         eligible = s.kind == "linear" and s.n >= 16 and s.k >= 16
-        recipes = {placed.get(m) for m in s.module_names}
         if eligible and fp8.policy in ("all", "budget"):
-            out[s.name] = ("fp8", fp8.recipe)
-        elif s.kind == "linear" and fp8.policy == "placement" and len(recipes) == 1 and None not in recipes:
-            recipe = recipes.pop()
-            out[s.name] = ("fp8", recipe if recipe in FP8_RECIPES else fp8.recipe)
+            out.append((s, "fp8", fp8.recipe))
+        elif s.kind == "linear" and fp8.policy == "placement":
+            groups: dict[str | None, list[str]] = {}
+            for m in s.module_names:
+                groups.setdefault(placed.get(m), []).append(m)
+            rows = s.m // len(s.module_names)  # a batched site's rows are its modules' rows, stacked
+            for recipe, mods in groups.items():
+                part = s if len(groups) == 1 else replace(s, name=f"{s.name}[{','.join(mods)}]",
+                                                          m=rows * len(mods), modules=tuple(mods))
+                if recipe is None:
+                    out.append((part, base, None))
+                else:
+                    out.append((part, "fp8", recipe if recipe in FP8_RECIPES else fp8.recipe))
         else:
-            out[s.name] = (base, None)
+            out.append((s, base, None))
     return out
 
 
@@ -318,12 +330,10 @@ def _dense_cost(workload: Workload, config: Config, batch: int, device: DeviceSp
                 params: StepModelParams) -> DenseCost:
     consts = params.gemm_constants_obj()
     sites = dense_sites(workload, batch)
-    prec = _site_precisions(sites, config, workload)
     fwd = bwd = act = 0.0
-    counts: dict[str, int] = {}
-    for s in sites:
-        p, recipe = prec[s.name]
-        counts[p] = counts.get(p, 0) + 1
+    counts: dict[str, int] = {}  # per GEMM site of the real model: a batched site counts its modules
+    for s, p, recipe in _priced_sites(sites, config, workload):
+        counts[p] = counts.get(p, 0) + max(1, len(s.module_names))
         eb = 4 if p == "fp32" else 2
         if s.kind == "bmm":
             # X (X^T Y)-style batched products: fwd one GEMM, bwd two of the same size
