@@ -56,6 +56,7 @@ in the training set are held out).
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import math
 import sys
 import time
@@ -148,6 +149,21 @@ def measure_pooled(space: Space, workload, runner, store, steps: int, warmup: in
     return table
 
 
+def _provenance(runs: dict[str, list[Result]], store) -> dict:
+    """When, on which code, the table's runs were made: a table served from the store mixes runs of
+    earlier invocations with fresh ones, and this run's own context names only the fresh ones' time."""
+    ids = {i for evs in runs.values() for e in evs
+           for i in (e.extra.get("trial_ids") or [e.extra.get("trial_id")]) if i is not None}
+    trials = [t for t in map(store.get_trial, sorted(ids)) if t is not None]
+    if not trials:
+        return {}
+    when = sorted(t.created_at for t in trials)
+    return {"runs": len(trials), "first_run_at": when[0].isoformat(timespec="seconds"),
+            "last_run_at": when[-1].isoformat(timespec="seconds"),
+            "code_versions": dict(Counter(t.code_version for t in trials)),
+            "served_from_store": sum(bool(e.extra.get("served_from_store")) for evs in runs.values() for e in evs)}
+
+
 def measure_table(space: Space, workload, runner, store, steps: int, warmup: int,
                   passes: int = 1) -> dict[str, Result]:
     """Every point of a discrete space, run ``passes`` times (served from the store when cached).
@@ -186,6 +202,9 @@ def measure_table(space: Space, workload, runner, store, steps: int, warmup: int
         m["top2_spread"] = vals[0] / vals[1] if len(vals) > 1 else 1.0  # the repeatability of the kept value
         table[key] = best.model_copy(update={"metrics": m, "extra": dict(best.extra)})
     log(f"  {workload.name}: {len(pts)} configs x {passes} passes in {time.time() - t0:.0f}s ({served} from the store)")
+    provenance = _provenance(runs, store)
+    for e in table.values():
+        e.extra["provenance"] = provenance
     if passes > 1:
         # test-retest: how well one pass ranks the configurations the way another pass does. No model
         # can rank held-out configurations much better than the measurement repeats itself.
@@ -630,6 +649,8 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
                         "pass_spread_max": float(max(spreads)) if spreads else None,
                         "top2_spread_median": float(np.median(top2)) if top2 else None,
                         "retest_tau_between_passes": next(iter(table.values())).extra.get("retest_tau"),
+                        # the table's own runs: served ones were made by earlier invocations, maybe on other code
+                        "provenance": next(iter(table.values())).extra.get("provenance"),
                         "spread_note": ("pass_spread = fastest/slowest of a config's passes (a pass run "
                                         "while the machine was busy is up to 2-3x slower); top2_spread = "
                                         "fastest/second fastest: how repeatable the kept value is"),
