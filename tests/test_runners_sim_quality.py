@@ -119,9 +119,28 @@ def test_the_scaling_claims_second_look_names_every_regime_where_it_fails():
     r = robustness(WL, CLUSTERS["h100"], cfg, [4], 8, 16, 1.5, retained, regimes=2)
     assert r["held"] == 0 and r["share_held"] == 0.0 and len(r["failed_regimes"]) == 2
     assert all(set(f["params"]) == set(RANGES) for f in r["failed_regimes"])
-    t = _targets({"full": 0.5, "2d-g4": 0.95}, "2d-g4", 8, 16, r)
+    t = _targets({}, {"full": 0.5, "2d-g4": 0.95}, "2d-g4", 8, 16, r)
     miss = next(v for k, v in t.items() if "perturbed" in k)
     assert miss["met"] is False and "fails in 2 regimes" in miss["reason"]
+
+
+def test_a_kept_ratio_above_one_is_named_a_replan():
+    """Each scale plans its groups afresh (the planner prices the sync by the replica count), so a 2D
+    group size can be faster at 4096 GPUs than at 512: the target says so beside the ratio."""
+    sys.path.insert(0, str(ROOT))
+    from experiments.scaling import _replanned, _targets
+
+    row = lambda w, ms, sync: {"gpus": w, "strategy": "2d-g32", "status": "ok", "step_ms": ms,  # noqa: E731
+                               "embedding_sync_bytes_per_rank": sync, "embedding_imbalance": 1.5}
+    rows = [row(512, 57.8, 42.8e9), row(4096, 56.5, 37.6e9)]
+    r = _replanned(rows, "2d-g32", 512, 4096)
+    assert r["512_gpus"]["embedding_sync_gb_per_rank"] == 42.8
+    assert "128 replicas" in r["why_above_1"] and "12% fewer bytes" in r["why_above_1"]
+    robust = {"regimes": 1, "held": 1, "share_held": 1.0, "label": "x", "failed_regimes": []}
+    t = _targets({"replanned": r}, {"full": 0.3, "2d-g32": 57.8 / 56.5}, "2d-g32", 512, 4096, robust)
+    assert t["best 2D keeps >= 90% per-GPU throughput 512->4096 GPUs (SIMULATED)"]["note"] == r["why_above_1"]
+    # slower at the larger scale: nothing to explain
+    assert "why_above_1" not in _replanned([row(512, 50.0, 1e9), row(4096, 55.0, 1e9)], "2d-g32", 512, 4096)
 
 
 def test_a_2d_prediction_states_the_ne_cost_it_assumes_and_where_it_comes_from(table, tmp_path, capsys):
