@@ -31,12 +31,24 @@ def _cases() -> dict[str, dict[str, float]]:
                "fp8-rowwise": Config(kernels=bf16, sharding=ShardingChoice(planner="sim"),
                                      fp8=FP8Choice(policy="all", recipe="rowwise")),
                "fp32-2d": Config(sharding=ShardingChoice(planner="sim", group_size=4))}
+    cases = [(wname, w, 64 if wname == "wukong-large" else 8, cname, c)
+             for wname, w in sorted(DEFAULT_WORKLOADS.items()) for cname, c in configs.items()]
+    # the paths the grid above does not reach: a placement (every other linear site of wukong-small in FP8,
+    # batched projections split) and 2D weight averaging across replicas on another node
+    from fp8.runtime import workload_linear_sites
+
+    w = DEFAULT_WORKLOADS["wukong-small"]
+    sites = {n: {"m": 64, "k": m.in_features, "n": m.out_features, "recipe": "rowwise", "kernel": "scaled_mm_rowwise"}
+             for n, m in list(workload_linear_sites(w).items())[::2]}
+    doc = {"version": 1, "workload": w.name, "sites": sites, "module_filter": sorted(sites)}
+    cases.append(("wukong-small", w, 8, "placement", configs["bf16"].model_copy(
+        update={"fp8": FP8Choice(policy="placement", placement=doc)})))
+    cases.append(("dlrm-wide", DEFAULT_WORKLOADS["dlrm-wide"], 64, "weights-sync-2d", Config(
+        kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=8, sync="weights", sync_interval=10))))
     out = {}
-    for wname, w in sorted(DEFAULT_WORKLOADS.items()):
-        gpus = 64 if wname == "wukong-large" else 8
-        for cname, c in configs.items():
-            p = predict_step(w, c, CLUSTERS["h100"], gpus)
-            out[f"{wname}@h100x{gpus}/{cname}"] = {"step_s": p.step_s, "peak_mem_bytes": p.peak_mem_bytes}
+    for wname, w, gpus, cname, c in cases:
+        p = predict_step(w, c, CLUSTERS["h100"], gpus)
+        out[f"{wname}@h100x{gpus}/{cname}"] = {"step_s": p.step_s, "peak_mem_bytes": p.peak_mem_bytes}
     return out
 
 
