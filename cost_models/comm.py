@@ -287,11 +287,22 @@ def dp_sync_ms(nbytes: float, world: int, model: CommModel) -> float:
     return model.all_reduce_ms(world, nbytes)
 
 
+def replica_members_per_node(group: int, replicas: int, ranks_per_node: int) -> int:
+    """Replicas of one group rank on the same node: several when groups are smaller than a node."""
+    return min(max(1, ranks_per_node // group) if group < ranks_per_node else 1, replicas)
+
+
 def cross_group_sync_ms(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int,
-                        model: CommModel) -> float:
-    """2D sparse parallelism: touched rows of one shard exchanged with the other replicas."""
+                        model: CommModel, *, mode: str, interval: int, shard_bytes: float) -> float:
+    """2D sparse parallelism, one shard's share of the replica sync per step, ms. ``weights``: the shard's
+    ``shard_bytes`` (weights and optimizer state) all-reduced over the replicas every ``interval`` steps
+    (TorchRec's DMPCollection.sync()); ``gradients``: the rows one group's batch touched, exchanged with
+    the other replicas every step."""
     if replicas <= 1:
         return 0.0
+    if mode == "weights":
+        members = replica_members_per_node(group, replicas, model.ranks_per_node)
+        return model.all_reduce_ms(replicas, shard_bytes, members) / interval
     draws = group * batch * table.pooling_factor * rows / table.rows
     touched = expected_unique_rows(int(rows), round(table.access.effective_alpha(), 3), round(draws))
     return model.all_gather_ms(replicas, touched * (cols * FP32 + ID_BYTES))

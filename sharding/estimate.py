@@ -28,7 +28,7 @@ from cost_models.comm import (
     rank_volumes,
 )
 from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
-from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost
+from sharding.types import COLUMN_MULTIPLE, Plan, PlanCost, RankCost, ReplicaSync, Storage
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "data" / "cost_model.json"
 USER_MODEL_NAME = "sharding_cost_model.json"
@@ -251,6 +251,7 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
     sync = [0.0] * G
     dp_bytes = [0.0] * G
     replicas = W // G
+    rsync = plan.sync or ReplicaSync()  # a 2D plan priced before the field: the default sync
     for s in plan.shards:
         t = tables[s.table]
         if s.sharding_type == "data_parallel":
@@ -259,7 +260,8 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
         else:
             works[s.rank].append(ShardWork.of(t, s))
             traffic.append(ShardTraffic(s.rank, s.cols, t.pooling_factor * s.rows / t.rows))
-            sync[s.rank] += cross_group_sync_ms(t, s.rows, s.cols, G, B, replicas, comm)
+            sync[s.rank] += cross_group_sync_ms(t, s.rows, s.cols, G, B, replicas, comm, mode=rsync.mode,
+                                                interval=rsync.interval, shard_bytes=Storage.of(s.rows, s.cols).total)
     for r in range(G):
         sync[r] += dp_sync_ms(dp_bytes[r], W, comm)
     compute = estimator.compute_ms(works, G * B)

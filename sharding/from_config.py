@@ -16,7 +16,7 @@ from __future__ import annotations
 from cubic.core.config import Config
 from cubic.core.spec import SpecError, Topology, Workload
 from sharding.estimate import Estimator
-from sharding.types import NONE_NAMES, Plan, plan_from_dict
+from sharding.types import NONE_NAMES, Plan, ReplicaSync, plan_from_dict
 
 DEFAULT_PLANNER = "greedy"
 
@@ -28,7 +28,8 @@ def planner_name(config: Config) -> str:
 
 
 def plan_for(workload: Workload, config: Config, world_size: int, *, topology: Topology | None = None,
-             target: str = "any", estimator: Estimator | None = None, **planner_kw) -> Plan:
+             target: str = "any", estimator: Estimator | None = None, sync: ReplicaSync | None = None,
+             **planner_kw) -> Plan:
     """The plan a config runs with on ``world_size`` ranks: its explicit plan, else its planner's.
 
     ``topology``: the cluster (default: the workload's, with ``world_size`` ranks on one node).
@@ -48,4 +49,6 @@ def plan_for(workload: Workload, config: Config, world_size: int, *, topology: T
     from sharding.registry import make_planner
 
     planner = make_planner(planner_name(config), estimator=estimator, target=target, **planner_kw)
-    return planner.plan(wl.tables, topology, wl.batch_size, config.sharding.group_size)
+    # a 2D plan is priced with the sync the job runs: the config's (``sync`` when the caller resolved it)
+    sync = sync or ReplicaSync.of(config.sharding.sync, config.sharding.sync_interval)
+    return planner.plan(wl.tables, topology, wl.batch_size, config.sharding.group_size, sync)

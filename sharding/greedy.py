@@ -44,10 +44,10 @@ class GreedyPlanner(Planner):
     def __init__(self, estimator: Estimator | None = None, target: str = "any"):
         self.estimator, self.target = estimator, target
 
-    def plan(self, tables, topology, batch_size, group_size=None):
+    def plan(self, tables, topology, batch_size, group_size=None, sync=None):
         t0 = time.perf_counter()
         est = self.estimator or default_estimator(topology.device)
-        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target, sync)
         min_k: dict[str, int] = {}
         for _ in range(64):
             splits = self._splits(ctx, min_k)

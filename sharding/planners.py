@@ -38,7 +38,8 @@ from cubic.core.units import fmt_gib
 from cost_models.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces, torchrec_row_blocks
 from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
-from sharding.types import PLANNERS, Plan, PlanDoesNotFit, Shard, Storage  # noqa: F401  (PLANNERS: re-exported)
+from sharding.types import (PLANNERS, Plan, PlanDoesNotFit, ReplicaSync, Shard,  # noqa: F401  (PLANNERS: re-exported)
+                            Storage)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Context:
     comm: CommModel
     estimator: Estimator | None = None
     target: str = "any"
+    sync: ReplicaSync = ReplicaSync()  # how the replicas of a 2D plan are kept in step, as priced
     _vec_cache: dict = field(default_factory=dict)
 
     @property
@@ -87,15 +89,18 @@ class Context:
         key = (t.name, ro, rows, cols, batch)
         if key not in self._vec_cache:
             self._vec_cache[key] = shard_vector(t, rows, cols, batch)
-        sync = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group, self.comm)
+        storage = Storage.of(rows, cols).total
+        sync = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group, self.comm,
+                                   mode=self.sync.mode, interval=self.sync.interval, shard_bytes=storage)
         return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
-                    Storage.of(rows, cols).total, sync, fixed=fixed)
+                    storage, sync, fixed=fixed)
 
 
 TARGETS = ("any", "torchrec")
 
 
-def planner_context(tables, topology, batch_size, group_size, estimator, target: str = "any") -> Context:
+def planner_context(tables, topology, batch_size, group_size, estimator, target: str = "any",
+                    sync: ReplicaSync | None = None) -> Context:
     world = topology.world_size
     group = group_size or world
     check_group_size(group, world, field="group_size")
@@ -104,7 +109,7 @@ def planner_context(tables, topology, batch_size, group_size, estimator, target:
     if target not in TARGETS:
         raise SpecError(f"unknown target {target!r} (known: {', '.join(TARGETS)})", field="target")
     return Context(list(tables), topology, batch_size, group, world, mem, CommModel.from_topology(topology), estimator,
-                   target)
+                   target, sync or ReplicaSync())
 
 
 def presplit(ctx: Context) -> dict[str, tuple[str, int]]:
@@ -166,7 +171,7 @@ def to_plan(ctx: Context, planner: str, units: list[Unit], ranks: list[int], dp:
     elapsed = time.perf_counter() - t0
     plan = Plan(planner=planner, target=ctx.target, world_size=ctx.world, group_size=ctx.group, batch_size=ctx.batch,
                 topology=ctx.topology, tables=ctx.tables, shards=shards, planning_time_s=elapsed, notes=notes,
-                comm=ctx.comm.describe())
+                comm=ctx.comm.describe(), sync=ctx.sync if ctx.group < ctx.world else None)
     return with_prediction(plan, ctx.estimator, ctx.comm)
 
 
@@ -181,7 +186,9 @@ class Planner(ABC):
     name: str
 
     @abstractmethod
-    def plan(self, tables: list[Table], topology: Topology, batch_size: int, group_size: int | None = None) -> Plan: ...
+    def plan(self, tables: list[Table], topology: Topology, batch_size: int, group_size: int | None = None,
+             sync: ReplicaSync | None = None) -> Plan:
+        """``sync``: how a 2D plan's replicas are kept in step (default: ``ReplicaSync()``, the runners')."""
 
 
 # ------------------------------------------------------------------------------------ baselines
@@ -205,9 +212,9 @@ class HeuristicPlanner(Planner):
             raise SpecError(f"unknown heuristic {kind!r} (known: random, {', '.join(HEURISTIC_KEYS)})", field="planner")
         self.name, self.seed, self.estimator, self.target = kind, seed, estimator, target
 
-    def plan(self, tables, topology, batch_size, group_size=None):
+    def plan(self, tables, topology, batch_size, group_size=None, sync=None):
         t0 = time.perf_counter()
-        ctx = planner_context(tables, topology, batch_size, group_size, self.estimator, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, self.estimator, self.target, sync)
         units, _ = build_units(ctx, presplit(ctx))
         return to_plan(ctx, self.name, units, self.assign(ctx, units), [], t0)
 
@@ -575,17 +582,17 @@ class CubicPlanner(Planner):
             out.append({**splits, table.name: ("data_parallel", 1)})
         return out
 
-    def plan(self, tables, topology, batch_size, group_size=None):
+    def plan(self, tables, topology, batch_size, group_size=None, sync=None):
         from threadpoolctl import threadpool_limits
 
         # the model's matmuls are tiny: a BLAS thread pool only adds wake-up latency to each call
         with threadpool_limits(1):
-            return self._plan(tables, topology, batch_size, group_size)
+            return self._plan(tables, topology, batch_size, group_size, sync)
 
-    def _plan(self, tables, topology, batch_size, group_size):
+    def _plan(self, tables, topology, batch_size, group_size, sync):
         t0 = time.perf_counter()
         est = self.estimator or LearnedEstimator()
-        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target)
+        ctx = planner_context(tables, topology, batch_size, group_size, est, self.target, sync)
         budget = self.time_budget_s or math.inf
         deadline = t0 + budget
         self.budget_reached_ = False

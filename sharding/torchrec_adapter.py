@@ -58,7 +58,7 @@ class TorchRecPlanner(Planner):
         keeps them in ``Plan.kernels``."""
         self.estimator, self.hbm_bytes = estimator, hbm_bytes
 
-    def plan(self, tables, topology, batch_size, group_size=None) -> Plan:
+    def plan(self, tables, topology, batch_size, group_size=None, sync=None) -> Plan:
         _require()
         import torch
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -69,7 +69,8 @@ class TorchRecPlanner(Planner):
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
         t0 = time.perf_counter()
-        ctx: Context = planner_context(tables, topology, batch_size, group_size, self.estimator)
+        # TorchRec's planner does not price a replica sync; the plan's prediction does, with ``sync``
+        ctx: Context = planner_context(tables, topology, batch_size, group_size, self.estimator, sync=sync)
         ebc = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
                                        feature_names=[f"f_{t.name}"]) for t in ctx.tables],
@@ -119,7 +120,7 @@ class TorchRecPlanner(Planner):
         plan = Plan(planner="torchrec", target="torchrec", world_size=ctx.world, group_size=ctx.group, batch_size=batch_size,
                     topology=topology, tables=ctx.tables, shards=shards, planning_time_s=time.perf_counter() - t0,
                     notes="TorchRec EmbeddingShardingPlanner (its own analytical cost model)", comm=ctx.comm.describe(),
-                    kernels=kernels)
+                    kernels=kernels, sync=ctx.sync if ctx.group < ctx.world else None)
         return with_prediction(plan, self.estimator, ctx.comm)
 
 

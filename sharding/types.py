@@ -132,6 +132,23 @@ class PlanCost(Frozen):
         return cls(source=source, per_rank=per_rank, max_ms=max(totals), mean_ms=sum(totals) / len(totals), **kw)
 
 
+class ReplicaSync(Frozen):
+    """How the replicas of a 2D plan's groups are kept in step (the config's ``sharding.sync`` /
+    ``sync_interval``), as the planner prices it: ``gradients``, a per-step exchange of the rows a group's
+    batch touched; ``weights``, the whole shard (weights and row-wise optimizer state) averaged every
+    ``interval`` steps, TorchRec's ``DMPCollection.sync()``. The default is the runners' and the step
+    model's when a config is silent."""
+
+    mode: Literal["gradients", "weights"] = "weights"
+    interval: int = Field(default=100, ge=1, le=1_000_000, description="steps between syncs (weights only)")
+
+    @classmethod
+    def of(cls, sync: str | None, interval: int | None) -> "ReplicaSync":
+        """The sync a config's ``sharding.sync`` / ``sync_interval`` ask for, defaults where silent."""
+        mode = sync or cls().mode
+        return cls(mode=mode, interval=1 if mode == "gradients" else (interval or cls().interval))
+
+
 class Plan(Frozen):
     version: Literal[1] = PLAN_VERSION
     planner: str = Field(description="which planner produced it")
@@ -150,6 +167,9 @@ class Plan(Frozen):
     kernels: dict[str, KernelChoice] = Field(default_factory=dict, description=(
         "per table, its TorchRec compute kernel when not the default (fused; dense for data-parallel): "
         "fused_uvm_caching with its cache load factor, or fused_uvm (sharding.kernels)"))
+    sync: ReplicaSync | None = Field(default=None, description=(
+        "2D plans: the replica sync the planner priced (a job that syncs otherwise runs a plan priced for "
+        "another cost); None for a plan of one group, or a plan that predates the field (read as the default)"))
     comm: dict | None = Field(default=None, description=(
         "the communication model the planner priced the plan with and where it came from "
         "(cost_models.comm.CommModel.describe(): kind calibrated|bandwidth, file, machine, this_machine, constants)"))

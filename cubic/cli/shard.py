@@ -86,6 +86,19 @@ def _with_tiers(plan, hbm_gb: float, est):
     return tiered
 
 
+def _sync(args, world: int):
+    """The replica sync a 2D plan is priced with, from --sync / --sync-interval (refused where they mean nothing)."""
+    from sharding.types import ReplicaSync
+
+    sync, interval = getattr(args, "sync", None), getattr(args, "sync_interval", None)
+    if (sync or interval) and not (args.group_size and args.group_size < world):
+        raise SpecError("prices a 2D plan's replica sync: give --group-size smaller than the world size",
+                        field="--sync" if sync else "--sync-interval")
+    if interval and sync == "gradients":
+        raise SpecError("is the weight-averaging interval; --sync gradients syncs every step", field="--sync-interval")
+    return ReplicaSync.of(sync, interval)
+
+
 def _make_plan(args, tables, topo, batch: int, est):
     """One planner run as the flags say (its time budget; tiers under --hbm-gb)."""
     from sharding.planners import budget_note
@@ -93,7 +106,7 @@ def _make_plan(args, tables, topo, batch: int, est):
 
     kw = {"time_budget_s": args.time_budget} if args.planner == "cubic" else {}
     planner = make_planner(args.planner, seed=args.seed, estimator=est, target=args.target, **kw)
-    plan = planner.plan(tables, topo, batch, args.group_size)
+    plan = planner.plan(tables, topo, batch, args.group_size, _sync(args, topo.world_size))
     if getattr(planner, "budget_reached_", False):
         print(f"warning: {budget_note(args.time_budget)}", file=sys.stderr)
     return _with_tiers(plan, args.hbm_gb, est) if args.hbm_gb is not None else plan
@@ -435,6 +448,12 @@ def _register_plan(sub) -> None:
     mem.add_argument("--memory-gib", type=positive_float_at_most(MAX_MEMORY_GB * GB / GIB), default=None,
                      help="memory per rank in GiB (2**30 bytes)")
     pl.add_argument("--group-size", type=int_at_most(MAX_WORLD_SIZE), default=None, help="2D sparse parallelism: ranks per group")
+    pl.add_argument("--sync", choices=("gradients", "weights"), default=None,
+                    help="2D: how the job keeps the replicas in step (its sharding.sync), priced by the planner "
+                         "(default weights, as the runners)")
+    pl.add_argument("--sync-interval", type=int_at_most(1_000_000), default=None,
+                    help="2D, --sync weights: steps between weight syncs (the job's sharding.sync_interval; "
+                         "default 100)")
     pl.add_argument("--batch-size", type=int_at_most(MAX_BATCH_SIZE), default=None, help="examples per rank per step")
     pl.add_argument("--ranks-per-node", type=positive_int, default=None)
     pl.add_argument("--device", default=None, help="cpu (learned CPU kernel model, calibrated comm) or a modelled GPU "

@@ -86,6 +86,27 @@ def check_run_config(config: Config, processes: int | None, source: str | None =
     if processes > 1 and (why := sync_misfit(s, s.group_size or (s.plan or {}).get("group_size") or processes,
                                              processes, world_flag)):
         raise SpecError(why[1], source=source, field=why[0])
+    if processes > 1 and (priced := (s.plan or {}).get("sync")):
+        warn_priced_sync(priced, s, source)
+
+
+def warn_priced_sync(priced: dict, sharding, source: str | None) -> None:
+    """A 2D plan priced for one replica sync, run with another, still runs right, but its prediction and
+    its shard balance are for the other cost: said once, as a warning."""
+    import warnings
+
+    from sharding.types import ReplicaSync
+
+    runs = ReplicaSync.of(sharding.sync, sharding.sync_interval)
+    try:
+        planned = ReplicaSync.model_validate(priced)
+    except ValueError:
+        return  # the plan document's own check names a malformed field
+    if planned != runs:
+        how = lambda r: r.mode if r.mode == "gradients" else f"weights every {r.interval} steps"  # noqa: E731
+        warnings.warn(f"{source or 'config'}: sharding.plan was priced for replica sync {how(planned)}, the job syncs "
+                      f"{how(runs)} (sharding.sync / sync_interval): re-plan with --sync / --sync-interval to match",
+                      stacklevel=3)
 
 
 def sync_misfit(sharding, group: int, world: int, world_name: str = "the world size") -> tuple[str, str] | None:

@@ -14,13 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from cubic.core.spec import Workload
-from sharding.types import Plan
+from sharding.types import Plan, ReplicaSync
 
 
 # -- 2D layout -------------------------------------------------------------------------------------
-
-DEFAULT_SYNC = "weights"  # the step model's default (emb_sync), so a 2D config means the same thing measured
-DEFAULT_SYNC_INTERVAL = 100  # and simulated (emb_sync_interval)
 
 
 @dataclass(frozen=True)
@@ -47,9 +44,10 @@ class TwoD:
         G, c = group_size, world // group_size
         shard = [dist.new_group(list(range(g * G, (g + 1) * G))) for g in range(c)]
         rep = [dist.new_group(list(range(i, world, G))) for i in range(G)]
-        sync = sync or DEFAULT_SYNC
-        return cls(G, c, rank // G, shard[rank // G], rep[rank % G], sync,
-                   1 if sync == "gradients" else (interval or DEFAULT_SYNC_INTERVAL))
+        # one default for the runners, the step model and the planners, so a 2D config means the same thing
+        # measured, simulated and planned
+        rs = ReplicaSync.of(sync, interval)
+        return cls(G, c, rank // G, shard[rank // G], rep[rank % G], rs.mode, rs.interval)
 
     def describe(self) -> dict[str, Any]:
         return {"group_size": self.group_size, "replicas": self.replicas, "sync": self.sync,

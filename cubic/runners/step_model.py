@@ -52,7 +52,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from cost_models.comm import CommModel
+from cost_models.comm import CommModel, replica_members_per_node
 from cost_models.access import zipf_stats  # noqa: F401  (re-exported: the step model's access model)
 from cost_models.gpu_embedding import lookup_time_s
 from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
@@ -62,7 +62,7 @@ from cubic.core.config import Config
 from cubic.core.units import GIB
 from cubic.core.spec import (DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, check_group_size,
                              stable_hash)
-from sharding.types import Plan, plan_from_dict
+from sharding.types import Plan, ReplicaSync, plan_from_dict
 
 ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
 LENGTH_BYTES = 4  # int32 lengths per (example, table)
@@ -113,11 +113,11 @@ class StepModelParams(Frozen):
     sort_passes: float = Field(default=4.0, ge=0.0, le=64.0)
     pipeline_input_dist: bool = True
     emb_sync: Literal["gradients", "weights"] = Field(
-        default="weights",
+        default=ReplicaSync().mode,
         description=("2D replica synchronisation: 'gradients' = every step, all-reduce the gradients of the rows "
                      "touched by any replica; 'weights' = TorchRec DMPCollection.sync(): all-reduce (average) "
                      "the whole shard weights and optimizer state every emb_sync_interval steps"))
-    emb_sync_interval: int = Field(default=100, ge=1, le=1_000_000,
+    emb_sync_interval: int = Field(default=ReplicaSync().interval, ge=1, le=1_000_000,
                                    description="steps between weight syncs (emb_sync='weights' only)")
     gemm_constants: dict[str, Any] = Field(default_factory=dict,
                                            description="overrides of gpu_gemm.GemmConstants (e.g. num_sms for a CPU)")
@@ -415,15 +415,17 @@ def _topology(cluster: ClusterSpec, world_size: int, mem_per_rank: float) -> Top
 
 
 def cluster_plan(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
-                 mem_budget: float) -> Plan:
+                 mem_budget: float, params: StepModelParams = DEFAULT_PARAMS) -> Plan:
     """The plan a config runs with on the cluster, through the one plan path
     (``sharding.from_config.plan_for``: the config's plan, else its planner; ``none`` = the greedy
     planner), priced with the device's HBM lookup model. Raises PlanDoesNotFit when nothing fits."""
     from sharding.estimate import GpuEstimator  # on use: the sharding package loads torch
     from sharding.from_config import plan_for
 
+    # the plan is priced with the replica sync the step simulates (the config's, else params')
+    p = sync_params(config, params)
     return plan_for(workload, config, world_size, topology=_topology(cluster, world_size, mem_budget),
-                    estimator=GpuEstimator(cluster.device))
+                    estimator=GpuEstimator(cluster.device), sync=ReplicaSync.of(p.emb_sync, p.emb_sync_interval))
 
 
 def plan_document(workload: Workload, config: Config, cluster: ClusterSpec, world_size: int,
@@ -629,8 +631,7 @@ def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad
             interval = params.emb_sync_interval
         sync_bytes = float(np.bincount(sh.rank[mp], weights=per_shard, minlength=G).max())
         # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
-        members = max(1, cluster.ranks_per_node // G) if G < cluster.ranks_per_node else 1
-        members = min(members, R)
+        members = replica_members_per_node(G, R, cluster.ranks_per_node)
         t_sync = allreduce_ms(sync_bytes, members, -(-R // members), cluster, params) / 1e3 / interval
     return _Comm(t_in, t_out, t_ar, t_sync, ids_pp, out_pp, dp_bytes, sync_bytes)
 
@@ -662,7 +663,7 @@ def _group_plan(wl: Workload, config: Config, cluster: ClusterSpec, W: int, dc: 
                                    planner, dc)
     if plan is None:
         try:  # leave room for the all-to-all buffers: a planner fills at most 90% of what remains
-            plan = cluster_plan(wl, config, cluster, W, 0.9 * (dev.hbm_bytes - base_mem))
+            plan = cluster_plan(wl, config, cluster, W, 0.9 * (dev.hbm_bytes - base_mem), params)
         except PlanDoesNotFit as e:
             return None, planner, _oom(wl, W, G, B, low, f"planner {planner}: {e}", planner, dc)
     return plan, planner, None

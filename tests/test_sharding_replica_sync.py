@@ -1,0 +1,111 @@
+"""A 2D plan is priced with the replica sync the job runs (sharding.types.ReplicaSync): before stop 71
+every planner priced a per-step all-gather of touched rows whatever the config said, while the runners,
+the step model and TorchRec's DMPCollection.sync() average whole shards every 100 steps by default."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from cost_models.comm import CommModel, cross_group_sync_ms
+from cubic.core.config import Config, ShardingChoice
+from cubic.core.spec import Table, Topology
+from cubic.core.workloads import DEFAULT_WORKLOADS, generate_tables
+from sharding.estimate import GpuEstimator, plan_cost
+from sharding.from_config import plan_for
+from sharding.registry import make_planner
+from sharding.types import ReplicaSync, Storage, load_plan
+
+TOPO8 = Topology(world_size=8, ranks_per_node=8, memory_per_rank_gb=4.0)
+
+
+def toy_estimator() -> GpuEstimator:
+    from cost_models.hardware import CLUSTERS
+
+    return GpuEstimator(CLUSTERS["h100"].device)  # an analytical one: no model file, fast
+
+
+def test_weight_averaging_is_the_shard_all_reduced_every_interval():
+    t = Table(name="t", rows=100_000, dim=64)
+    comm = CommModel.from_topology(TOPO8)
+    nbytes = Storage.of(t.rows, t.dim).total
+    every_100 = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="weights", interval=100,
+                                    shard_bytes=nbytes)
+    # replicas of a 2-rank group on an 8-rank node: all four on the node
+    assert every_100 == pytest.approx(comm.all_reduce_ms(4, nbytes, 4) / 100)
+    assert cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="weights", interval=10,
+                               shard_bytes=nbytes) == pytest.approx(10 * every_100)
+    grads = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="gradients", interval=1, shard_bytes=nbytes)
+    assert grads > 0 and grads != every_100
+    assert cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 1, comm, mode="weights", interval=1, shard_bytes=nbytes) == 0
+
+
+@pytest.mark.parametrize("planner", ["cubic", "greedy", "lookup_greedy"])
+def test_a_2d_plan_is_priced_and_labelled_with_its_sync(planner, tmp_path):
+    tables = generate_tables(10, seed=2)
+    kw = {"time_budget_s": 0.3} if planner == "cubic" else {}
+    make = lambda: make_planner(planner, estimator=toy_estimator(), **kw)  # noqa: E731
+    weights = make().plan(tables, TOPO8, 128, 4)
+    assert weights.sync == ReplicaSync()  # the runners' default when nothing is said
+    grads = make().plan(tables, TOPO8, 128, 4, ReplicaSync(mode="gradients", interval=1))
+    assert grads.sync.mode == "gradients"
+    # the prediction follows the sync the plan says, so re-pricing the plan reproduces it
+    for plan in (weights, grads):
+        again = plan_cost(plan, toy_estimator(), CommModel.from_topology(plan.topology))
+        assert [r.sync_ms for r in again.per_rank] == [r.sync_ms for r in plan.predicted.per_rank]
+    assert [r.sync_ms for r in weights.predicted.per_rank] != [r.sync_ms for r in grads.predicted.per_rank]
+    # a plan of one group has no replicas to sync, and says none
+    assert make().plan(tables, TOPO8, 128).sync is None
+    # the field survives the plan document
+    assert load_plan(grads.save(tmp_path / "p.json")).sync == grads.sync
+
+
+def test_a_config_s_sync_reaches_its_plan():
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    cfg = lambda **s: Config(sharding=ShardingChoice(planner="greedy", group_size=2, **s))  # noqa: E731
+    topo = Topology(world_size=4, ranks_per_node=4, memory_per_rank_gb=2.0)
+    assert plan_for(w, cfg(), 4, topology=topo).sync == ReplicaSync()
+    assert plan_for(w, cfg(sync="gradients"), 4, topology=topo).sync == ReplicaSync(mode="gradients", interval=1)
+    assert plan_for(w, cfg(sync="weights", sync_interval=10), 4, topology=topo).sync.interval == 10
+
+
+def test_the_simulator_plans_with_the_sync_it_simulates():
+    from cost_models.hardware import CLUSTERS
+    from cubic.runners.step_model import DEFAULT_PARAMS, predict_step
+
+    w = DEFAULT_WORKLOADS["dlrm-wide"]
+    c = Config(kernels={"dense_dtype": "bf16"}, sharding=ShardingChoice(planner="sim", group_size=8))
+    assert predict_step(w, c, CLUSTERS["h100"], 64).sharding_plan.sync == ReplicaSync()
+    grads = DEFAULT_PARAMS.model_copy(update={"emb_sync": "gradients"})
+    assert predict_step(w, c, CLUSTERS["h100"], 64, grads).sharding_plan.sync.mode == "gradients"
+    c10 = c.model_copy(update={"sharding": c.sharding.model_copy(update={"sync": "weights", "sync_interval": 10})})
+    assert predict_step(w, c10, CLUSTERS["h100"], 64, grads).sharding_plan.sync == ReplicaSync(interval=10)
+
+
+def test_shard_plan_takes_the_sync_and_refuses_it_where_it_means_nothing(capsys):
+    from cubic.cli.app import main
+
+    base = ["shard", "plan", "--tables", "dlrm-small", "--world-size", "4", "--memory-gb", "2",
+            "--planner", "lookup_greedy", "--json"]
+    assert main([*base, "--group-size", "2", "--sync", "weights", "--sync-interval", "10"]) == 0
+    assert json.loads(capsys.readouterr().out)["sync"] == {"mode": "weights", "interval": 10}
+    assert main([*base, "--sync", "gradients"]) == 2
+    assert "--sync: prices a 2D plan's replica sync" in capsys.readouterr().err
+    assert main([*base, "--group-size", "2", "--sync", "gradients", "--sync-interval", "10"]) == 2
+    assert "--sync-interval: is the weight-averaging interval" in capsys.readouterr().err
+
+
+def test_a_job_syncing_otherwise_than_its_plan_was_priced_is_warned():
+    from cubic.runners.base import check_run_config
+
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    topo = Topology(world_size=4, ranks_per_node=4, memory_per_rank_gb=2.0)
+    plan = plan_for(w, Config(sharding=ShardingChoice(planner="greedy", group_size=2)), 4, topology=topo)
+    doc = json.loads(plan.model_dump_json())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_run_config(Config(sharding=ShardingChoice(plan=doc)), 4, source="job.yaml")  # same sync: silent
+    with pytest.warns(UserWarning, match="priced for replica sync weights every 100 steps, the job syncs gradients"):
+        check_run_config(Config(sharding=ShardingChoice(plan=doc, sync="gradients")), 4, source="job.yaml")
