@@ -142,6 +142,14 @@ class ReplicaSync(Frozen):
     mode: Literal["gradients", "weights"] = "weights"
     interval: int = Field(default=100, ge=1, le=1_000_000, description="steps between syncs (weights only)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gradients_every_step(cls, data):
+        # a per-step exchange has no interval: one value per meaning, so equal syncs compare equal
+        if isinstance(data, dict) and data.get("mode") == "gradients":
+            return {**data, "interval": 1}
+        return data
+
     @classmethod
     def of(cls, sync: str | None, interval: int | None) -> "ReplicaSync":
         """The sync a config's ``sharding.sync`` / ``sync_interval`` ask for, defaults where silent."""

@@ -58,8 +58,9 @@ def test_a_2d_plan_is_priced_and_labelled_with_its_sync(planner, tmp_path):
     assert [r.sync_ms for r in weights.predicted.per_rank] != [r.sync_ms for r in grads.predicted.per_rank]
     # a plan of one group has no replicas to sync, and says none
     assert make().plan(tables, TOPO8, 128).sync is None
-    # the field survives the plan document
+    # the field survives the plan document; a per-step sync has no interval, however it was written
     assert load_plan(grads.save(tmp_path / "p.json")).sync == grads.sync
+    assert ReplicaSync.model_validate({"mode": "gradients", "interval": 100}) == grads.sync
 
 
 def test_a_config_s_sync_reaches_its_plan():
