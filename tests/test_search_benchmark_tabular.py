@@ -107,3 +107,24 @@ def test_optuna_sampler_runs_the_prior_first_round(space):
     feat.prior_columns = {"examples_per_s": 0}
     c = tab.optuna_cubic_curve(space, t, seed=0, budget=4, batch_size=4, featurize=feat, run_context={})
     assert c[0] == 90.0  # a=2, b=z: the prior's best (a=3 is pushed down), found first
+
+
+def test_a_table_says_when_and_on_which_code_its_runs_were_made(tmp_path):
+    """A table served from the store mixes earlier invocations' runs with fresh ones; its provenance
+    names their time span, code versions and how many were served (stop 70's table had only this run's time)."""
+    from cubic.core.config import Config
+    from cubic.core.store import TrialStore
+    from cubic.core.workloads import DEFAULT_WORKLOADS
+    from experiments._search_tables import provenance
+
+    store = TrialStore(f"sqlite:///{tmp_path / 't.db'}")
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    ok = Result(status="ok", metrics={"examples_per_s": 1.0}, versions={"cubic": "abc"})
+    ids = [store.record(w, Config(seed=i), ok) for i in range(3)]
+    runs = {"a": [Result(status="ok", extra={"trial_ids": ids[:2], "served_from_store": True})],
+            "b": [Result(status="ok", extra={"trial_id": ids[2]}), Result.failed("error", "no trial")]}
+    got = provenance(runs, store)
+    assert got["runs"] == 3 and got["served_from_store"] == 1
+    assert sum(got["code_versions"].values()) == 3
+    assert got["first_run_at"] <= got["last_run_at"]
+    assert provenance({"a": [Result.failed("error", "x")]}, store) == {}
