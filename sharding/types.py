@@ -153,8 +153,7 @@ class ReplicaSync(Frozen):
     @classmethod
     def of(cls, sync: str | None, interval: int | None) -> "ReplicaSync":
         """The sync a config's ``sharding.sync`` / ``sync_interval`` ask for, defaults where silent."""
-        mode = sync or cls().mode
-        return cls(mode=mode, interval=1 if mode == "gradients" else (interval or cls().interval))
+        return cls(mode=sync or cls().mode, interval=interval or cls().interval)  # gradients: 1, by the validator
 
 
 class Plan(Frozen):

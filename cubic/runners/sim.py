@@ -29,6 +29,7 @@ from cubic.core.spec import (MAX_WORLD_SIZE, SpecError, Workload, group_misfit, 
 from cubic.core.units import GB, gib
 
 from cubic.runners.base import Runner
+from sharding.types import ReplicaSync
 
 # simulated trials are keyed by it (the runner's fingerprint): bump it when predictions move, or a store serves the
 # old figures (tests/test_runners_sim_version.py pins them). 2: plans from sharding.from_config (greedy planner,
@@ -58,8 +59,8 @@ def assumed_quality(optimizer: str, group_size: int, world_size: int, params: St
     if group_size >= world_size:
         return {"ne_cost_rel": 0.0, "ci95": [0.0, 0.0], "kind": "baseline",
                 "source": "full (1D) sharding: the baseline the 2D NE cost is measured against"}
-    sync = params.emb_sync
-    interval = 1 if sync == "gradients" else params.emb_sync_interval
+    rs = ReplicaSync.of(params.emb_sync, params.emb_sync_interval)  # the one rule: gradients sync every step
+    sync, interval = rs.mode, rs.interval
     where = {"sync": sync, "interval": interval, "optimizer": optimizer}
     try:
         cost = ne_cost(optimizer, sync, interval)
