@@ -10,9 +10,10 @@ table-/column-/row-wise pipeline):
 An all-to-all costs ``alpha + alpha_peer*(G-1) + beta*max(bytes sent, bytes received)``: the
 collective is bound by the busier direction of the rank's link.
 Data-parallel tables all-reduce their dense gradient over every replica (ring: 2(W-1)/W x bytes).
-2D sparse parallelism (G < W): each rank exchanges the rows its group touched with the same rank
-of the other W/G - 1 groups every step (sparse all-gather of touched rows; expected touched rows
-under the table's Zipf law).
+2D sparse parallelism (G < W): each rank keeps its shards in step with the same rank of the other
+W/G - 1 groups (:func:`replica_sync_ms`): weights averaged every few steps, or every step the
+touched rows' ids all-gathered and their gradients all-reduced (expected touched rows under the
+table's Zipf law, :func:`touched_row_sync_bytes`).
 
 The constants come from one of two places (``CommModel.from_topology`` picks by
 ``Topology.comm_model``, the same rule on every device; ``describe()`` says which, and where from):
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.access import expected_unique_rows  # noqa: F401  (re-exported for the planner)
+from cost_models.access import expected_unique_rows, zipf_stats  # noqa: F401  (re-exported for the planner)
 from cubic.core.spec import SpecError, Table, Topology
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -245,10 +246,17 @@ class CommModel:
             t += min(ring, tree)
         return 1e3 * t
 
-    def all_gather_ms(self, group: int, nbytes_each: float) -> float:
+    def all_gather_ms(self, group: int, nbytes_each: float, members_per_node: int | None = None) -> float:
+        """All-gather of ``nbytes_each`` from each of ``group`` ranks, ``members_per_node`` of them per node
+        (default: the model's ranks per node): every rank receives its peers' bytes, the intra- and
+        inter-node legs concurrently (:meth:`_legs_s`)."""
         if group <= 1 or nbytes_each <= 0:
             return 0.0
-        return 1e3 * (self.alpha_s + self.alpha_peer_s * (group - 1) + self.beta(group - 1) * (group - 1) * nbytes_each)
+        local = max(1, min(members_per_node or self.ranks_per_node, group))
+        p_in, p_out = local - 1, group - local
+        t = self._legs_s(p_in * nbytes_each, p_in * nbytes_each, p_out * nbytes_each, p_out * nbytes_each,
+                         np.asarray(p_in), np.asarray(p_out))
+        return float(1e3 * t)
 
 
 @dataclass(frozen=True)
@@ -292,20 +300,47 @@ def replica_members_per_node(group: int, replicas: int, ranks_per_node: int) -> 
     return min(max(1, ranks_per_node // group) if group < ranks_per_node else 1, replicas)
 
 
+def touched_row_sync_bytes(rows, cols, alpha, draws, replicas: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sync ``gradients``: what each replica of a shard exchanges per step, as cubic's 2D runner does it
+    (``ShardedEmbedding._sum_touched_rows``): the ids of the rows its group's ``draws`` (Zipf ``alpha``
+    over the shard's ``rows``) touched, all-gathered (bytes each replica adds), then the fp32 gradients
+    of the union of every replica's touched rows, all-reduced (bytes). Arrays over shards; the planner
+    (one shard) and the step model (every shard of a rank) both read this, the one rule."""
+    rows, cols, alpha, draws = (np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in (rows, cols, alpha, draws))
+    rows, cols, alpha, draws = np.broadcast_arrays(rows, cols, alpha, draws)
+    unique, _ = zipf_stats(np.concatenate([draws, draws * replicas]), np.tile(rows, 2), np.tile(alpha, 2))
+    n = rows.size
+    return unique[:n] * ID_BYTES, unique[n:] * cols * FP32
+
+
+def replica_sync_ms(replicas: int, group: int, model: CommModel, *, mode: str, interval: int,
+                    shard_bytes: float = 0.0, ids_bytes: float = 0.0, grad_bytes: float = 0.0) -> float:
+    """2D sparse parallelism: one rank's replica sync per step, ms, for the bytes given (one shard's,
+    as the planner prices a unit, or a rank's bucket of shards, as the step model and the runner
+    exchange them). ``weights``: ``shard_bytes`` (weights and optimizer state) all-reduced over the
+    replicas every ``interval`` steps (TorchRec's DMPCollection.sync()); ``gradients``: every step,
+    the touched ids all-gathered, then the union's gradients all-reduced (:func:`touched_row_sync_bytes`).
+    The replicas of a group rank sit on other nodes unless groups are smaller than a node."""
+    if replicas <= 1:
+        return 0.0
+    members = replica_members_per_node(group, replicas, model.ranks_per_node)
+    if mode == "weights":
+        return model.all_reduce_ms(replicas, shard_bytes, members) / interval
+    return model.all_gather_ms(replicas, ids_bytes, members) + model.all_reduce_ms(replicas, grad_bytes, members)
+
+
 def cross_group_sync_ms(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int,
                         model: CommModel, *, mode: str, interval: int, shard_bytes: float) -> float:
-    """2D sparse parallelism, one shard's share of the replica sync per step, ms. ``weights``: the shard's
-    ``shard_bytes`` (weights and optimizer state) all-reduced over the replicas every ``interval`` steps
-    (TorchRec's DMPCollection.sync()); ``gradients``: the rows one group's batch touched, exchanged with
-    the other replicas every step."""
+    """One shard's replica sync per step, ms (:func:`replica_sync_ms`), as the planner prices a unit:
+    its group's ids of the shard are the group's batch times the shard's share of the table's ids."""
     if replicas <= 1:
         return 0.0
     if mode == "weights":
-        members = replica_members_per_node(group, replicas, model.ranks_per_node)
-        return model.all_reduce_ms(replicas, shard_bytes, members) / interval
+        return replica_sync_ms(replicas, group, model, mode=mode, interval=interval, shard_bytes=shard_bytes)
     draws = group * batch * table.pooling_factor * rows / table.rows
-    touched = expected_unique_rows(int(rows), round(table.access.effective_alpha(), 3), round(draws))
-    return model.all_gather_ms(replicas, touched * (cols * FP32 + ID_BYTES))
+    ids_bytes, grad_bytes = touched_row_sync_bytes(rows, cols, table.access.effective_alpha(), draws, replicas)
+    return replica_sync_ms(replicas, group, model, mode=mode, interval=interval, ids_bytes=float(ids_bytes[0]),
+                           grad_bytes=float(grad_bytes[0]))
 
 
 # ---------------------------------------------------------------- calibration (real gloo runs)

@@ -90,8 +90,12 @@ class Context:
         if key not in self._vec_cache:
             self._vec_cache[key] = shard_vector(t, rows, cols, batch)
         storage = Storage.of(rows, cols).total
-        sync = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group, self.comm,
-                                   mode=self.sync.mode, interval=self.sync.interval, shard_bytes=storage)
+        skey = ("sync", t.name, rows, cols)
+        if skey not in self._vec_cache:  # a gradients sync solves a Zipf sum: once per piece shape
+            self._vec_cache[skey] = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group,
+                                                        self.comm, mode=self.sync.mode, interval=self.sync.interval,
+                                                        shard_bytes=storage)
+        sync = self._vec_cache[skey]
         return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
                     storage, sync, fixed=fixed)
 

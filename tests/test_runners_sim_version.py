@@ -34,7 +34,7 @@ def _cases() -> dict[str, dict[str, float]]:
     cases = [(wname, w, 64 if wname == "wukong-large" else 8, cname, c)
              for wname, w in sorted(DEFAULT_WORKLOADS.items()) for cname, c in configs.items()]
     # the paths the grid above does not reach: a placement (every other linear site of wukong-small in FP8,
-    # batched projections split) and 2D weight averaging across replicas on another node
+    # batched projections split) and 2D weight averaging or per-step gradient sync across replicas on another node
     from fp8.runtime import workload_linear_sites
 
     w = DEFAULT_WORKLOADS["wukong-small"]
@@ -45,6 +45,8 @@ def _cases() -> dict[str, dict[str, float]]:
         update={"fp8": FP8Choice(policy="placement", placement=doc)})))
     cases.append(("dlrm-wide", DEFAULT_WORKLOADS["dlrm-wide"], 64, "weights-sync-2d", Config(
         kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=8, sync="weights", sync_interval=10))))
+    cases.append(("dlrm-wide", DEFAULT_WORKLOADS["dlrm-wide"], 64, "gradients-sync-2d", Config(
+        kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=8, sync="gradients"))))
     out = {}
     for wname, w, gpus, cname, c in cases:
         p = predict_step(w, c, CLUSTERS["h100"], gpus)

@@ -1,6 +1,10 @@
 """A 2D plan is priced with the replica sync the job runs (sharding.types.ReplicaSync): before stop 71
 every planner priced a per-step all-gather of touched rows whatever the config said, while the runners,
-the step model and TorchRec's DMPCollection.sync() average whole shards every 100 steps by default."""
+the step model and TorchRec's DMPCollection.sync() average whole shards every 100 steps by default.
+Under ``gradients`` the planner and the step model priced the exchange two ways until stop 72 (the rows one
+group touched, all-gathered; the union over replicas, all-reduced): both now read one rule, the volumes
+the runner exchanges (cost_models.comm.touched_row_sync_bytes; the runner's own count is checked in
+tests/test_runners_two_d.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import warnings
 
 import pytest
 
-from cost_models.comm import CommModel, cross_group_sync_ms
+from cost_models.comm import CommModel, cross_group_sync_ms, replica_sync_ms, touched_row_sync_bytes
 from cubic.core.config import Config, ShardingChoice
 from cubic.core.spec import Table, Topology
 from cubic.core.workloads import DEFAULT_WORKLOADS, generate_tables
@@ -40,6 +44,44 @@ def test_weight_averaging_is_the_shard_all_reduced_every_interval():
     grads = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="gradients", interval=1, shard_bytes=nbytes)
     assert grads > 0 and grads != every_100
     assert cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 1, comm, mode="weights", interval=1, shard_bytes=nbytes) == 0
+
+
+def test_a_gradient_sync_is_the_touched_ids_gathered_and_their_union_reduced():
+    t = Table(name="t", rows=100_000, dim=64)
+    comm = CommModel.from_topology(TOPO8)
+    draws = 2 * 512 * t.pooling_factor
+    ids1, grads1 = touched_row_sync_bytes(t.rows, t.dim, t.access.effective_alpha(), draws, 1)
+    ids4, grads4 = touched_row_sync_bytes(t.rows, t.dim, t.access.effective_alpha(), draws, 4)
+    own = ids1[0] / 8  # the rows one group touched
+    assert ids4[0] == ids1[0] and grads1[0] == pytest.approx(own * t.dim * 4)  # one replica: its own rows
+    assert own * t.dim * 4 < grads4[0] < 4 * own * t.dim * 4  # the union: more than one's, fewer than the sum
+    grads = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="gradients", interval=1, shard_bytes=0)
+    assert grads == pytest.approx(replica_sync_ms(4, 2, comm, mode="gradients", interval=1, ids_bytes=ids4[0],
+                                                  grad_bytes=grads4[0]))
+    assert grads == pytest.approx(comm.all_gather_ms(4, ids4[0], 4) + comm.all_reduce_ms(4, grads4[0], 4))
+
+
+def test_the_step_model_exchanges_what_the_planner_prices_under_a_gradient_sync():
+    """The simulated step's sync bytes per rank are the planner's rule summed over the rank's shards."""
+    import numpy as np
+
+    from cost_models.hardware import CLUSTERS
+    from cubic.runners.step_model import DEFAULT_PARAMS, predict_step
+
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    c = Config(kernels={"dense_dtype": "bf16"}, sharding=ShardingChoice(planner="sim", group_size=4, sync="gradients"))
+    grads = DEFAULT_PARAMS.model_copy(update={"emb_sync": "gradients"})
+    p = predict_step(w, c, CLUSTERS["h100"], 16, grads)
+    plan, tables = p.sharding_plan, {t.name: t for t in w.tables}
+    per_rank = np.zeros(plan.group_size)
+    for s in plan.shards:
+        if s.sharding_type == "data_parallel":
+            continue
+        t = tables[s.table]
+        draws = 4 * w.batch_size * t.pooling_factor * s.rows / t.rows  # a row-wise piece: its rows' share
+        ids, g = touched_row_sync_bytes(s.rows, s.cols, t.access.effective_alpha(), draws, 4)
+        per_rank[s.rank] += ids[0] + g[0]
+    assert p.plan["embedding_sync_bytes_per_rank"] == pytest.approx(per_rank.max(), rel=1e-9)
 
 
 @pytest.mark.parametrize("planner", ["cubic", "greedy", "lookup_greedy"])

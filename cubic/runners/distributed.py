@@ -440,6 +440,11 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
                           global_batch=wl.batch_size, steps=steps, warmup=warmup, every=every, plan=plan)
     if two_d is not None:
         _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding, total)
+        vol = emb.sync_volume
+        if vol["syncs"]:  # what rank 0 exchanged per gradient sync, measured (warm-up steps included)
+            extra["two_d"]["sync_volume_rank0"] = {"ids_bytes_per_sync": vol["ids_bytes"] / vol["syncs"],
+                                                   "grad_bytes_per_sync": vol["grad_bytes"] / vol["syncs"],
+                                                   "syncs": vol["syncs"]}
     fp8 = config.fp8.policy != "off"
     if check_single is None:
         check_single = (world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8

@@ -111,6 +111,10 @@ class ShardedEmbedding(nn.Module):
         self.lr = workload.optimizers.embedding_lr
         self.comm_s = 0.0
         self.sync_s = 0.0  # seconds in 2D replica sync (also counted in comm_s)
+        # sync gradients, summed over syncs: bytes of the ids this rank touched (all-gathered; the wire pads
+        # to the longest replica's) and of the union's gradient rows (all-reduced): the volumes
+        # cost_models.comm.touched_row_sync_bytes models
+        self.sync_volume = {"syncs": 0, "ids_bytes": 0, "grad_bytes": 0}
         self.steps_taken = 0
         self._optimizer: torch.optim.Optimizer | None = None
         sharded = [s for s in plan.shards if s.sharding_type != "data_parallel"]
@@ -259,6 +263,10 @@ class ShardedEmbedding(nn.Module):
             bufs.append(buf)
         flat = torch.cat([x.reshape(-1) for x in bufs])
         dist.all_reduce(flat, group=two_d.replica_group)
+        vol = self.sync_volume
+        vol["syncs"] += 1
+        vol["ids_bytes"] += mine.numel() * mine.element_size()
+        vol["grad_bytes"] += flat.numel() * flat.element_size()
         i = 0
         for b, union, buf in zip(self.bags, unions, bufs):
             n = buf.numel()

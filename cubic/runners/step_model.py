@@ -21,8 +21,9 @@ What one step is, per rank, on the critical path (TorchRec-style hybrid parallel
 7. 2D sparse parallelism only: synchronisation of each shard across its ``world_size / group_size``
    replicas -- by default TorchRec ``DMPCollection.sync()``-style averaging of the shard's weights and
    optimizer state every ``emb_sync_interval`` steps (amortized per step); with
-   ``emb_sync="gradients"``, an exact per-step all-reduce of the gradients of every row touched by
-   any replica (the union of the replicas' Zipf draws);
+   ``emb_sync="gradients"``, every step the touched ids all-gathered and the gradients of every row
+   touched by any replica (the union of the replicas' Zipf draws) all-reduced, as the runner does
+   (cost_models.comm.replica_sync_ms, the planner's rule too), one bucket per rank;
 8. dense optimizer (Adam: bandwidth-bound read/write of params, grads and two moments).
 
 Every collective is alpha-beta (Hockney): a latency per collective step, a per-peer overhead for
@@ -52,7 +53,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from cost_models.comm import CommModel, replica_members_per_node
+from cost_models.comm import CommModel, replica_sync_ms, touched_row_sync_bytes
 from cost_models.access import zipf_stats  # noqa: F401  (re-exported: the step model's access model)
 from cost_models.gpu_embedding import lookup_time_s
 from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
@@ -114,9 +115,10 @@ class StepModelParams(Frozen):
     pipeline_input_dist: bool = True
     emb_sync: Literal["gradients", "weights"] = Field(
         default=ReplicaSync().mode,
-        description=("2D replica synchronisation: 'gradients' = every step, all-reduce the gradients of the rows "
-                     "touched by any replica; 'weights' = TorchRec DMPCollection.sync(): all-reduce (average) "
-                     "the whole shard weights and optimizer state every emb_sync_interval steps"))
+        description=("2D replica synchronisation: 'gradients' = every step, all-gather the touched ids and "
+                     "all-reduce the gradients of the rows touched by any replica; 'weights' = TorchRec "
+                     "DMPCollection.sync(): all-reduce (average) the whole shard weights and optimizer state "
+                     "every emb_sync_interval steps"))
     emb_sync_interval: int = Field(default=ReplicaSync().interval, ge=1, le=1_000_000,
                                    description="steps between weight syncs (emb_sync='weights' only)")
     gemm_constants: dict[str, Any] = Field(default_factory=dict,
@@ -617,22 +619,25 @@ def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad
     dp_bytes = dc.params * grad_bytes + float((sh.rows * sh.cols * EMB_BYTES)[sh.dp].sum()) / max(G, 1)
     t_ar = allreduce_ms(dp_bytes, rpn, nodes, cluster, params) / 1e3
 
-    # 2D: touched rows of each shard, union over replicas and sync interval, all-reduced across replicas
+    # 2D: each rank's bucket of shards kept in step with its replicas (cost_models.comm.replica_sync_ms)
     R = W // G
     t_sync = 0.0
     sync_bytes = 0.0
     if R > 1 and mp.any():
-        if params.emb_sync == "gradients":
-            # rows touched by any replica this step: Zipf draws of the whole world's batch
-            u_all, _ = zipf_stats((sh.n_ids * R)[mp], sh.rows[mp], sh.alpha[mp])
-            per_shard, interval = u_all * (sh.cols[mp] * EMB_BYTES + ID_BYTES), 1
+        comm = cluster_comm(cluster, params)
+        mode, interval = params.emb_sync, params.emb_sync_interval
+        if mode == "gradients":
+            ids_b, grad_b = touched_row_sync_bytes(sh.rows[mp], sh.cols[mp], sh.alpha[mp], sh.n_ids[mp], R)
+            ids_r = np.bincount(sh.rank[mp], weights=ids_b, minlength=G)
+            grad_r = np.bincount(sh.rank[mp], weights=grad_b, minlength=G)
+            per_rank = [replica_sync_ms(R, G, comm, mode=mode, interval=1, ids_bytes=a, grad_bytes=b)
+                        for a, b in zip(ids_r, grad_r)]
+            sync_bytes = float((ids_r + grad_r).max())
         else:
-            per_shard = sh.shard_bytes(sgd_emb)[mp]
-            interval = params.emb_sync_interval
-        sync_bytes = float(np.bincount(sh.rank[mp], weights=per_shard, minlength=G).max())
-        # replicas of a group rank: on other nodes when groups span nodes, else partly on the same node
-        members = replica_members_per_node(G, R, cluster.ranks_per_node)
-        t_sync = allreduce_ms(sync_bytes, members, -(-R // members), cluster, params) / 1e3 / interval
+            held = np.bincount(sh.rank[mp], weights=sh.shard_bytes(sgd_emb)[mp], minlength=G)
+            per_rank = [replica_sync_ms(R, G, comm, mode=mode, interval=interval, shard_bytes=b) for b in held]
+            sync_bytes = float(held.max())
+        t_sync = float(max(per_rank)) / 1e3
     return _Comm(t_in, t_out, t_ar, t_sync, ids_pp, out_pp, dp_bytes, sync_bytes)
 
 
