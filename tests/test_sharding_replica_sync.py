@@ -152,3 +152,24 @@ def test_a_job_syncing_otherwise_than_its_plan_was_priced_is_warned():
         check_run_config(Config(sharding=ShardingChoice(plan=doc)), 4, source="job.yaml")  # same sync: silent
     with pytest.warns(UserWarning, match="priced for replica sync weights every 100 steps, the job syncs gradients"):
         check_run_config(Config(sharding=ShardingChoice(plan=doc, sync="gradients")), 4, source="job.yaml")
+
+
+def test_torchrun_s_ranks_warn_of_a_sync_mismatch_once(tmp_path, monkeypatch):
+    """Every rank under torchrun reads the config; the mismatch is one job's, said by rank 0 alone."""
+    from cubic.runners.base import PricedSyncWarning
+    from cubic.runners.launch import _inputs, _parser
+
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    topo = Topology(world_size=4, ranks_per_node=4, memory_per_rank_gb=2.0)
+    plan = plan_for(w, Config(sharding=ShardingChoice(planner="greedy", group_size=2)), 4, topology=topo)
+    cfg = tmp_path / "job.json"
+    cfg.write_text(json.dumps({"sharding": {"plan": json.loads(plan.model_dump_json()), "sync": "gradients"}}))
+    args = _parser().parse_args(["--workload", "dlrm-small", "--config", str(cfg)])
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.warns(PricedSyncWarning, match="the job syncs gradients"):
+        _inputs(args)
+    monkeypatch.setenv("RANK", "3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _inputs(args)

@@ -90,6 +90,10 @@ def check_run_config(config: Config, processes: int | None, source: str | None =
         warn_priced_sync(priced, s, source)
 
 
+class PricedSyncWarning(UserWarning):
+    """A 2D plan priced for one replica sync, run with another (torchrun's launch says it on rank 0 only)."""
+
+
 def warn_priced_sync(priced: dict, sharding, source: str | None) -> None:
     """A 2D plan priced for one replica sync, run with another, still runs right, but its prediction and
     its shard balance are for the other cost: said once, as a warning."""
@@ -106,7 +110,7 @@ def warn_priced_sync(priced: dict, sharding, source: str | None) -> None:
         how = lambda r: r.mode if r.mode == "gradients" else f"weights every {r.interval} steps"  # noqa: E731
         warnings.warn(f"{source or 'config'}: sharding.plan was priced for replica sync {how(planned)}, the job syncs "
                       f"{how(runs)} (sharding.sync / sync_interval): re-plan with --sync / --sync-interval to match",
-                      stacklevel=3)
+                      PricedSyncWarning, stacklevel=3)
 
 
 def sync_misfit(sharding, group: int, world: int, world_name: str = "the world size") -> tuple[str, str] | None:
