@@ -43,12 +43,14 @@ targets compare (1d, grad, avg-100 with row-wise AdaGrad); their runs keep the f
                                            # (~50-60 min on 2 idle cores)
     python experiments/two_d.py --reanalyse  # this code's analysis of the stored runs; runs nothing
     python experiments/two_d.py --extend-to 185  # more resolution seeds on the same machine (~50 s a seed)
+    python experiments/two_d.py --speed     # the speed section alone measured again (a few minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -203,9 +205,12 @@ def run_speed(steps, log=print):
                      "measured_step_ms": m["step_time_median_ms"],
                      "measured_step_ms_ci95": [m["step_time_ci_lo_ms"], m["step_time_ci_hi_ms"]],
                      "measured_sync_ms_mean": m["sync_time_mean_ms"], "measured_comm_ms_median": m["comm_time_median_ms"],
-                     "predicted_step_ms": pred.step_s * 1e3, "predicted_phases_ms": pred.standard_phases_ms()})
+                     "predicted_step_ms": pred.step_s * 1e3, "predicted_phases_ms": pred.standard_phases_ms(),
+                     "predicted_sync_ms": pred.phases_s["embedding_sync"] * 1e3,
+                     **sync_volume(res, plans[g], wl, sync)})
         log(f"{name}: measured {m['step_time_median_ms']:.1f} ms [{m['step_time_ci_lo_ms']:.1f}, "
-            f"{m['step_time_ci_hi_ms']:.1f}], sync {m['sync_time_mean_ms']:.2f} ms/step; modelled {pred.step_s * 1e3:.1f} ms")
+            f"{m['step_time_ci_hi_ms']:.1f}], sync {m['sync_time_mean_ms']:.2f} ms/step; modelled {pred.step_s * 1e3:.1f} ms"
+            f", sync {pred.phases_s['embedding_sync'] * 1e3:.2f} ms/step")
     b = rows[0]
     for r in rows:
         r["measured_ratio_vs_1d"] = r["measured_step_ms"] / b["measured_step_ms"]
@@ -218,6 +223,27 @@ def run_speed(steps, log=print):
             "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
+
+
+def sync_volume(res, plan, wl, sync: str | None) -> dict:
+    """A gradient sync's bytes on rank 0 per step: counted by the runner (MEASURED) beside the rule the
+    planner and the step model price (MODELLED, cost_models.comm.touched_row_sync_bytes over rank 0's pieces)."""
+    from cost_models.comm import touched_row_sync_bytes
+
+    counted = (res.extra.get("two_d") or {}).get("sync_volume_rank0")
+    if sync != "gradients" or not counted:
+        return {}
+    tables, G, R = {t.name: t for t in wl.tables}, plan.group_size, plan.world_size // plan.group_size
+    modelled = 0.0
+    for sh in plan.shards:
+        if sh.rank == 0 and sh.sharding_type != "data_parallel":
+            t = tables[sh.table]
+            ids, grads = touched_row_sync_bytes(sh.rows, sh.cols, t.access.effective_alpha(),
+                                                G * plan.batch_size * t.pooling_factor * sh.rows / t.rows, R)
+            modelled += float(ids[0] + grads[0])
+    measured = counted["ids_bytes_per_sync"] + counted["grad_bytes_per_sync"]
+    return {"measured_sync_bytes_rank0": measured, "modelled_sync_bytes_rank0": modelled,
+            "sync_bytes_modelled_over_measured": modelled / measured}
 
 
 def unresolved_reason(st: dict) -> str:
@@ -262,7 +288,10 @@ def speed_target(speed: dict) -> dict:
             f"the model prices 1D at {b['predicted_step_ms']:.1f} ms against {b['measured_step_ms']:.1f} ms measured: "
             "it gives each rank a core of its own (here 4 processes share 2) and prices a collective as the gloo "
             "calibration's alpha-beta line, while the measured sync ("
-            + ", ".join(f"{r['case']}: {r['measured_sync_ms_mean']:.1f} ms/step" for r in rows)
+            + ", ".join(f"{r['case']}: {r['measured_sync_ms_mean']:.1f} ms/step"
+                        + (f", modelled {r['predicted_sync_ms']:.2f}" if "predicted_sync_ms" in r else "")
+                        + (f", its bytes modelled at {r['sync_bytes_modelled_over_measured']:.2f}x the runner's count"
+                           if "sync_bytes_modelled_over_measured" in r else "") for r in rows)
             + ") likely also pays for finding the touched rows and for waiting on a descheduled peer (not isolated "
               "by this run); the simulator's 2D speed figures are not validated by this machine")
     return {f"step model: 2D/1D step-time ratio within {RATIO_TOLERANCE:.0%} of the measured ratio "
@@ -438,6 +467,27 @@ def reanalysed(name: str) -> dict:
     return payload
 
 
+def speed_remeasured(name: str, steps: int, log=print) -> dict:
+    """--speed: the stored run's speed section measured again now, on this machine (``speed.measured``
+    says when, where and on which code), the quality runs kept; the one analysis over both."""
+    from cubic.core.fingerprint import code_version
+    from experiments.common import RESULTS, run_context
+
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise ExtendError(f"--speed: no stored run at {path} (run experiments/two_d.py first)")
+    d = json.loads(path.read_text())
+    ctx, t0 = run_context("measured"), time.perf_counter()
+    speed = run_speed(steps, log=log)
+    speed["measured"] = {**ctx, "wall_s": time.perf_counter() - t0,
+                         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "loadavg_1m_at_end": os.getloadavg()[0],
+                         "label": "the speed section alone measured again (--speed); the quality runs are the stored ones"}
+    payload = _stored_payload({**d, "speed": speed}, d["resolve_seeds"], d["runs"])
+    payload["reanalysed"] = {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return payload
+
+
 class ExtendError(ValueError):
     """--extend-to cannot add to the stored run (the message names the flag)."""
 
@@ -503,6 +553,9 @@ def main(argv=None) -> int:
                     help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
     ap.add_argument("--reanalyse", action="store_true",
                     help="rebuild the summary, targets and PNG from the runs in the stored JSON; run nothing")
+    ap.add_argument("--speed", action="store_true",
+                    help="measure the speed section again now (minutes), keep the stored quality runs; "
+                         f"{QUALITY_FILE.name} is not rewritten")
     ap.add_argument("--extend-to", type=int, metavar="N", default=None,
                     help="add resolution seeds to the stored run until it has N paired seeds (e.g. the number an "
                          "unresolved target names), measured now on the same machine, and re-analyse")
@@ -510,6 +563,8 @@ def main(argv=None) -> int:
     name = "two_d" + ("_quick" if args.quick else "")
     try:
         payload = (reanalysed(name) if args.reanalyse else
+                   speed_remeasured(name, args.speed_steps or (30 if args.quick else 60),
+                                    log=lambda s: print(s, flush=True)) if args.speed else
                    extended(name, args.extend_to, log=lambda s: print(s, flush=True)) if args.extend_to else
                    measure(args))
     except ExtendError as e:
@@ -531,6 +586,8 @@ def main(argv=None) -> int:
             print(f"added seeds {lo}..{hi} alone, {var}: {100 * st['mean']:+.3f}% ({ci_text(st)})")
     if args.quick:  # the packaged table the simulator cites stays the full run's
         print(f"{QUALITY_FILE.name} not rewritten: a quick run's figures are a smoke test")
+    elif args.speed:
+        print(f"{QUALITY_FILE.name} not rewritten: --speed measured no quality run")
     elif not args.no_quality_file:
         QUALITY_FILE.write_text(json.dumps(quality_doc(summary, payload), indent=2) + "\n")
         print(f"wrote {QUALITY_FILE}")

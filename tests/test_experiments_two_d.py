@@ -89,6 +89,32 @@ def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_con
     assert grad["reason"].endswith("see the early-loss target)") and (tmp_path / "two_d.png").exists()
 
 
+def test_speed_measures_the_speed_section_again_and_keeps_the_quality_runs(tmp_path, monkeypatch):
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(two_d, "QUALITY_FILE", tmp_path / "q.json")
+    runs = []
+    for seed, (ne, grad, avg) in enumerate([(0.90, 0.905, 0.897), (0.88, 0.879, 0.878), (0.91, 0.912, 0.906)]):
+        runs += [run("1d", "rowwise_adagrad", seed, ne), run("grad", "rowwise_adagrad", seed, grad),
+                 run("avg-100", "rowwise_adagrad", seed, avg)]
+    ctx = {"kind": "measured", "fingerprint": {"cpu_model": "X"}, "fingerprint_hash": "h", "versions": {},
+           "code_version": "measured-on", "started_at": "2026-01-01T00:00:00Z", "loadavg_1m_at_start": 0.5}
+    old = {"rows": [_speed_row("1d", 30.0, 5.0), _speed_row("2D grad", 36.0, 4.0)]}
+    common.write_result("two_d", two_d.result_payload(ctx, False, 800, [0, 1, 2], [], runs, old, 12.0))
+    fresh = {"rows": [_speed_row("1d", 30.0, 5.0), {**_speed_row("2D grad", 36.0, 6.0), "predicted_sync_ms": 0.5,
+                                                    "sync_bytes_modelled_over_measured": 0.94}]}
+    monkeypatch.setattr(two_d, "run_speed", lambda steps, log=print: json.loads(json.dumps(fresh)))
+    assert two_d.main(["--speed", "--speed-steps", "5"]) == 0
+    out = json.loads((tmp_path / "two_d.json").read_text())
+    assert out["runs"] == runs and out["code_version"] == "measured-on" and out["reanalysed"]["code_version"]
+    assert out["speed"]["rows"] == fresh["rows"] and out["speed"]["measured"]["label"].startswith("the speed section")
+    assert out["speed"]["measured"]["fingerprint_hash"] != "h"  # this machine's, beside the quality runs' machine
+    ratio = next(t for k, t in out["targets"].items() if k.startswith("step model: 2D/1D"))
+    assert ratio["measured"] == pytest.approx(abs((6.0 / 5.0) / (36.0 / 30.0) - 1.0))
+    assert not (tmp_path / "q.json").exists()  # no quality run, so the packaged table is left alone
+
+
 def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_back(tmp_path, monkeypatch, capsys):
     import experiments.common as common
 
@@ -185,5 +211,11 @@ def test_a_short_real_run_writes_the_result_and_grad_sync_matches_1d(tmp_path, m
     assert more["resolve_seeds"] == [1, 2, 3] and ext["seeds"] == [2, 3] and len(ext["reproduced"]["runs"]) == 3
     assert all(x["stored_ne"] == x["ne_now"] for x in ext["reproduced"]["runs"])
     assert more["summary"]["rowwise_adagrad"]["grad"]["ne_cost_rel"]["seeds"] == 4
+    # the speed section alone measured again: the runner's count of a gradient sync's bytes beside the rule's
+    assert two_d.main(["--quick", "--speed", "--speed-steps", "3"]) == 0
+    sped = json.loads((tmp_path / "two_d_quick.json").read_text())
+    assert sped["runs"] == more["runs"] and sped["speed"]["measured"]
+    grad_row = next(r for r in sped["speed"]["rows"] if r["sync"] == "gradients")
+    assert 0.8 < grad_row["sync_bytes_modelled_over_measured"] < 1.2 and grad_row["predicted_sync_ms"] > 0
     (tmp_path / "q.json").write_text(json.dumps(two_d.quality_doc(out["summary"], out)))
     assert two_d_quality.load(tmp_path / "q.json")["provenance"]["quick"] is True
