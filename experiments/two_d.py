@@ -64,6 +64,7 @@ NE_BAR_WHY = ("end NE of the 1D baseline <= 0.93: the model has removed >= 7% of
               "steps on this workload: the full run's 800 steps approach it; the quick run's 300 reach ~0.92)")
 PARITY = 1e-3  # +-0.1% NE: the parity band the paper claims for 2D
 RATIO_TOLERANCE = 0.25  # a model that only ranks layouts must at least get their ratios roughly right
+SPEED_LOOKS = 4  # fresh re-measurements of the speed section: one look's ratio moved 0.17-0.31 in stop 72
 AVG100_BOUND = 5e-3
 TARGETS_WHY = ("per-step gradient sync computes the 1D update, so its NE cost must be inside +-0.1% (the parity band); "
                "weight averaging every 100 steps trains replicas apart between syncs: its cost must be resolved to "
@@ -176,8 +177,10 @@ def summarise(runs):
     return out
 
 
-def run_speed(steps, log=print):
-    """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model."""
+def run_speed(steps, log=print, looks: int = 0):
+    """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model; then
+    ``looks`` fresh re-measurements of the three cases (each row's ``looks_*``: the first look and the
+    fresh ones), so that the ratio target is judged on more than one look."""
     from experiments.common import calibration_origin
     from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
@@ -211,11 +214,22 @@ def run_speed(steps, log=print):
         log(f"{name}: measured {m['step_time_median_ms']:.1f} ms [{m['step_time_ci_lo_ms']:.1f}, "
             f"{m['step_time_ci_hi_ms']:.1f}], sync {m['sync_time_mean_ms']:.2f} ms/step; modelled {pred.step_s * 1e3:.1f} ms"
             f", sync {pred.phases_s['embedding_sync'] * 1e3:.2f} ms/step")
+    for r in rows:
+        r["looks_measured_step_ms"] = [r["measured_step_ms"]]
+    for k in range(looks):
+        for r, (name, g, sync, interval) in zip(rows, cases):
+            res = runner.run(wl, variant_config(plans[g], 0, "rowwise_adagrad", sync, interval), steps=steps, warmup=5)
+            if not res.ok:
+                raise RuntimeError(f"{name} (look {k + 2}): {res.failure_kind}: {res.reason}")
+            r["looks_measured_step_ms"].append(res.metrics["step_time_median_ms"])
+        log(f"look {k + 2}: " + ", ".join(f"{r['case']} {r['looks_measured_step_ms'][-1]:.1f} ms" for r in rows))
     b = rows[0]
     for r in rows:
         r["measured_ratio_vs_1d"] = r["measured_step_ms"] / b["measured_step_ms"]
         r["predicted_ratio_vs_1d"] = r["predicted_step_ms"] / b["predicted_step_ms"]
+        r["looks_measured_ratio_vs_1d"] = [x / y for x, y in zip(r["looks_measured_step_ms"], b["looks_measured_step_ms"])]
     return {"processes": 4, "cores": 2, "threads_per_process": 1, "steps": steps, "workload": wl.name,
+            "looks": 1 + looks,
             "note": ("MEASURED: 4 gloo processes on 2 cores (2 processes per core: contention is in every figure); "
                      "MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one device "
                      "per rank (it does not model 2 processes sharing a core), links from the gloo all-to-all "
@@ -276,15 +290,34 @@ def unresolved_reason(st: dict) -> str:
 
 
 def speed_target(speed: dict) -> dict:
-    """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case."""
+    """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case. With
+    fresh looks recorded, the error is also judged over them: met only when the first look and the mean
+    over the looks both meet it (one look's error moved 0.17-0.31 between three re-measurements)."""
+    from cubic.core.stats import mean_interval
+
     rows = speed["rows"][1:]
     err = max(abs(r["predicted_ratio_vs_1d"] / r["measured_ratio_vs_1d"] - 1.0) for r in rows)
     t = {"measured": err, "target": RATIO_TOLERANCE, "met": bool(err <= RATIO_TOLERANCE),
          "ratios": {r["case"]: {"measured": r["measured_ratio_vs_1d"], "modelled": r["predicted_ratio_vs_1d"]}
                     for r in rows}}
-    if err > RATIO_TOLERANCE:
+    per_look = [max(abs(r["predicted_ratio_vs_1d"] / r["looks_measured_ratio_vs_1d"][k] - 1.0) for r in rows)
+                for k in range(speed.get("looks", 1))] if speed.get("looks", 1) > 1 else [err]
+    over = ""
+    if len(per_look) > 1:
+        mean, lo, hi = mean_interval(per_look)
+        over = f"; over {len(per_look)} looks mean {mean:.0%} [{lo:.0%}, {hi:.0%}]"
+        t["over_looks"] = {"looks": len(per_look), "per_look": per_look, "mean": mean, "ci95": [lo, hi],
+                           "label": "measured: fresh re-measurements of the three cases"}
+        if t["met"] and mean > RATIO_TOLERANCE:
+            t["met"] = False
+            t["reason"] = (f"met on the first look ({err:.0%}) but not over {len(per_look)} looks (mean {mean:.0%} "
+                           f"[{lo:.0%}, {hi:.0%}]): it does not survive a re-measurement")
+        elif t["met"] and hi > RATIO_TOLERANCE:
+            t["note"] = (f"met on the first look and over {len(per_look)} looks (mean {mean:.0%}), but the mean's "
+                         f"95% interval [{lo:.0%}, {hi:.0%}] reaches past {RATIO_TOLERANCE:.0%}: not resolved")
+    if err > RATIO_TOLERANCE or not t["met"]:
         b = speed["rows"][0]
-        t["reason"] = (
+        t["reason"] = t.get("reason", f"{err:.0%} on the first look{over}") + ": " + (
             f"the model prices 1D at {b['predicted_step_ms']:.1f} ms against {b['measured_step_ms']:.1f} ms measured: "
             "it gives each rank a core of its own (here 4 processes share 2) and prices a collective as the gloo "
             "calibration's alpha-beta line, while the measured sync ("
@@ -439,7 +472,8 @@ def measure(args) -> dict:
                          (0 if args.quick else RESOLVE_SEEDS)))
     runs += run_quality(resolve, steps, log=lambda s: print(s, flush=True), variants=RESOLVE_VARIANTS,
                         keep_losses=EARLY_STEPS)
-    speed = run_speed(args.speed_steps or (30 if args.quick else 60), log=lambda s: print(s, flush=True))
+    speed = run_speed(args.speed_steps or (30 if args.quick else 60), log=lambda s: print(s, flush=True),
+                      looks=speed_looks(args))
     return result_payload(ctx, args.quick, steps, seeds, resolve, runs, speed, time.perf_counter() - t0)
 
 
@@ -467,7 +501,12 @@ def reanalysed(name: str) -> dict:
     return payload
 
 
-def speed_remeasured(name: str, steps: int, log=print) -> dict:
+def speed_looks(args) -> int:
+    """Fresh looks after the first (--speed-looks; a quick run takes none)."""
+    return args.speed_looks if args.speed_looks is not None else (0 if args.quick else SPEED_LOOKS)
+
+
+def speed_remeasured(name: str, steps: int, log=print, looks: int = SPEED_LOOKS) -> dict:
     """--speed: the stored run's speed section measured again now, on this machine (``speed.measured``
     says when, where and on which code), the quality runs kept; the one analysis over both."""
     from cubic.core.fingerprint import code_version
@@ -478,7 +517,7 @@ def speed_remeasured(name: str, steps: int, log=print) -> dict:
         raise ExtendError(f"--speed: no stored run at {path} (run experiments/two_d.py first)")
     d = json.loads(path.read_text())
     ctx, t0 = run_context("measured"), time.perf_counter()
-    speed = run_speed(steps, log=log)
+    speed = run_speed(steps, log=log, looks=looks)
     speed["measured"] = {**ctx, "wall_s": time.perf_counter() - t0,
                          "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "loadavg_1m_at_end": os.getloadavg()[0],
@@ -553,6 +592,9 @@ def main(argv=None) -> int:
                     help=f"do not rewrite {QUALITY_FILE.name} (a --quick run never does: the simulator cites it)")
     ap.add_argument("--reanalyse", action="store_true",
                     help="rebuild the summary, targets and PNG from the runs in the stored JSON; run nothing")
+    ap.add_argument("--speed-looks", type=int, default=None,
+                    help=f"fresh re-measurements of the speed section after the first (default {SPEED_LOOKS}; "
+                         "--quick: 0)")
     ap.add_argument("--speed", action="store_true",
                     help="measure the speed section again now (minutes), keep the stored quality runs; "
                          f"{QUALITY_FILE.name} is not rewritten")
@@ -560,11 +602,14 @@ def main(argv=None) -> int:
                     help="add resolution seeds to the stored run until it has N paired seeds (e.g. the number an "
                          "unresolved target names), measured now on the same machine, and re-analyse")
     args = ap.parse_args(argv)
+    if args.speed_looks is not None and args.speed_looks < 0:
+        print(f"--speed-looks: must be >= 0 (got {args.speed_looks})", file=sys.stderr)
+        return 2
     name = "two_d" + ("_quick" if args.quick else "")
     try:
         payload = (reanalysed(name) if args.reanalyse else
                    speed_remeasured(name, args.speed_steps or (30 if args.quick else 60),
-                                    log=lambda s: print(s, flush=True)) if args.speed else
+                                    log=lambda s: print(s, flush=True), looks=speed_looks(args)) if args.speed else
                    extended(name, args.extend_to, log=lambda s: print(s, flush=True)) if args.extend_to else
                    measure(args))
     except ExtendError as e:

@@ -104,7 +104,7 @@ def test_speed_measures_the_speed_section_again_and_keeps_the_quality_runs(tmp_p
     common.write_result("two_d", two_d.result_payload(ctx, False, 800, [0, 1, 2], [], runs, old, 12.0))
     fresh = {"rows": [_speed_row("1d", 30.0, 5.0), {**_speed_row("2D grad", 36.0, 6.0), "predicted_sync_ms": 0.5,
                                                     "sync_bytes_modelled_over_measured": 0.94}]}
-    monkeypatch.setattr(two_d, "run_speed", lambda steps, log=print: json.loads(json.dumps(fresh)))
+    monkeypatch.setattr(two_d, "run_speed", lambda steps, log=print, looks=0: json.loads(json.dumps(fresh)))
     assert two_d.main(["--speed", "--speed-steps", "5"]) == 0
     out = json.loads((tmp_path / "two_d.json").read_text())
     assert out["runs"] == runs and out["code_version"] == "measured-on" and out["reanalysed"]["code_version"]
@@ -113,6 +113,25 @@ def test_speed_measures_the_speed_section_again_and_keeps_the_quality_runs(tmp_p
     ratio = next(t for k, t in out["targets"].items() if k.startswith("step model: 2D/1D"))
     assert ratio["measured"] == pytest.approx(abs((6.0 / 5.0) / (36.0 / 30.0) - 1.0))
     assert not (tmp_path / "q.json").exists()  # no quality run, so the packaged table is left alone
+    assert two_d.main(["--speed", "--speed-looks", "-1"]) == 2
+
+
+def test_the_ratio_target_is_judged_over_fresh_looks_too():
+    """Met on the first look, missed on the mean over looks: the verdict does not survive a re-measurement."""
+    def speed(first_2d, later_2d):
+        one = {**_speed_row("1d", 30.0, 5.0), "looks_measured_ratio_vs_1d": [1.0] * 4}
+        two = {**_speed_row("2D grad", first_2d, 6.0), "looks_measured_ratio_vs_1d": [first_2d / 30.0]
+               + [x / 30.0 for x in later_2d]}
+        return {"looks": 4, "rows": [one, two]}
+
+    (key, t), = two_d.speed_target(speed(36.0, [25.0, 26.0, 27.0])).items()  # modelled 1.2, later 0.83-0.90
+    assert key.startswith("step model: 2D/1D") and t["measured"] == pytest.approx(0.0)
+    assert t["met"] is False and t["reason"].startswith("met on the first look (0%) but not over 4 looks")
+    assert t["over_looks"]["per_look"][0] == pytest.approx(0.0) and t["over_looks"]["looks"] == 4
+    (_, held), = two_d.speed_target(speed(36.0, [35.0, 37.0, 36.5])).items()
+    assert held["met"] is True and "reason" not in held and held["over_looks"]["mean"] < 0.05
+    (_, old), = two_d.speed_target({"rows": [_speed_row("1d", 30.0, 5.0), _speed_row("2D", 36.0, 6.0)]}).items()
+    assert old["met"] is True and "over_looks" not in old  # a stored file of one look reads as before
 
 
 def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_back(tmp_path, monkeypatch, capsys):
