@@ -444,6 +444,8 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
         if vol["syncs"]:  # what rank 0 exchanged per gradient sync, measured (warm-up steps included)
             extra["two_d"]["sync_volume_rank0"] = {"ids_bytes_per_sync": vol["ids_bytes"] / vol["syncs"],
                                                    "grad_bytes_per_sync": vol["grad_bytes"] / vol["syncs"],
+                                                   "collective_ms_per_sync": 1e3 * vol["collective_s"] / vol["syncs"],
+                                                   "sync_ms_per_sync": 1e3 * emb.sync_s / vol["syncs"],
                                                    "syncs": vol["syncs"]}
     fp8 = config.fp8.policy != "off"
     if check_single is None:

@@ -113,8 +113,9 @@ class ShardedEmbedding(nn.Module):
         self.sync_s = 0.0  # seconds in 2D replica sync (also counted in comm_s)
         # sync gradients, summed over syncs: bytes of the ids this rank touched (all-gathered; the wire pads
         # to the longest replica's) and of the union's gradient rows (all-reduced): the volumes
-        # cost_models.comm.touched_row_sync_bytes models
-        self.sync_volume = {"syncs": 0, "ids_bytes": 0, "grad_bytes": 0}
+        # cost_models.comm.touched_row_sync_bytes models; and the seconds inside the three collectives
+        # (the rest of sync_s is finding and merging the rows)
+        self.sync_volume = {"syncs": 0, "ids_bytes": 0, "grad_bytes": 0, "collective_s": 0.0}
         self.steps_taken = 0
         self._optimizer: torch.optim.Optimizer | None = None
         sharded = [s for s in plan.shards if s.sharding_type != "data_parallel"]
@@ -246,13 +247,18 @@ class ShardedEmbedding(nn.Module):
             vals.append(g.values())
         counts = torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=dev)
         all_counts = [torch.empty_like(counts) for _ in range(two_d.replicas)]
+        vol = self.sync_volume
+        t0 = time.perf_counter()
         dist.all_gather(all_counts, counts, group=two_d.replica_group)
+        vol["collective_s"] += time.perf_counter() - t0
         longest = int(max(int(c.sum()) for c in all_counts))
         pad = torch.full((longest,), -1, dtype=torch.int64, device=dev)
         mine = torch.cat(rows)
         pad[:mine.numel()] = mine
         all_rows = [torch.empty_like(pad) for _ in range(two_d.replicas)]
+        t0 = time.perf_counter()
         dist.all_gather(all_rows, pad, group=two_d.replica_group)
+        vol["collective_s"] += time.perf_counter() - t0
         per_rep = [torch.split(r[:int(c.sum())], c.tolist()) for r, c in zip(all_rows, all_counts)]
         unions, bufs = [], []
         for j, b in enumerate(self.bags):
@@ -262,8 +268,9 @@ class ShardedEmbedding(nn.Module):
             unions.append(union)
             bufs.append(buf)
         flat = torch.cat([x.reshape(-1) for x in bufs])
+        t0 = time.perf_counter()
         dist.all_reduce(flat, group=two_d.replica_group)
-        vol = self.sync_volume
+        vol["collective_s"] += time.perf_counter() - t0
         vol["syncs"] += 1
         vol["ids_bytes"] += mine.numel() * mine.element_size()
         vol["grad_bytes"] += flat.numel() * flat.element_size()
