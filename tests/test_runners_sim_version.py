@@ -47,10 +47,23 @@ def _cases() -> dict[str, dict[str, float]]:
         kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=8, sync="weights", sync_interval=10))))
     cases.append(("dlrm-wide", DEFAULT_WORKLOADS["dlrm-wide"], 64, "gradients-sync-2d", Config(
         kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=8, sync="gradients"))))
+    cases = [(*c, "h100") for c in cases]
+    # other clusters, recipes, batches and scales: a change confined to one of them moves a pin too
+    cases += [
+        ("dmt-small", DEFAULT_WORKLOADS["dmt-small"], 16, "bf16", configs["bf16"], "a100"),
+        ("dmt-small", DEFAULT_WORKLOADS["dmt-small"], 16, "fp8-tensorwise", Config(
+            kernels=bf16, sharding=ShardingChoice(planner="sim"), fp8=FP8Choice(policy="all", recipe="tensorwise")),
+         "h200"),
+        ("wukong-large", DEFAULT_WORKLOADS["wukong-large"], 512, "2d-g32", Config(
+            kernels=bf16, sharding=ShardingChoice(planner="sim", group_size=32)), "h200"),
+        ("wukong-large", DEFAULT_WORKLOADS["wukong-large"], 8, "bf16-oom", configs["bf16"], "h100"),
+        ("dlrm-small", DEFAULT_WORKLOADS["dlrm-small"], 8, "batch-4096", Config(
+            kernels=bf16, batch_size=4096, sharding=ShardingChoice(planner="sim")), "h100"),
+    ]
     out = {}
-    for wname, w, gpus, cname, c in cases:
-        p = predict_step(w, c, CLUSTERS["h100"], gpus)
-        out[f"{wname}@h100x{gpus}/{cname}"] = {"step_s": p.step_s, "peak_mem_bytes": p.peak_mem_bytes}
+    for wname, w, gpus, cname, c, cluster in cases:
+        p = predict_step(w, c, CLUSTERS[cluster], gpus)
+        out[f"{wname}@{cluster}x{gpus}/{cname}"] = {"step_s": p.step_s, "peak_mem_bytes": p.peak_mem_bytes}
     return out
 
 
