@@ -455,6 +455,20 @@ def comm_line(comm: dict | str | None) -> str:
     return f"alpha-beta model ({comm.get('kind', 'unrecorded')})"
 
 
+def _sync_legend(plan: Plan) -> str:
+    """How a 2D plan's replica sync is priced, and, for a gradient sync, what that price was held to."""
+    if plan.group_size >= plan.world_size:
+        return ""
+    sync = plan.sync or ReplicaSync()
+    if sync.mode == "weights":
+        return (f" (this plan: each shard's weights and row-wise state all-reduced over the replicas every "
+                f"{sync.interval} steps, amortized per step)")
+    from cost_models.comm import GRADIENT_SYNC_CHECKED
+
+    return (" (this plan: every step the touched row ids all-gathered over the replicas and the union's "
+            f"gradients all-reduced; {GRADIENT_SYNC_CHECKED})")
+
+
 def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list[str]:
     device = plan.topology.device
     d = cost.details if cost else {}
@@ -486,7 +500,7 @@ def _legend(plan: Plan, cost: PlanCost | None, mem_kind: str, gpu: bool) -> list
         f"tables at the rank's own batch; {compute_src}",
         f"  all-to-all ms (communication): forward (ids out, pooled embeddings back) and backward (gradients) all-to-all; {comm_src}",
         "  sync ms (communication): data-parallel gradient all-reduce and 2D cross-group sync; the same model as "
-        "the all-to-all",
+        "the all-to-all" + _sync_legend(plan),
         "  total ms = lookup + all-to-all + sync; the plan's cost is the slowest rank's total",
         "  fwd/bwd ms: the lookup's forward and backward (+ fused optimizer) parts (measured estimators only); "
         "input KiB: ids the rank receives per step; output KiB: pooled embeddings it sends per step (forward; the "

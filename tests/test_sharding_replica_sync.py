@@ -173,3 +173,18 @@ def test_torchrun_s_ranks_warn_of_a_sync_mismatch_once(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _inputs(args)
+
+
+def test_a_2d_plans_legend_says_how_its_sync_is_priced_and_what_that_was_held_to():
+    from cost_models.comm import GRADIENT_SYNC_CHECKED
+    from sharding.types import format_plan
+
+    w = DEFAULT_WORKLOADS["dlrm-small"]
+    topo = Topology(world_size=4, ranks_per_node=4, memory_per_rank_gb=2.0)
+    plan = lambda **s: plan_for(w, Config(sharding=ShardingChoice(planner="greedy", **s)), 4, topology=topo)  # noqa: E731
+    sync_line = lambda p: next(x for x in format_plan(p).splitlines() if x.startswith("  sync ms"))  # noqa: E731
+    grads = sync_line(plan(group_size=2, sync="gradients"))
+    assert "touched row ids all-gathered" in grads and GRADIENT_SYNC_CHECKED in grads
+    weights = sync_line(plan(group_size=2, sync="weights", sync_interval=10))
+    assert "every 10 steps" in weights and GRADIENT_SYNC_CHECKED not in weights
+    assert "this plan" not in sync_line(plan())  # one group: no replicas to sync

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from cost_models.comm import GRADIENT_SYNC_CHECKED
 from cost_models.hardware import CLUSTERS, ClusterSpec, load_cluster
 from cubic.runners.step_model import DEFAULT_PARAMS, StepModelParams, predict_step, sync_params
 from cubic.core.config import Config
@@ -41,8 +42,7 @@ STEP_MODEL_VERSION = 5
 SIM_CHECKED = ("SIMULATED by the analytical step model: its collectives were never timed on a GPU cluster (its CPU "
                "calibration times single-process steps); its one multi-process check, 2D against 1D in 4 gloo "
                "processes on a 2-core CPU (experiments/two_d.py), missed its 25% bar on the step-time ratio, over "
-               "fresh looks too, and there a 2D gradient sync moved the bytes the model prices but took several "
-               "times its modelled time (results/two_d.json)")
+               f"fresh looks too (results/two_d.json); there {GRADIENT_SYNC_CHECKED}")
 SCALING_CHECKED = (f"{SIM_CHECKED}; whether 2D keeps scaling where full sharding does not is recomputed over "
                    "perturbed regimes of its efficiency factors and network bandwidth by experiments/scaling.py "
                    "(results/scaling.json, robustness): read the figures as the model's, the verdict as robust "
