@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.access import expected_unique_rows, zipf_stats  # noqa: F401  (re-exported for the planner)
+from cost_models.access import expected_unique_rows  # noqa: F401  (re-exported for the planner)
+from cost_models.access import zipf_stats
 from cubic.core.spec import SpecError, Table, Topology
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -362,14 +362,22 @@ def never_synced_note(sync: str, interval: int, total: int) -> str | None:
 
 
 def _add_two_d(metrics: dict[str, float], extra: dict[str, Any], two_d: TwoD, replica_ne: list[float],
-               optimizer: str, total: int) -> None:
-    """The 2D layout's figures; ``ne_end`` becomes the mean over replicas of each one's own NE."""
+               optimizer: str, total: int, emb=None) -> None:
+    """The 2D layout's figures; ``ne_end`` becomes the mean over replicas of each one's own NE; under a
+    gradient sync, what rank 0 exchanged per sync (``sync_volume_rank0``, MEASURED, warm-up included)."""
     import numpy as np
 
     extra["two_d"] = {**two_d.describe(), "replica_ne_end": replica_ne,
                       "ne_end": "mean over replicas of each replica's own eval NE (the trajectory is replica 0's)",
                       "optimizer": optimizer,
                       "weight_syncs": total // two_d.interval if two_d.sync == "weights" else 0}
+    vol = getattr(emb, "sync_volume", None)
+    if vol and vol["syncs"]:
+        n = vol["syncs"]
+        extra["two_d"]["sync_volume_rank0"] = {
+            "ids_bytes_per_sync": vol["ids_bytes"] / n, "grad_bytes_per_sync": vol["grad_bytes"] / n,
+            "collective_ms_per_sync": 1e3 * vol["collective_s"] / n, "sync_ms_per_sync": 1e3 * emb.sync_s / n,
+            "syncs": n}
     note = never_synced_note(two_d.sync, two_d.interval, total)
     if note:  # printed under the run's figures (cubic.cli.run_report)
         extra.setdefault("notes", []).append(note)
@@ -439,14 +447,7 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     extra = _worker_extra(run, step_ms, sync_ms, losses, dev=dev, world=world, backend=fp["backend"],
                           global_batch=wl.batch_size, steps=steps, warmup=warmup, every=every, plan=plan)
     if two_d is not None:
-        _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding, total)
-        vol = emb.sync_volume
-        if vol["syncs"]:  # what rank 0 exchanged per gradient sync, measured (warm-up steps included)
-            extra["two_d"]["sync_volume_rank0"] = {"ids_bytes_per_sync": vol["ids_bytes"] / vol["syncs"],
-                                                   "grad_bytes_per_sync": vol["grad_bytes"] / vol["syncs"],
-                                                   "collective_ms_per_sync": 1e3 * vol["collective_s"] / vol["syncs"],
-                                                   "sync_ms_per_sync": 1e3 * emb.sync_s / vol["syncs"],
-                                                   "syncs": vol["syncs"]}
+        _add_two_d(metrics, extra, two_d, replica_ne, wl.optimizers.embedding, total, emb)
     fp8 = config.fp8.policy != "off"
     if check_single is None:
         check_single = (world > 1 and total <= CHECK_SINGLE_MAX_STEPS and not fp8

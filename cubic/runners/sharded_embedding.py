@@ -229,6 +229,12 @@ class ShardedEmbedding(nn.Module):
         self.sync_s += dt
         self.comm_s += dt
 
+    def _collective(self, op, *args, **kwargs) -> None:
+        """One collective of the gradient sync, its seconds added to ``sync_volume``."""
+        t0 = time.perf_counter()
+        op(*args, **kwargs)
+        self.sync_volume["collective_s"] += time.perf_counter() - t0
+
     def _sum_touched_rows(self) -> None:
         """All-reduce over the replica group of the gradient rows any replica touched: the union of
         touched row ids (two all-gathers), then one all-reduce of every piece's rows."""
@@ -247,18 +253,13 @@ class ShardedEmbedding(nn.Module):
             vals.append(g.values())
         counts = torch.tensor([r.numel() for r in rows], dtype=torch.int64, device=dev)
         all_counts = [torch.empty_like(counts) for _ in range(two_d.replicas)]
-        vol = self.sync_volume
-        t0 = time.perf_counter()
-        dist.all_gather(all_counts, counts, group=two_d.replica_group)
-        vol["collective_s"] += time.perf_counter() - t0
+        self._collective(dist.all_gather, all_counts, counts, group=two_d.replica_group)
         longest = int(max(int(c.sum()) for c in all_counts))
         pad = torch.full((longest,), -1, dtype=torch.int64, device=dev)
         mine = torch.cat(rows)
         pad[:mine.numel()] = mine
         all_rows = [torch.empty_like(pad) for _ in range(two_d.replicas)]
-        t0 = time.perf_counter()
-        dist.all_gather(all_rows, pad, group=two_d.replica_group)
-        vol["collective_s"] += time.perf_counter() - t0
+        self._collective(dist.all_gather, all_rows, pad, group=two_d.replica_group)
         per_rep = [torch.split(r[:int(c.sum())], c.tolist()) for r, c in zip(all_rows, all_counts)]
         unions, bufs = [], []
         for j, b in enumerate(self.bags):
@@ -268,9 +269,8 @@ class ShardedEmbedding(nn.Module):
             unions.append(union)
             bufs.append(buf)
         flat = torch.cat([x.reshape(-1) for x in bufs])
-        t0 = time.perf_counter()
-        dist.all_reduce(flat, group=two_d.replica_group)
-        vol["collective_s"] += time.perf_counter() - t0
+        self._collective(dist.all_reduce, flat, group=two_d.replica_group)
+        vol = self.sync_volume
         vol["syncs"] += 1
         vol["ids_bytes"] += mine.numel() * mine.element_size()
         vol["grad_bytes"] += flat.numel() * flat.element_size()
