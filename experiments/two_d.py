@@ -196,12 +196,17 @@ def run_speed(steps, log=print, looks: int = 0):
     links = calibration_origin()
     params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=4, timeout_s=3600, verify=False, threads=1)
+
+    def measured(name, cfg, look):
+        res = runner.run(wl, cfg, steps=steps, warmup=5)
+        if not res.ok:
+            raise RuntimeError(f"{name}{f' (look {look})' if look > 1 else ''}: {res.failure_kind}: {res.reason}")
+        return res
+
     rows = []
     for name, g, sync, interval in cases:
         cfg = variant_config(plans[g], 0, "rowwise_adagrad", sync, interval)
-        res = runner.run(wl, cfg, steps=steps, warmup=5)
-        if not res.ok:
-            raise RuntimeError(f"{name}: {res.failure_kind}: {res.reason}")
+        res = measured(name, cfg, 1)
         m = res.metrics
         pred = predict_step(wl, cfg, cluster, 4, params)  # batch: per rank, as the plan
         rows.append({"case": name, "group_size": g, "sync": sync, "sync_interval": interval,
@@ -218,9 +223,7 @@ def run_speed(steps, log=print, looks: int = 0):
         r["looks_measured_step_ms"] = [r["measured_step_ms"]]
     for k in range(looks):
         for r, (name, g, sync, interval) in zip(rows, cases):
-            res = runner.run(wl, variant_config(plans[g], 0, "rowwise_adagrad", sync, interval), steps=steps, warmup=5)
-            if not res.ok:
-                raise RuntimeError(f"{name} (look {k + 2}): {res.failure_kind}: {res.reason}")
+            res = measured(name, variant_config(plans[g], 0, "rowwise_adagrad", sync, interval), k + 2)
             r["looks_measured_step_ms"].append(res.metrics["step_time_median_ms"])
         log(f"look {k + 2}: " + ", ".join(f"{r['case']} {r['looks_measured_step_ms'][-1]:.1f} ms" for r in rows))
     b = rows[0]
@@ -493,15 +496,29 @@ def _stored_payload(d: dict, resolve: list[int], runs: list[dict]) -> dict:
     return payload
 
 
+def _stored_run(name: str, flag: str) -> tuple[Path, dict]:
+    """The stored result file ``flag`` works on (ExtendError, naming the flag, when there is none)."""
+    from experiments.common import RESULTS
+
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise ExtendError(f"{flag}: no stored run at {path} (run experiments/two_d.py first)")
+    return path, json.loads(path.read_text())
+
+
+def _reanalysed_stamp() -> dict:
+    """Which code re-analysed a stored run, and when."""
+    from cubic.core.fingerprint import code_version
+
+    return {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def reanalysed(name: str) -> dict:
     """--reanalyse: the stored run's result rebuilt by this code's analysis; its runs, speed and context
     are the stored ones, ``reanalysed`` names this code."""
-    from cubic.core.fingerprint import code_version
-    from experiments.common import RESULTS
-
-    d = json.loads((RESULTS / f"{name}.json").read_text())
+    _, d = _stored_run(name, "--reanalyse")
     payload = _stored_payload(d, d["resolve_seeds"], d["runs"])
-    payload["reanalysed"] = {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    payload["reanalysed"] = _reanalysed_stamp()
     return payload
 
 
@@ -513,13 +530,9 @@ def speed_looks(args) -> int:
 def speed_remeasured(name: str, steps: int, log=print, looks: int = SPEED_LOOKS) -> dict:
     """--speed: the stored run's speed section measured again now, on this machine (``speed.measured``
     says when, where and on which code), the quality runs kept; the one analysis over both."""
-    from cubic.core.fingerprint import code_version
-    from experiments.common import RESULTS, run_context
+    from experiments.common import run_context
 
-    path = RESULTS / f"{name}.json"
-    if not path.exists():
-        raise ExtendError(f"--speed: no stored run at {path} (run experiments/two_d.py first)")
-    d = json.loads(path.read_text())
+    _, d = _stored_run(name, "--speed")
     ctx, t0 = run_context("measured"), time.perf_counter()
     speed = run_speed(steps, log=log, looks=looks)
     speed["measured"] = {**ctx, "wall_s": time.perf_counter() - t0,
@@ -527,7 +540,7 @@ def speed_remeasured(name: str, steps: int, log=print, looks: int = SPEED_LOOKS)
                          "loadavg_1m_at_end": os.getloadavg()[0],
                          "label": "the speed section alone measured again (--speed); the quality runs are the stored ones"}
     payload = _stored_payload({**d, "speed": speed}, d["resolve_seeds"], d["runs"])
-    payload["reanalysed"] = {"code_version": code_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    payload["reanalysed"] = _reanalysed_stamp()
     return payload
 
 
@@ -545,12 +558,9 @@ def extended(name: str, upto: int, log=print) -> dict:
     seeds did not see)."""
     from cubic.core.fingerprint import machine_differences
     from cubic.runners.distributed import EARLY_STEPS
-    from experiments.common import RESULTS, run_context
+    from experiments.common import run_context
 
-    path = RESULTS / f"{name}.json"
-    if not path.exists():
-        raise ExtendError(f"--extend-to: no stored run at {path} (run experiments/two_d.py first)")
-    d = json.loads(path.read_text())
+    path, d = _stored_run(name, "--extend-to")
     have = d["seeds"] + d["resolve_seeds"]
     if upto < len(have) + 2:  # the added seeds' own interval needs two of them
         raise ExtendError(f"--extend-to {upto}: {path.name} has {len(have)} paired seeds; give at least "
