@@ -11,9 +11,9 @@ An all-to-all costs ``alpha + alpha_peer*(G-1) + beta*max(bytes sent, bytes rece
 collective is bound by the busier direction of the rank's link.
 Data-parallel tables all-reduce their dense gradient over every replica (ring: 2(W-1)/W x bytes).
 2D sparse parallelism (G < W): each rank keeps its shards in step with the same rank of the other
-W/G - 1 groups (:func:`replica_sync_ms`): weights averaged every few steps, or every step the
-touched rows' ids all-gathered and their gradients all-reduced (expected touched rows under the
-table's Zipf law, :func:`touched_row_sync_bytes`).
+W/G - 1 groups (:func:`replica_sync_ms`, a rank's pieces in one bucket: :func:`rank_sync_ms`): weights
+averaged every few steps, or every step the touched rows' ids all-gathered and their gradients
+all-reduced (expected touched rows under the table's Zipf law, :func:`touched_row_sync_bytes`).
 
 The constants come from one of two places (``CommModel.from_topology`` picks by
 ``Topology.comm_model``, the same rule on every device; ``describe()`` says which, and where from):
@@ -317,34 +317,103 @@ def touched_row_sync_bytes(rows, cols, alpha, draws, replicas: int) -> tuple[np.
     return unique[:n] * ID_BYTES, unique[n:] * cols * FP32
 
 
-def replica_sync_ms(replicas: int, group: int, model: CommModel, *, mode: str, interval: int,
-                    shard_bytes: float = 0.0, ids_bytes: float = 0.0, grad_bytes: float = 0.0) -> float:
-    """2D sparse parallelism: one rank's replica sync per step, ms, for the bytes given (one shard's,
-    as the planner prices a unit, or a rank's bucket of shards, as the step model and the runner
-    exchange them). ``weights``: ``shard_bytes`` (weights and optimizer state) all-reduced over the
-    replicas every ``interval`` steps (TorchRec's DMPCollection.sync()); ``gradients``: every step,
-    the touched ids all-gathered, then the union's gradients all-reduced (:func:`touched_row_sync_bytes`).
-    The replicas of a group rank sit on other nodes unless groups are smaller than a node."""
-    if replicas <= 1:
-        return 0.0
+def _sync_collectives(replicas: int, group: int, model: CommModel, mode: str, interval: int) -> tuple:
+    """The collectives of one rank's replica sync per step, each a function of its bytes (ms), in the
+    order of :func:`sync_bytes`. ``weights``: the bucket (weights and optimizer state) all-reduced every
+    ``interval`` steps (TorchRec's DMPCollection.sync()); ``gradients``: every step, the runner's three
+    (``ShardedEmbedding._sum_touched_rows``): the pieces' touched-row counts all-gathered, the touched
+    ids all-gathered, the union's gradients all-reduced. The replicas of a group rank sit on other
+    nodes unless groups are smaller than a node."""
     members = replica_members_per_node(group, replicas, model.ranks_per_node)
     if mode == "weights":
-        return model.all_reduce_ms(replicas, shard_bytes, members) / interval
-    return model.all_gather_ms(replicas, ids_bytes, members) + model.all_reduce_ms(replicas, grad_bytes, members)
+        return (lambda b: model.all_reduce_ms(replicas, b, members) / interval,)
+    gather = lambda b: model.all_gather_ms(replicas, b, members)  # noqa: E731
+    return gather, gather, lambda b: model.all_reduce_ms(replicas, b, members)
 
 
-def cross_group_sync_ms(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int,
-                        model: CommModel, *, mode: str, interval: int, shard_bytes: float) -> float:
-    """One shard's replica sync per step, ms (:func:`replica_sync_ms`), as the planner prices a unit:
-    its group's ids of the shard are the group's batch times the shard's share of the table's ids."""
+def sync_bytes(mode: str, *, shard_bytes=0.0, ids_bytes=0.0, grad_bytes=0.0, pieces=1) -> tuple:
+    """A bucket's bytes per collective of its sync (:func:`_sync_collectives`' order)."""
+    return (shard_bytes,) if mode == "weights" else (pieces * ID_BYTES, ids_bytes, grad_bytes)
+
+
+def replica_sync_ms(replicas: int, group: int, model: CommModel, *, mode: str, interval: int,
+                    shard_bytes: float = 0.0, ids_bytes: float = 0.0, grad_bytes: float = 0.0,
+                    pieces: float = 1) -> float:
+    """2D sparse parallelism: one rank's replica sync per step, ms, for a bucket of ``pieces`` shards and
+    their bytes: one set of collectives per rank, not per piece, as the runner and TorchRec's
+    DMPCollection.sync() exchange them (:func:`_sync_collectives`; a rank's bucket: :func:`rank_sync_ms`;
+    the gradients' bytes: :func:`touched_row_sync_bytes`)."""
     if replicas <= 1:
         return 0.0
+    nbytes = sync_bytes(mode, shard_bytes=shard_bytes, ids_bytes=ids_bytes, grad_bytes=grad_bytes, pieces=pieces)
+    return float(sum(f(b) for f, b in zip(_sync_collectives(replicas, group, model, mode, interval), nbytes)))
+
+
+def rank_sync_ms(rank, group: int, replicas: int, model: CommModel, *, mode: str, interval: int, shard_bytes=None,
+                 rows=None, cols=None, alpha=None, draws=None) -> tuple[np.ndarray, np.ndarray]:
+    """Each group rank's replica sync per step (ms) and the bytes it exchanges, its pieces in one bucket
+    (arrays over the pieces: their ``rank``; ``weights`` reads ``shard_bytes``, ``gradients`` the
+    pieces' ``rows``, ``cols``, Zipf ``alpha`` and the group's ``draws`` of them). The plan's estimate
+    (sharding.estimate) and the simulated step (cubic.runners.step_model) both read this."""
+    rank = np.asarray(rank, dtype=np.int64)
+    if replicas <= 1 or rank.size == 0:
+        return np.zeros(group), np.zeros(group)
+    pieces = np.bincount(rank, minlength=group)
     if mode == "weights":
-        return replica_sync_ms(replicas, group, model, mode=mode, interval=interval, shard_bytes=shard_bytes)
-    draws = group * batch * table.pooling_factor * rows / table.rows
-    ids_bytes, grad_bytes = touched_row_sync_bytes(rows, cols, table.access.effective_alpha(), draws, replicas)
-    return replica_sync_ms(replicas, group, model, mode=mode, interval=interval, ids_bytes=float(ids_bytes[0]),
-                           grad_bytes=float(grad_bytes[0]))
+        held = np.bincount(rank, weights=np.asarray(shard_bytes, dtype=np.float64), minlength=group)
+        ms = [replica_sync_ms(replicas, group, model, mode=mode, interval=interval, shard_bytes=b) if n else 0.0
+              for b, n in zip(held, pieces)]
+        return np.array(ms), held
+    ids_b, grad_b = touched_row_sync_bytes(rows, cols, alpha, draws, replicas)
+    ids_r = np.bincount(rank, weights=ids_b, minlength=group)
+    grad_r = np.bincount(rank, weights=grad_b, minlength=group)
+    ms = [replica_sync_ms(replicas, group, model, mode=mode, interval=1, ids_bytes=a, grad_bytes=b, pieces=n)
+          if n else 0.0 for a, b, n in zip(ids_r, grad_r, pieces)]
+    return np.array(ms), ids_r + grad_r  # the bytes the runner counts (the counts are a few int64)
+
+
+def group_draws(table: Table, rows, group: int, batch: int):
+    """The ids a group's step draws from a piece of ``rows`` rows of ``table``: the group's batch times
+    the piece's share of the table's ids."""
+    return group * batch * table.pooling_factor * np.asarray(rows, dtype=np.float64) / table.rows
+
+
+def piece_sync_bytes(table: Table, rows: int, cols: int, group: int, batch: int, replicas: int, *, mode: str,
+                     shard_bytes: float) -> tuple:
+    """What one piece adds to its rank's sync bucket, per collective (:func:`sync_bytes`)."""
+    if mode == "weights":
+        return sync_bytes(mode, shard_bytes=shard_bytes)
+    ids, grads = touched_row_sync_bytes(rows, cols, table.access.effective_alpha(),
+                                        group_draws(table, rows, group, batch), replicas)
+    return sync_bytes(mode, ids_bytes=float(ids[0]), grad_bytes=float(grads[0]))
+
+
+@dataclass(frozen=True)
+class SyncLine:
+    """A rank's replica sync as a planner adds it up piece by piece: ``fixed_ms`` once per rank, plus
+    ``per_byte_ms`` times each piece's bytes per collective. The line touches the bucket's real cost
+    (:func:`replica_sync_ms`: collectives' latencies once, a ring or a tree, whichever is cheaper) at
+    ``at``, an even share of the group's bytes, so a rank near it is priced as its bucket is."""
+
+    fixed_ms: float
+    per_byte_ms: tuple
+
+    @classmethod
+    def at(cls, replicas: int, group: int, model: CommModel, *, mode: str, interval: int, at: tuple) -> "SyncLine":
+        if replicas <= 1:
+            return cls(0.0, (0.0,) * len(at))
+        fs = _sync_collectives(replicas, group, model, mode, interval)
+        fixed, slopes = 0.0, []
+        for f, x in zip(fs, at):
+            x = max(float(x), 1.0)
+            h = 1e-6 * x  # each collective is piecewise linear in its bytes: the slope of x's piece
+            slope = (f(x + h) - f(x - h)) / (2 * h)
+            slopes.append(slope)
+            fixed += f(x) - slope * x
+        return cls(fixed, tuple(slopes))
+
+    def piece_ms(self, nbytes: tuple) -> float:
+        return float(sum(s * b for s, b in zip(self.per_byte_ms, nbytes)))
 
 
 # ---------------------------------------------------------------- calibration (real gloo runs)

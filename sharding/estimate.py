@@ -21,10 +21,11 @@ from cubic.core.spec import Table
 from cost_models.comm import (
     CommModel,
     ShardTraffic,
-    cross_group_sync_ms,
     dp_sync_ms,
     expected_unique_rows,
+    group_draws,
     rank_comm_ms,
+    rank_sync_ms,
     rank_volumes,
 )
 from sharding.measure import ROW_CAP, MeasurementCache, ShardWork
@@ -248,7 +249,7 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
     works: list[list[ShardWork]] = [[] for _ in range(G)]
     dp_works: list[list[ShardWork]] = [[] for _ in range(G)]
     traffic: list[ShardTraffic] = []
-    sync = [0.0] * G
+    placed: list = []
     dp_bytes = [0.0] * G
     replicas = W // G
     rsync = plan.sync or ReplicaSync()  # a 2D plan priced before the field: the default sync
@@ -260,8 +261,13 @@ def plan_cost(plan: Plan, estimator: Estimator, comm: CommModel, *, lower_bound:
         else:
             works[s.rank].append(ShardWork.of(t, s))
             traffic.append(ShardTraffic(s.rank, s.cols, t.pooling_factor * s.rows / t.rows))
-            sync[s.rank] += cross_group_sync_ms(t, s.rows, s.cols, G, B, replicas, comm, mode=rsync.mode,
-                                                interval=rsync.interval, shard_bytes=Storage.of(s.rows, s.cols).total)
+            placed.append((s, t))
+    # 2D: each rank's pieces kept in step with its replicas in one bucket, as the runner does it
+    sync = list(rank_sync_ms([s.rank for s, _ in placed], G, replicas, comm, mode=rsync.mode, interval=rsync.interval,
+                             shard_bytes=[Storage.of(s.rows, s.cols).total for s, _ in placed],
+                             rows=[s.rows for s, _ in placed], cols=[s.cols for s, _ in placed],
+                             alpha=[t.access.effective_alpha() for _, t in placed],
+                             draws=[group_draws(t, s.rows, G, B) for s, t in placed])[0])
     for r in range(G):
         sync[r] += dp_sync_ms(dp_bytes[r], W, comm)
     compute = estimator.compute_ms(works, G * B)

@@ -35,7 +35,7 @@ import numpy as np
 
 from cubic.core.spec import SpecError, Table, Topology, check_group_size
 from cubic.core.units import fmt_gib
-from cost_models.comm import FP32, ID_BYTES, CommModel, cross_group_sync_ms, dp_sync_ms
+from cost_models.comm import FP32, ID_BYTES, CommModel, SyncLine, dp_sync_ms, piece_sync_bytes, sync_bytes
 from sharding.enumerate import check_inputs, column_pieces, min_row_pieces, row_pieces, torchrec_row_blocks
 from sharding.estimate import Estimator, LearnedEstimator, plan_cost, rank_features_from_sums, shard_vector
 from sharding.types import (PLANNERS, Plan, PlanDoesNotFit, ReplicaSync, Shard,  # noqa: F401  (PLANNERS: re-exported)
@@ -80,6 +80,26 @@ class Context:
         return min(self.topology.ranks_per_node, self.group)
 
     @property
+    def replicas(self) -> int:
+        return self.world // self.group
+
+    @property
+    def sync_line(self) -> SyncLine:
+        """A rank's 2D replica sync as a sum over its pieces (cost_models.comm.SyncLine), drawn through
+        the bucket of an even share of the group's bytes (every table whole)."""
+        if "sync_line" not in self._vec_cache:
+            mode, G, R = self.sync.mode, self.group, self.replicas
+            share = [0.0] * len(sync_bytes(mode))
+            if R > 1:
+                for t in self.tables:
+                    piece = piece_sync_bytes(t, t.rows, t.dim, G, self.batch, R, mode=mode,
+                                             shard_bytes=Storage.of(t.rows, t.dim).total)
+                    share = [a + b / G for a, b in zip(share, piece)]
+            self._vec_cache["sync_line"] = SyncLine.at(R, G, self.comm, mode=mode, interval=self.sync.interval,
+                                                       at=tuple(share))
+        return self._vec_cache["sync_line"]
+
+    @property
     def nodes(self) -> int:
         return self.group // self.local if self.group % self.local == 0 else 1
 
@@ -91,10 +111,9 @@ class Context:
             self._vec_cache[key] = shard_vector(t, rows, cols, batch)
         storage = Storage.of(rows, cols).total
         skey = ("sync", t.name, rows, cols)
-        if skey not in self._vec_cache:  # a gradients sync solves a Zipf sum: once per piece shape
-            self._vec_cache[skey] = cross_group_sync_ms(t, rows, cols, self.group, self.batch, self.world // self.group,
-                                                        self.comm, mode=self.sync.mode, interval=self.sync.interval,
-                                                        shard_bytes=storage)
+        if skey not in self._vec_cache:  # what a piece adds to its rank's sync (a Zipf sum): once per shape
+            self._vec_cache[skey] = self.sync_line.piece_ms(piece_sync_bytes(
+                t, rows, cols, self.group, self.batch, self.replicas, mode=self.sync.mode, shard_bytes=storage))
         sync = self._vec_cache[skey]
         return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
                     storage, sync, fixed=fixed)
@@ -291,7 +310,9 @@ class _Placement:
         if dp:
             V = np.stack([u.vec for u in dp])
             dp_compute = float(self.compute(V.sum(axis=0, keepdims=True), V[:, 2].max(keepdims=True), ctx.batch)[0])
-        self.base_sync = dp_compute + dp_sync_ms(sum(u.rows * u.cols * 4 for u in dp), ctx.world, cm)
+        # ... and every rank's 2D replica sync pays its collectives' latencies once (a unit adds its bytes)
+        self.base_sync = (dp_compute + dp_sync_ms(sum(u.rows * u.cols * 4 for u in dp), ctx.world, cm)
+                          + ctx.sync_line.fixed_ms)
         self.base_mem = sum(u.mem for u in dp)
 
     def comm(self, cols: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from cost_models.comm import CommModel, cross_group_sync_ms, replica_sync_ms, touched_row_sync_bytes
+from cost_models.comm import CommModel, piece_sync_bytes, replica_sync_ms, touched_row_sync_bytes
 from cubic.core.config import Config, ShardingChoice
 from cubic.core.spec import Table, Topology
 from cubic.core.workloads import DEFAULT_WORKLOADS, generate_tables
@@ -35,15 +35,11 @@ def test_weight_averaging_is_the_shard_all_reduced_every_interval():
     t = Table(name="t", rows=100_000, dim=64)
     comm = CommModel.from_topology(TOPO8)
     nbytes = Storage.of(t.rows, t.dim).total
-    every_100 = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="weights", interval=100,
-                                    shard_bytes=nbytes)
+    every_100 = replica_sync_ms(4, 2, comm, mode="weights", interval=100, shard_bytes=nbytes)
     # replicas of a 2-rank group on an 8-rank node: all four on the node
     assert every_100 == pytest.approx(comm.all_reduce_ms(4, nbytes, 4) / 100)
-    assert cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="weights", interval=10,
-                               shard_bytes=nbytes) == pytest.approx(10 * every_100)
-    grads = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="gradients", interval=1, shard_bytes=nbytes)
-    assert grads > 0 and grads != every_100
-    assert cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 1, comm, mode="weights", interval=1, shard_bytes=nbytes) == 0
+    assert replica_sync_ms(4, 2, comm, mode="weights", interval=10, shard_bytes=nbytes) == pytest.approx(10 * every_100)
+    assert replica_sync_ms(1, 2, comm, mode="weights", interval=1, shard_bytes=nbytes) == 0
 
 
 def test_a_gradient_sync_is_the_touched_ids_gathered_and_their_union_reduced():
@@ -55,10 +51,66 @@ def test_a_gradient_sync_is_the_touched_ids_gathered_and_their_union_reduced():
     own = ids1[0] / 8  # the rows one group touched
     assert ids4[0] == ids1[0] and grads1[0] == pytest.approx(own * t.dim * 4)  # one replica: its own rows
     assert own * t.dim * 4 < grads4[0] < 4 * own * t.dim * 4  # the union: more than one's, fewer than the sum
-    grads = cross_group_sync_ms(t, t.rows, t.dim, 2, 512, 4, comm, mode="gradients", interval=1, shard_bytes=0)
-    assert grads == pytest.approx(replica_sync_ms(4, 2, comm, mode="gradients", interval=1, ids_bytes=ids4[0],
-                                                  grad_bytes=grads4[0]))
-    assert grads == pytest.approx(comm.all_gather_ms(4, ids4[0], 4) + comm.all_reduce_ms(4, grads4[0], 4))
+    # the runner's three collectives: the pieces' counts and the ids all-gathered, the union reduced
+    bucket = replica_sync_ms(4, 2, comm, mode="gradients", interval=1, ids_bytes=ids4[0], grad_bytes=grads4[0],
+                             pieces=3)
+    assert bucket == pytest.approx(comm.all_gather_ms(4, 3 * 8, 4) + comm.all_gather_ms(4, ids4[0], 4)
+                                   + comm.all_reduce_ms(4, grads4[0], 4))
+    assert piece_sync_bytes(t, t.rows, t.dim, 2, 512, 4, mode="gradients", shard_bytes=0) == (8, ids4[0], grads4[0])
+
+
+def _hand_plan(k: int, topo: Topology, sync: ReplicaSync):
+    """A 100k x 64 table whole (k=1) or in k column pieces, all on rank 0 of a 2-rank group."""
+    from sharding.types import Plan, Shard
+
+    t = Table(name="t", rows=100_000, dim=64)
+    shards = [Shard(table="t", sharding_type="table_wise" if k == 1 else "column_wise", rank=0, rows=t.rows,
+                    col_offset=j * t.dim // k, cols=t.dim // k) for j in range(k)]
+    return Plan(planner="hand", world_size=8, group_size=2, batch_size=512, topology=topo, tables=[t],
+                shards=shards, sync=sync)
+
+
+@pytest.mark.parametrize("mode", ["gradients", "weights"])
+def test_a_rank_s_pieces_sync_in_one_bucket_with_one_set_of_latencies(mode):
+    """The runner exchanges a rank's pieces in one set of collectives (ShardedEmbedding._sum_touched_rows;
+    one all-reduce under ``weights``); until stop 73 the plan's estimate paid the latencies per piece."""
+    sync = ReplicaSync(mode=mode, interval=1 if mode == "gradients" else 100)
+    topo = Topology(world_size=8, ranks_per_node=4, memory_per_rank_gb=4.0)  # replicas across nodes
+    comm = CommModel.from_topology(topo)
+    plan = _hand_plan(8, topo, sync)
+    t = plan.tables[0]
+    priced = plan_cost(plan, toy_estimator(), comm).per_rank
+    pieces = [piece_sync_bytes(t, s.rows, s.cols, 2, 512, 4, mode=mode, shard_bytes=s.storage().total)
+              for s in plan.shards]
+    kw = lambda b: {"shard_bytes": b[0]} if mode == "weights" else {"ids_bytes": b[1], "grad_bytes": b[2]}  # noqa: E731
+    total = [sum(p[i] for p in pieces) for i in range(len(pieces[0]))]  # the bucket's bytes per collective
+    bucket = replica_sync_ms(4, 2, comm, mode=mode, interval=sync.interval, pieces=8, **kw(total))
+    assert priced[0].sync_ms == pytest.approx(bucket) and priced[1].sync_ms == 0  # rank 1 holds nothing
+    per_piece = sum(replica_sync_ms(4, 2, comm, mode=mode, interval=sync.interval, **kw(p)) for p in pieces)
+    latencies = replica_sync_ms(4, 2, comm, mode=mode, interval=sync.interval, shard_bytes=1, ids_bytes=1,
+                                grad_bytes=1)
+    assert per_piece - bucket > 6 * latencies  # seven sets of latencies not paid
+
+
+@pytest.mark.parametrize("mode", ["gradients", "weights"])
+def test_the_planner_s_own_sum_is_the_plan_s_bucketed_sync(mode):
+    """A planner adds a rank's sync up piece by piece (cost_models.comm.SyncLine: the bucket's latencies
+    once, each piece's bytes at the bucket's slope): its per-rank sync is the estimate's, near enough."""
+    from sharding.planners import planner_context
+
+    sync = ReplicaSync(mode=mode, interval=1 if mode == "gradients" else 100)
+    tables = generate_tables(16, seed=3)
+    topo = Topology(world_size=16, ranks_per_node=4, memory_per_rank_gb=4.0)  # four replicas, one per node
+    plan = make_planner("greedy", estimator=toy_estimator()).plan(tables, topo, 256, 4, sync)
+    ctx = planner_context(tables, topo, 256, 4, toy_estimator(), sync=sync)
+    own = [ctx.sync_line.fixed_ms] * 4
+    by_table = {t.name: t for t in tables}
+    for s in plan.shards:
+        if s.sharding_type != "data_parallel":
+            own[s.rank] += ctx.unit(by_table[s.table], s.sharding_type, s.row_offset, s.rows, s.col_offset,
+                                    s.cols).sync_ms
+    priced = [r.sync_ms for r in plan.predicted.per_rank]
+    assert own == pytest.approx(priced, rel=0.02)
 
 
 def test_the_step_model_exchanges_what_the_planner_prices_under_a_gradient_sync():

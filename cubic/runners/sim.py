@@ -36,8 +36,10 @@ from sharding.types import ReplicaSync
 # old figures (tests/test_runners_sim_version.py pins them). 2: plans from sharding.from_config (greedy planner,
 # one comm model); 3: the dense sites are the real model's (names, Wukong dense embeddings, norms, placements);
 # 4: a 2D group's plan is priced with the replica sync the step simulates (sharding.types.ReplicaSync);
-# 5: a gradients sync is what the runner exchanges (touched ids all-gathered, the union's rows all-reduced)
-STEP_MODEL_VERSION = 5
+# 5: a gradients sync is what the runner exchanges (touched ids all-gathered, the union's rows all-reduced);
+# 6: ... the touched-row counts all-gathered too, the runner's third collective, and a rank's pieces priced as one
+# bucket by the planners too (cost_models.comm.rank_sync_ms, SyncLine): 2D plans move
+STEP_MODEL_VERSION = 6
 # what a simulated step has and has not been checked against: said under every simulated figure
 SIM_CHECKED = ("SIMULATED by the analytical step model: its collectives were never timed on a GPU cluster (its CPU "
                "calibration times single-process steps); its one multi-process check, 2D against 1D in 4 gloo "

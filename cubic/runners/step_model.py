@@ -21,9 +21,9 @@ What one step is, per rank, on the critical path (TorchRec-style hybrid parallel
 7. 2D sparse parallelism only: synchronisation of each shard across its ``world_size / group_size``
    replicas -- by default TorchRec ``DMPCollection.sync()``-style averaging of the shard's weights and
    optimizer state every ``emb_sync_interval`` steps (amortized per step); with
-   ``emb_sync="gradients"``, every step the touched ids all-gathered and the gradients of every row
-   touched by any replica (the union of the replicas' Zipf draws) all-reduced, as the runner does
-   (cost_models.comm.replica_sync_ms, the planner's rule too), one bucket per rank;
+   ``emb_sync="gradients"``, every step the touched rows' counts and ids all-gathered and the gradients
+   of every row touched by any replica (the union of the replicas' Zipf draws) all-reduced, as the
+   runner does, one bucket per rank (cost_models.comm.rank_sync_ms, the plan estimate's rule too);
 8. dense optimizer (Adam: bandwidth-bound read/write of params, grads and two moments).
 
 Every collective is alpha-beta (Hockney): a latency per collective step, a per-peer overhead for
@@ -53,7 +53,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from cost_models.comm import CommModel, replica_sync_ms, touched_row_sync_bytes
+from cost_models.comm import CommModel, rank_sync_ms
 from cost_models.access import zipf_stats  # noqa: F401  (re-exported: the step model's access model)
 from cost_models.gpu_embedding import lookup_time_s
 from cost_models.gpu_gemm import DEFAULT_CONSTANTS, GemmConstants, gemm_time_s, linear_block_kernels
@@ -619,24 +619,16 @@ def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad
     dp_bytes = dc.params * grad_bytes + float((sh.rows * sh.cols * EMB_BYTES)[sh.dp].sum()) / max(G, 1)
     t_ar = allreduce_ms(dp_bytes, rpn, nodes, cluster, params) / 1e3
 
-    # 2D: each rank's bucket of shards kept in step with its replicas (cost_models.comm.replica_sync_ms)
+    # 2D: each rank's bucket of shards kept in step with its replicas (cost_models.comm.rank_sync_ms)
     R = W // G
     t_sync = 0.0
     sync_bytes = 0.0
     if R > 1 and mp.any():
         comm = cluster_comm(cluster, params)
-        mode, interval = params.emb_sync, params.emb_sync_interval
-        if mode == "gradients":
-            ids_b, grad_b = touched_row_sync_bytes(sh.rows[mp], sh.cols[mp], sh.alpha[mp], sh.n_ids[mp], R)
-            ids_r = np.bincount(sh.rank[mp], weights=ids_b, minlength=G)
-            grad_r = np.bincount(sh.rank[mp], weights=grad_b, minlength=G)
-            per_rank = [replica_sync_ms(R, G, comm, mode=mode, interval=1, ids_bytes=a, grad_bytes=b)
-                        for a, b in zip(ids_r, grad_r)]
-            sync_bytes = float((ids_r + grad_r).max())
-        else:
-            held = np.bincount(sh.rank[mp], weights=sh.shard_bytes(sgd_emb)[mp], minlength=G)
-            per_rank = [replica_sync_ms(R, G, comm, mode=mode, interval=interval, shard_bytes=b) for b in held]
-            sync_bytes = float(held.max())
+        per_rank, sent = rank_sync_ms(sh.rank[mp], G, R, comm, mode=params.emb_sync,
+                                      interval=params.emb_sync_interval, shard_bytes=sh.shard_bytes(sgd_emb)[mp],
+                                      rows=sh.rows[mp], cols=sh.cols[mp], alpha=sh.alpha[mp], draws=sh.n_ids[mp])
+        sync_bytes = float(sent.max())
         t_sync = float(max(per_rank)) / 1e3
     return _Comm(t_in, t_out, t_ar, t_sync, ids_pp, out_pp, dp_bytes, sync_bytes)
 
