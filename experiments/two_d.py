@@ -497,13 +497,20 @@ def _stored_payload(d: dict, resolve: list[int], runs: list[dict]) -> dict:
 
 
 def _stored_run(name: str, flag: str) -> tuple[Path, dict]:
-    """The stored result file ``flag`` works on (ExtendError, naming the flag, when there is none)."""
+    """The stored result file ``flag`` works on (ExtendError, naming the flag, when there is none or it
+    lacks a field this code reads)."""
     from experiments.common import RESULTS
 
     path = RESULTS / f"{name}.json"
     if not path.exists():
         raise ExtendError(f"{flag}: no stored run at {path} (run experiments/two_d.py first)")
-    return path, json.loads(path.read_text())
+    d = json.loads(path.read_text())
+    for field in ("seeds", "resolve_seeds", "runs", "speed"):  # what this code re-reads; older files lack some
+        if field not in d:
+            raise ExtendError(f"{flag}: {path}: no field {field!r} (written by code {d.get('code_version')}, "
+                              f"older than this analysis: measure it afresh, experiments/two_d.py"
+                              f"{' --quick' if d.get('quick') else ''})")
+    return path, d
 
 
 def _reanalysed_stamp() -> dict:

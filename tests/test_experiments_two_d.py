@@ -65,7 +65,7 @@ def _speed_row(case, measured, predicted):
             "measured_ratio_vs_1d": measured / 30.0, "predicted_ratio_vs_1d": predicted / 5.0}
 
 
-def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_context(tmp_path, monkeypatch):
+def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_context(tmp_path, monkeypatch, capsys):
     import experiments.common as common
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
@@ -87,6 +87,12 @@ def test_reanalyse_rebuilds_the_targets_from_the_stored_runs_and_keeps_their_con
     grad = out["targets"]["per-step gradient sync: |NE cost vs 1D| inside +-0.1% (measured, 95% CI)"]
     assert grad["met"] is False and grad["reason"].startswith("3 seeds leave a half-width of")
     assert grad["reason"].endswith("see the early-loss target)") and (tmp_path / "two_d.png").exists()
+    # a file written before a field this analysis reads: one line naming the file and field, exit 2
+    del stored["resolve_seeds"]
+    common.write_result("two_d", stored)
+    assert two_d.main(["--reanalyse", "--no-quality-file"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--reanalyse: ") and "two_d.json: no field 'resolve_seeds'" in err and "\n" not in err
 
 
 def test_speed_measures_the_speed_section_again_and_keeps_the_quality_runs(tmp_path, monkeypatch):
