@@ -111,10 +111,11 @@ class Context:
             self._vec_cache[key] = shard_vector(t, rows, cols, batch)
         storage = Storage.of(rows, cols).total
         skey = ("sync", t.name, rows, cols)
-        if skey not in self._vec_cache:  # what a piece adds to its rank's sync (a Zipf sum): once per shape
+        # what a piece adds to its rank's 2D sync (a Zipf sum): once per piece shape; one group syncs nothing
+        if self.replicas > 1 and skey not in self._vec_cache:
             self._vec_cache[skey] = self.sync_line.piece_ms(piece_sync_bytes(
                 t, rows, cols, self.group, self.batch, self.replicas, mode=self.sync.mode, shard_bytes=storage))
-        sync = self._vec_cache[skey]
+        sync = self._vec_cache.get(skey, 0.0)
         return Unit(t, kind, ro, rows, co, cols, self._vec_cache[key], t.pooling_factor * rows / t.rows,
                     storage, sync, fixed=fixed)
 
