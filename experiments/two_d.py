@@ -180,22 +180,35 @@ def summarise(runs):
 def run_speed(steps, log=print, looks: int = 0):
     """4 gloo processes: full sharding vs 2D (G = 2) per sync, measured, beside the step model; then
     ``looks`` fresh re-measurements of the three cases (each row's ``looks_*``: the first look and the
-    fresh ones), so that the ratio target is judged on more than one look."""
+    fresh ones), so that the ratio target is judged on more than one look. Then the same three cases on
+    2 processes, a core each (``one_core_each``: the regime the model describes, so whether sharing a
+    core explains the 4-process miss is measured, not assumed)."""
+    speed = speed_cases(4, steps, log, looks)
+    log("one core each (2 processes):")
+    speed["one_core_each"] = speed_cases(2, steps, log, looks)
+    return speed
+
+
+def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
+    """Full sharding (G = processes) vs 2D (G = processes / 2) per sync on ``processes`` gloo processes,
+    measured ``1 + looks`` times, beside the step model."""
     from experiments.common import calibration_origin
     from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
     from cubic.runners.step_model import predict_step
 
+    P, g = processes, processes // 2
     wl = study_workload(0)
-    plans = {4: make_plan(wl, 4, 4), 2: make_plan(wl, 4, 2)}
-    cases = [("1d (full sharding, G=4)", 4, None, None), ("2D G=2, gradient sync", 2, "gradients", None),
-             ("2D G=2, averaging every 100", 2, "weights", 100)]
+    plans = {P: make_plan(wl, P, P), g: make_plan(wl, P, g)}
+    cases = [(f"1d (full sharding, G={P})", P, None, None), (f"2D G={g}, gradient sync", g, "gradients", None),
+             (f"2D G={g}, averaging every 100", g, "weights", 100)]
     # the links are a gloo calibration (the user's, else the packaged one: 'links' says whose machine):
     # with free links the model could not see the sync's cost
-    cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=4)
+    cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=P)
     links = calibration_origin()
     params = cpu_params(1).model_copy(update=comm)
-    runner = DistributedRunner(world_size=4, timeout_s=3600, verify=False, threads=1)
+    runner = DistributedRunner(world_size=P, timeout_s=3600, verify=False, threads=1)
+    cores = os.cpu_count() or 1
 
     def measured(name, cfg, look):
         res = runner.run(wl, cfg, steps=steps, warmup=5)
@@ -204,26 +217,26 @@ def run_speed(steps, log=print, looks: int = 0):
         return res
 
     rows = []
-    for name, g, sync, interval in cases:
-        cfg = variant_config(plans[g], 0, "rowwise_adagrad", sync, interval)
+    for name, gs, sync, interval in cases:
+        cfg = variant_config(plans[gs], 0, "rowwise_adagrad", sync, interval)
         res = measured(name, cfg, 1)
         m = res.metrics
-        pred = predict_step(wl, cfg, cluster, 4, params)  # batch: per rank, as the plan
-        rows.append({"case": name, "group_size": g, "sync": sync, "sync_interval": interval,
+        pred = predict_step(wl, cfg, cluster, P, params)  # batch: per rank, as the plan
+        rows.append({"case": name, "group_size": gs, "sync": sync, "sync_interval": interval,
                      "measured_step_ms": m["step_time_median_ms"],
                      "measured_step_ms_ci95": [m["step_time_ci_lo_ms"], m["step_time_ci_hi_ms"]],
                      "measured_sync_ms_mean": m["sync_time_mean_ms"], "measured_comm_ms_median": m["comm_time_median_ms"],
                      "predicted_step_ms": pred.step_s * 1e3, "predicted_phases_ms": pred.standard_phases_ms(),
                      "predicted_sync_ms": pred.phases_s["embedding_sync"] * 1e3,
-                     **sync_volume(res, plans[g], wl, sync)})
+                     **sync_volume(res, plans[gs], wl, sync)})
         log(f"{name}: measured {m['step_time_median_ms']:.1f} ms [{m['step_time_ci_lo_ms']:.1f}, "
             f"{m['step_time_ci_hi_ms']:.1f}], sync {m['sync_time_mean_ms']:.2f} ms/step; modelled {pred.step_s * 1e3:.1f} ms"
             f", sync {pred.phases_s['embedding_sync'] * 1e3:.2f} ms/step")
     for r in rows:
         r["looks_measured_step_ms"] = [r["measured_step_ms"]]
     for k in range(looks):
-        for r, (name, g, sync, interval) in zip(rows, cases):
-            res = measured(name, variant_config(plans[g], 0, "rowwise_adagrad", sync, interval), k + 2)
+        for r, (name, gs, sync, interval) in zip(rows, cases):
+            res = measured(name, variant_config(plans[gs], 0, "rowwise_adagrad", sync, interval), k + 2)
             r["looks_measured_step_ms"].append(res.metrics["step_time_median_ms"])
         log(f"look {k + 2}: " + ", ".join(f"{r['case']} {r['looks_measured_step_ms'][-1]:.1f} ms" for r in rows))
     b = rows[0]
@@ -231,12 +244,15 @@ def run_speed(steps, log=print, looks: int = 0):
         r["measured_ratio_vs_1d"] = r["measured_step_ms"] / b["measured_step_ms"]
         r["predicted_ratio_vs_1d"] = r["predicted_step_ms"] / b["predicted_step_ms"]
         r["looks_measured_ratio_vs_1d"] = [x / y for x, y in zip(r["looks_measured_step_ms"], b["looks_measured_step_ms"])]
-    return {"processes": 4, "cores": 2, "threads_per_process": 1, "steps": steps, "workload": wl.name,
+    shared = P > cores
+    return {"processes": P, "cores": cores, "threads_per_process": 1, "steps": steps, "workload": wl.name,
             "looks": 1 + looks,
-            "note": ("MEASURED: 4 gloo processes on 2 cores (2 processes per core: contention is in every figure); "
-                     "MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one device "
-                     "per rank (it does not model 2 processes sharing a core), links from the gloo all-to-all "
-                     f"calibration {links['file']} (cubic.runners.calibration.cpu_gloo_cluster), {links['where']}"),
+            "note": (f"MEASURED: {P} gloo processes on {cores} cores ("
+                     + ("processes share cores: contention is in every figure" if shared else "a core each or more")
+                     + "); MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one "
+                     "device per rank" + (" (it does not model processes sharing a core)" if shared else "")
+                     + f", links from the gloo all-to-all calibration {links['file']} "
+                     f"(cubic.runners.calibration.cpu_gloo_cluster), {links['where']}"),
             "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
@@ -246,7 +262,7 @@ def sync_volume(res, plan, wl, sync: str | None) -> dict:
     """A gradient sync's bytes on rank 0 per step: counted by the runner (MEASURED) beside the rule the
     planner and the step model price (MODELLED, cost_models.comm.touched_row_sync_bytes over rank 0's pieces);
     and the ms rank 0 spent inside its three collectives (MEASURED; the rest of the sync finds and merges rows)."""
-    from cost_models.comm import touched_row_sync_bytes
+    from cost_models.comm import group_draws, touched_row_sync_bytes
 
     counted = (res.extra.get("two_d") or {}).get("sync_volume_rank0")
     if sync != "gradients" or not counted:
@@ -257,7 +273,7 @@ def sync_volume(res, plan, wl, sync: str | None) -> dict:
         if sh.rank == 0 and sh.sharding_type != "data_parallel":
             t = tables[sh.table]
             ids, grads = touched_row_sync_bytes(sh.rows, sh.cols, t.access.effective_alpha(),
-                                                G * plan.batch_size * t.pooling_factor * sh.rows / t.rows, R)
+                                                group_draws(t, sh.rows, G, plan.batch_size), R)
             modelled += float(ids[0] + grads[0])
     measured = counted["ids_bytes_per_sync"] + counted["grad_bytes_per_sync"]
     return {"measured_sync_bytes_rank0": measured, "modelled_sync_bytes_rank0": modelled,
@@ -294,19 +310,62 @@ def unresolved_reason(st: dict) -> str:
     return why
 
 
+def ratio_errors(speed: dict) -> list[float]:
+    """The step model's worst 2D/1D ratio error over the 2D cases, per look (the first look first)."""
+    rows = speed["rows"][1:]
+    first = max(abs(r["predicted_ratio_vs_1d"] / r["measured_ratio_vs_1d"] - 1.0) for r in rows)
+    return [first] + [max(abs(r["predicted_ratio_vs_1d"] / r["looks_measured_ratio_vs_1d"][k] - 1.0) for r in rows)
+                      for k in range(1, speed.get("looks", 1))]
+
+
+def _sync_text(rows) -> str:
+    return ", ".join(f"{r['case']}: {r['measured_sync_ms_mean']:.1f} ms/step"
+                     + (f", modelled {r['predicted_sync_ms']:.2f}" if "predicted_sync_ms" in r else "")
+                     + (f", its bytes modelled at {r['sync_bytes_modelled_over_measured']:.2f}x the runner's count"
+                        if "sync_bytes_modelled_over_measured" in r else "")
+                     + (f", {r['measured_sync_collectives_ms_rank0']:.1f} ms of it inside the collectives on rank 0"
+                        if "measured_sync_collectives_ms_rank0" in r else "") for r in rows)
+
+
+def one_core_each(speed: dict) -> dict | None:
+    """The same check with a core per process (``speed['one_core_each']``, runs since stop 73): whether
+    sharing cores explains the 4-process miss, measured."""
+    sp = speed.get("one_core_each")
+    if not sp:
+        return None
+    from cubic.core.stats import mean_interval
+
+    errs = ratio_errors(sp)
+    out = {"processes": sp["processes"], "cores": sp["cores"], "ratio_error_first_look": errs[0],
+           "label": "measured vs modelled, a core per process (not a target: the evidence for the 4-process reason)"}
+    if len(errs) > 1:
+        mean, lo, hi = mean_interval(errs)
+        out["ratio_error_over_looks"] = {"looks": len(errs), "per_look": errs, "mean": mean, "ci95": [lo, hi]}
+    worst = max(errs[0], out.get("ratio_error_over_looks", {}).get("mean", 0.0))
+    out["holds"] = bool(worst <= RATIO_TOLERANCE)
+    out["text"] = (f"with a core per process ({sp['processes']} processes on {sp['cores']} cores) the ratio error is "
+                   f"{errs[0]:.0%} on the first look"
+                   + (f", {out['ratio_error_over_looks']['mean']:.0%} [{out['ratio_error_over_looks']['ci95'][0]:.0%}, "
+                      f"{out['ratio_error_over_looks']['ci95'][1]:.0%}] over {len(errs)} looks" if len(errs) > 1 else "")
+                   + (": within the bar, as sharing cores being the 4-process miss would have it"
+                      if out["holds"] else ": past the bar too, so sharing cores does not explain the miss alone")
+                   + " (" + _sync_text(sp["rows"][1:]) + ")")
+    return out
+
+
 def speed_target(speed: dict) -> dict:
     """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case. With
     fresh looks recorded, the error is also judged over them: met only when the first look and the mean
-    over the looks both meet it (one look's error moved 0.17-0.31 between three re-measurements)."""
+    over the looks both meet it (one look's error moved 0.17-0.31 between three re-measurements). A miss's
+    reason says what the same check gave with a core per process (:func:`one_core_each`)."""
     from cubic.core.stats import mean_interval
 
     rows = speed["rows"][1:]
-    err = max(abs(r["predicted_ratio_vs_1d"] / r["measured_ratio_vs_1d"] - 1.0) for r in rows)
+    per_look = ratio_errors(speed)
+    err = per_look[0]
     t = {"measured": err, "target": RATIO_TOLERANCE, "met": bool(err <= RATIO_TOLERANCE),
          "ratios": {r["case"]: {"measured": r["measured_ratio_vs_1d"], "modelled": r["predicted_ratio_vs_1d"]}
                     for r in rows}}
-    per_look = [max(abs(r["predicted_ratio_vs_1d"] / r["looks_measured_ratio_vs_1d"][k] - 1.0) for r in rows)
-                for k in range(speed.get("looks", 1))] if speed.get("looks", 1) > 1 else [err]
     over = ""
     if len(per_look) > 1:
         mean, lo, hi = mean_interval(per_look)
@@ -320,20 +379,18 @@ def speed_target(speed: dict) -> dict:
         elif t["met"] and hi > RATIO_TOLERANCE:
             t["note"] = (f"met on the first look and over {len(per_look)} looks (mean {mean:.0%}), but the mean's "
                          f"95% interval [{lo:.0%}, {hi:.0%}] reaches past {RATIO_TOLERANCE:.0%}: not resolved")
+    one = one_core_each(speed)
+    if one:
+        t["one_core_each"] = one
     if err > RATIO_TOLERANCE or not t["met"]:
         b = speed["rows"][0]
         t["reason"] = t.get("reason", f"{err:.0%} on the first look{over}") + ": " + (
             f"the model prices 1D at {b['predicted_step_ms']:.1f} ms against {b['measured_step_ms']:.1f} ms measured: "
-            "it gives each rank a core of its own (here 4 processes share 2) and prices a collective as the gloo "
-            "calibration's alpha-beta line, while the measured sync ("
-            + ", ".join(f"{r['case']}: {r['measured_sync_ms_mean']:.1f} ms/step"
-                        + (f", modelled {r['predicted_sync_ms']:.2f}" if "predicted_sync_ms" in r else "")
-                        + (f", its bytes modelled at {r['sync_bytes_modelled_over_measured']:.2f}x the runner's count"
-                           if "sync_bytes_modelled_over_measured" in r else "")
-                        + (f", {r['measured_sync_collectives_ms_rank0']:.1f} ms of it inside the collectives on rank 0"
-                           if "measured_sync_collectives_ms_rank0" in r else "") for r in rows)
-            + ") also pays for finding and merging the touched rows and for waiting on a descheduled peer; the "
-              "simulator's 2D speed figures are not validated by this machine")
+            f"it gives each rank a core of its own (here {speed.get('processes', 4)} processes share "
+            f"{speed.get('cores', 2)}) and prices a collective as the gloo calibration's alpha-beta line, while the "
+            "measured sync (" + _sync_text(rows) + ") also pays for finding and merging the touched rows"
+            + ("; " + one["text"] if one else " and for waiting on a descheduled peer")
+            + "; the simulator's 2D speed figures are not validated by this machine")
     return {f"step model: 2D/1D step-time ratio within {RATIO_TOLERANCE:.0%} of the measured ratio "
             "(modelled vs measured, 4 gloo processes)": t}
 

@@ -140,6 +140,26 @@ def test_the_ratio_target_is_judged_over_fresh_looks_too():
     assert old["met"] is True and "over_looks" not in old  # a stored file of one look reads as before
 
 
+def test_a_ratio_miss_says_what_a_core_per_process_measured():
+    """The 4-process miss's reason cites the same check on 2 processes, a core each, and says which way it
+    went: the sharing-cores explanation is measured, not assumed."""
+    def speed(measured_2d, processes, cores):
+        one = {**_speed_row("1d", 30.0, 5.0), "looks_measured_ratio_vs_1d": [1.0, 1.0]}
+        two = {**_speed_row("2D grad", measured_2d, 6.0), "looks_measured_ratio_vs_1d": [measured_2d / 30.0] * 2}
+        return {"processes": processes, "cores": cores, "looks": 2, "rows": [one, two]}
+
+    for core_2d, holds in ((36.0, True), (60.0, False)):  # modelled ratio 1.2: measured 1.2, or 2.0
+        sp = {**speed(50.0, 4, 2), "one_core_each": speed(core_2d, 2, 2)}
+        (_, t), = two_d.speed_target(sp).items()
+        assert t["met"] is False and t["one_core_each"]["holds"] is holds
+        assert t["one_core_each"]["ratio_error_first_look"] == pytest.approx(abs(1.2 / (core_2d / 30.0) - 1))
+        assert "with a core per process (2 processes on 2 cores)" in t["reason"]
+        assert ("within the bar" in t["reason"]) is holds and ("does not explain" in t["reason"]) is (not holds)
+        assert "descheduled peer" not in t["reason"]
+    (_, stored), = two_d.speed_target(speed(50.0, 4, 2)).items()  # a file from before the look: as before
+    assert "one_core_each" not in stored and "descheduled peer" in stored["reason"]
+
+
 def test_extend_to_adds_seeds_measured_here_after_the_last_stored_seed_comes_back(tmp_path, monkeypatch, capsys):
     import experiments.common as common
 
