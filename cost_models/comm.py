@@ -49,7 +49,8 @@ ID_BYTES = 8
 FP32 = 4
 # what the 2D gradient sync's price has been held to (tests/test_runners_sim.py ties it to the results file)
 GRADIENT_SYNC_CHECKED = ("a 2D gradient sync moved the bytes the model prices but took several times its modelled "
-                         "time (experiments/two_d.py, 4 gloo processes on 2 cores: results/two_d.json)")
+                         "time, its collectives alone over twice it with a core per process too (experiments/two_d.py, "
+                         "4 and 2 gloo processes on 2 cores: results/two_d.json)")
 
 
 USER_CALIBRATION_NAME = "comm_calibration.json"

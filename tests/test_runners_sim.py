@@ -191,6 +191,9 @@ def test_the_step_models_one_multi_process_check_is_said_as_it_stands():
     assert GRADIENT_SYNC_CHECKED in SIM_CHECKED
     assert ("moved the bytes the model prices but took several times its modelled time" in GRADIENT_SYNC_CHECKED) == (
         moved and slower)
+    (own_core,) = [r for r in doc["speed"]["one_core_each"]["rows"] if r["sync"] == "gradients"]
+    twice = own_core["measured_sync_collectives_ms_rank0"] > 2 * own_core["predicted_sync_ms"]
+    assert ("its collectives alone over twice it with a core per process too" in GRADIENT_SYNC_CHECKED) == twice
 
 
 def test_a_calibration_from_another_cluster_says_so(tmp_path, capsys):
