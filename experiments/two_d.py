@@ -261,7 +261,8 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
 def sync_volume(res, plan, wl, sync: str | None) -> dict:
     """A gradient sync's bytes on rank 0 per step: counted by the runner (MEASURED) beside the rule the
     planner and the step model price (MODELLED, cost_models.comm.touched_row_sync_bytes over rank 0's pieces);
-    and the ms rank 0 spent inside its three collectives (MEASURED; the rest of the sync finds and merges rows)."""
+    and the ms rank 0 spent inside its three collectives (MEASURED; the rest of the sync finds and merges rows),
+    and of those, waiting for a replica peer to arrive (MEASURED, cubic.runners.distributed._peer_wait)."""
     from cost_models.comm import group_draws, touched_row_sync_bytes
 
     counted = (res.extra.get("two_d") or {}).get("sync_volume_rank0")
@@ -278,7 +279,9 @@ def sync_volume(res, plan, wl, sync: str | None) -> dict:
     measured = counted["ids_bytes_per_sync"] + counted["grad_bytes_per_sync"]
     return {"measured_sync_bytes_rank0": measured, "modelled_sync_bytes_rank0": modelled,
             "sync_bytes_modelled_over_measured": modelled / measured,
-            "measured_sync_collectives_ms_rank0": counted["collective_ms_per_sync"]}
+            "measured_sync_collectives_ms_rank0": counted["collective_ms_per_sync"],
+            **({"measured_sync_peer_wait_ms_rank0": counted["peer_wait_ms_per_sync"]}
+               if "peer_wait_ms_per_sync" in counted else {})}
 
 
 def unresolved_reason(st: dict) -> str:
@@ -324,7 +327,9 @@ def _sync_text(rows) -> str:
                      + (f", its bytes modelled at {r['sync_bytes_modelled_over_measured']:.2f}x the runner's count"
                         if "sync_bytes_modelled_over_measured" in r else "")
                      + (f", {r['measured_sync_collectives_ms_rank0']:.1f} ms of it inside the collectives on rank 0"
-                        if "measured_sync_collectives_ms_rank0" in r else "") for r in rows)
+                        if "measured_sync_collectives_ms_rank0" in r else "")
+                     + (f" ({r['measured_sync_peer_wait_ms_rank0']:.1f} of those waiting for a replica peer to arrive)"
+                        if "measured_sync_peer_wait_ms_rank0" in r else "") for r in rows)
 
 
 def one_core_each(speed: dict) -> dict | None:

@@ -82,6 +82,8 @@ def test_a_gradient_sync_exchanges_the_volumes_the_cost_models_price():
     assert measured["grad_bytes_per_sync"] == pytest.approx(grads, rel=0.15)
     # the collectives' own time, a part of the sync's (which also finds and merges the rows)
     assert 0 < measured["collective_ms_per_sync"] < measured["sync_ms_per_sync"]
+    # ... of which some waited for the replica peer to arrive (one host's clock, gloo: measured here)
+    assert 0 <= measured["peer_wait_ms_per_sync"] <= measured["collective_ms_per_sync"]
 
 
 def test_weight_averaging_trains_replicas_apart_between_syncs():

@@ -361,6 +361,28 @@ def never_synced_note(sync: str, interval: int, total: int) -> str | None:
             "sharding.sync_interval)")
 
 
+def _peer_wait(emb, two_d: TwoD | None, world: int, dev: torch.device) -> None:
+    """Under a gradient sync, the part of rank 0's time inside its sync collectives spent waiting for the
+    last of its replica peers to arrive (``sync_volume["peer_wait_s"]``, over the calls kept in
+    ``sync_calls``): a collective ends when the last peer arrives plus the exchange, so the rest is the
+    exchange the comm model prices. Gloo's collectives are synchronous and the ranks share one host's
+    monotonic clock (else nothing is recorded). Every rank joins: one all-reduce, after training."""
+    import torch.distributed as dist
+
+    if (two_d is None or two_d.sync != "gradients" or world <= 1 or dev.type != "cpu"
+            or os.environ.get("LOCAL_WORLD_SIZE", str(world)) != str(world)):
+        return
+    calls = list(emb.sync_calls)
+    starts = torch.zeros(world, len(calls), dtype=torch.float64)
+    starts[dist.get_rank()] = torch.tensor([t0 for t0, _ in calls], dtype=torch.float64)
+    dist.all_reduce(starts)
+    peers = starts[0::two_d.group_size]  # rank 0's replica group: ranks 0, G, 2G, ...
+    if dist.get_rank() == 0 and calls:
+        wait = (peers.max(dim=0).values - peers[0]).clamp(min=0.0)
+        spent = torch.tensor([dt for _, dt in calls], dtype=torch.float64)
+        emb.sync_volume["peer_wait_share"] = float(torch.minimum(wait, spent).sum() / spent.sum())
+
+
 def _add_two_d(metrics: dict[str, float], extra: dict[str, Any], two_d: TwoD, replica_ne: list[float],
                optimizer: str, total: int, emb=None) -> None:
     """The 2D layout's figures; ``ne_end`` becomes the mean over replicas of each one's own NE; under a
@@ -378,6 +400,9 @@ def _add_two_d(metrics: dict[str, float], extra: dict[str, Any], two_d: TwoD, re
             "ids_bytes_per_sync": vol["ids_bytes"] / n, "grad_bytes_per_sync": vol["grad_bytes"] / n,
             "collective_ms_per_sync": 1e3 * vol["collective_s"] / n, "sync_ms_per_sync": 1e3 * emb.sync_s / n,
             "syncs": n}
+        if "peer_wait_share" in vol:  # of the collectives' time, waiting for a replica peer to arrive
+            extra["two_d"]["sync_volume_rank0"]["peer_wait_ms_per_sync"] = (
+                vol["peer_wait_share"] * 1e3 * vol["collective_s"] / n)
     note = never_synced_note(two_d.sync, two_d.interval, total)
     if note:  # printed under the run's figures (cubic.cli.run_report)
         extra.setdefault("notes", []).append(note)
@@ -433,6 +458,7 @@ def run_worker(workload: Workload, config: Config, plan: Plan | None, *, steps: 
     eval_at = sorted({0, total, *range(every, total, every)})
     run = _train_rank(session, dev, emb, warmup=warmup, total=total, eval_at=eval_at)
     mem = peak_memory(dev)
+    _peer_wait(emb, two_d, world, dev)
     step_ms, sync_ms, replica_ne = _reduce_over_ranks(run, mem, dev=dev, world=world, two_d=two_d)
     if rank != 0:
         return None

@@ -6,6 +6,7 @@ of G ranks hold the plan's shards; replicas kept in step by gradient or weight s
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from torch import nn
 
 from cubic.core.spec import Workload
 from sharding.types import Plan, ReplicaSync
+
+SYNC_CALLS_KEPT = 3 * 1024  # the last ~1,000 gradient syncs' collectives (three each)
 
 
 # -- 2D layout -------------------------------------------------------------------------------------
@@ -116,6 +119,9 @@ class ShardedEmbedding(nn.Module):
         # cost_models.comm.touched_row_sync_bytes models; and the seconds inside the three collectives
         # (the rest of sync_s is finding and merging the rows)
         self.sync_volume = {"syncs": 0, "ids_bytes": 0, "grad_bytes": 0, "collective_s": 0.0}
+        # each sync collective's (start, seconds), the latest few thousand: set beside the replica peers'
+        # starts after the run (cubic.runners.distributed._peer_wait), the part of it spent waiting for a peer
+        self.sync_calls: deque[tuple[float, float]] = deque(maxlen=SYNC_CALLS_KEPT)
         self.steps_taken = 0
         self._optimizer: torch.optim.Optimizer | None = None
         sharded = [s for s in plan.shards if s.sharding_type != "data_parallel"]
@@ -230,10 +236,13 @@ class ShardedEmbedding(nn.Module):
         self.comm_s += dt
 
     def _collective(self, op, *args, **kwargs) -> None:
-        """One collective of the gradient sync, its seconds added to ``sync_volume``."""
-        t0 = time.perf_counter()
+        """One collective of the gradient sync, its seconds added to ``sync_volume``, its start and
+        seconds kept in ``sync_calls``."""
+        t0 = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for every process of a host
         op(*args, **kwargs)
-        self.sync_volume["collective_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.sync_volume["collective_s"] += dt
+        self.sync_calls.append((t0, dt))
 
     def _sum_touched_rows(self) -> None:
         """All-reduce over the replica group of the gradient rows any replica touched: the union of
