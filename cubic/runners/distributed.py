@@ -363,8 +363,8 @@ def never_synced_note(sync: str, interval: int, total: int) -> str | None:
 
 def _peer_wait(emb, two_d: TwoD | None, world: int, dev: torch.device) -> None:
     """Under a gradient sync, the part of rank 0's time inside its sync collectives spent waiting for the
-    last of its replica peers to arrive (``sync_volume["peer_wait_s"]``, over the calls kept in
-    ``sync_calls``): a collective ends when the last peer arrives plus the exchange, so the rest is the
+    last of its replica peers to arrive (``sync_volume["peer_wait_share"]``, a share of the seconds of the
+    calls kept in ``sync_calls``): a collective ends when the last peer arrives plus the exchange, so the rest is the
     exchange the comm model prices. Gloo's collectives are synchronous and the ranks share one host's
     monotonic clock (else nothing is recorded). Every rank joins: one all-reduce, after training."""
     import torch.distributed as dist
