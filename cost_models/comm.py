@@ -394,18 +394,20 @@ class SyncLine:
     """A rank's replica sync as a planner adds it up piece by piece: ``fixed_ms`` once per rank, plus
     ``per_byte_ms`` times each piece's bytes per collective. The line touches the bucket's real cost
     (:func:`replica_sync_ms`: collectives' latencies once, a ring or a tree, whichever is cheaper) at
-    ``at``, an even share of the group's bytes, so a rank near it is priced as its bucket is."""
+    ``bucket`` (bytes per collective), an even share of the group's, so a rank near it is priced as its
+    bucket is."""
 
     fixed_ms: float
     per_byte_ms: tuple
 
     @classmethod
-    def at(cls, replicas: int, group: int, model: CommModel, *, mode: str, interval: int, at: tuple) -> "SyncLine":
+    def at(cls, replicas: int, group: int, model: CommModel, *, mode: str, interval: int,
+           bucket: tuple) -> "SyncLine":
         if replicas <= 1:
-            return cls(0.0, (0.0,) * len(at))
+            return cls(0.0, (0.0,) * len(bucket))
         fs = _sync_collectives(replicas, group, model, mode, interval)
         fixed, slopes = 0.0, []
-        for f, x in zip(fs, at):
+        for f, x in zip(fs, bucket):
             x = max(float(x), 1.0)
             h = 1e-6 * x  # each collective is piecewise linear in its bytes: the slope of x's piece
             slope = (f(x + h) - f(x - h)) / (2 * h)

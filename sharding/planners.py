@@ -96,7 +96,7 @@ class Context:
                                              shard_bytes=Storage.of(t.rows, t.dim).total)
                     share = [a + b / G for a, b in zip(share, piece)]
             self._vec_cache["sync_line"] = SyncLine.at(R, G, self.comm, mode=mode, interval=self.sync.interval,
-                                                       at=tuple(share))
+                                                       bucket=tuple(share))
         return self._vec_cache["sync_line"]
 
     @property
