@@ -441,7 +441,9 @@ def plot(summary, speed, path, quick: bool = False) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    one = speed.get("one_core_each")
+    fig, axes = plt.subplots(1, 3 if one else 2, figsize=(18 if one else 12, 4.5))
+    a = axes[0]
     labels, means, errs = [], [], []
     for opt, vs in summary.items():
         for var, s in vs.items():
@@ -458,19 +460,26 @@ def plot(summary, speed, path, quick: bool = False) -> None:
     a.set_ylabel("NE cost vs 1D, % (measured, 95% CI)")
     a.set_title("2D quality (2 gloo processes, 2 groups x 1)" + (" -- QUICK run" if quick else ""))
     a.legend(fontsize=8)
-    rows = speed["rows"]
+    for b, sp in zip(axes[1:], [speed] + ([one] if one else [])):
+        _speed_panel(b, sp, quick)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _speed_panel(b, sp: dict, quick: bool) -> None:
+    """Measured (95% CI) beside modelled step time of one process count's three cases."""
+    rows = sp["rows"]
     x = range(len(rows))
     a2 = [r["measured_step_ms"] for r in rows]
     lo = [r["measured_step_ms"] - r["measured_step_ms_ci95"][0] for r in rows]
     hi = [r["measured_step_ms_ci95"][1] - r["measured_step_ms"] for r in rows]
-    b.bar([i - 0.2 for i in x], a2, 0.4, yerr=[lo, hi], capsize=4, label="measured (4 procs / 2 cores)")
+    procs, cores = sp.get("processes", 4), sp.get("cores", 2)
+    b.bar([i - 0.2 for i in x], a2, 0.4, yerr=[lo, hi], capsize=4, label=f"measured ({procs} procs / {cores} cores)")
     b.bar([i + 0.2 for i in x], [r["predicted_step_ms"] for r in rows], 0.4, label="modelled (step model)")
     b.set_xticks(list(x), [r["case"].replace(", ", "\n") for r in rows], fontsize=8)
     b.set_ylabel("step time, ms")
-    b.set_title("step time: full sharding vs 2D" + (" -- QUICK run" if quick else ""))
+    b.set_title(f"step time, {procs} processes: full sharding vs 2D" + (" -- QUICK run" if quick else ""))
     b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def result_payload(ctx: dict, quick: bool, steps: int, seeds: list[int], resolve: list[int], runs: list[dict],
