@@ -373,11 +373,13 @@ def _peer_wait(emb, two_d: TwoD | None, world: int, dev: torch.device) -> None:
             or os.environ.get("LOCAL_WORLD_SIZE", str(world)) != str(world)):
         return
     calls = list(emb.sync_calls)
+    if not calls:  # every rank made as many sync collectives as rank 0: none here means none anywhere
+        return
     starts = torch.zeros(world, len(calls), dtype=torch.float64)
     starts[dist.get_rank()] = torch.tensor([t0 for t0, _ in calls], dtype=torch.float64)
     dist.all_reduce(starts)
     peers = starts[0::two_d.group_size]  # rank 0's replica group: ranks 0, G, 2G, ...
-    if dist.get_rank() == 0 and calls:
+    if dist.get_rank() == 0:
         wait = (peers.max(dim=0).values - peers[0]).clamp(min=0.0)
         spent = torch.tensor([dt for _, dt in calls], dtype=torch.float64)
         emb.sync_volume["peer_wait_share"] = float(torch.minimum(wait, spent).sum() / spent.sum())
