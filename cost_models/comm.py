@@ -33,7 +33,7 @@ import os
 import socket
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,13 +47,20 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 CALIBRATION_PATH = DATA_DIR / "comm_calibration.json"
 ID_BYTES = 8
 FP32 = 4
-# what the 2D gradient sync's price has been held to (tests/test_runners_sim.py ties it to the results file)
+# what a calibrated gloo line and the 2D gradient sync's price have been held to (tests/test_runners_sim.py ties
+# both to the results files): said by every calibrated plan's communication line and a 2D plan's legend
+LINK_CHECKED = ("fresh gloo calls after compute ran past 1.5x the calibrated line in every layout timed "
+                "(experiments/comm_regime.py: results/comm_regime.json)")
 GRADIENT_SYNC_CHECKED = ("a 2D gradient sync moved the bytes the model prices but took several times its modelled "
                          "time, its collectives alone over twice it with a core per process too (experiments/two_d.py, "
-                         "4 and 2 gloo processes on 2 cores: results/two_d.json)")
+                         f"4 and 2 gloo processes on 2 cores: results/two_d.json); {LINK_CHECKED}")
 
 
 USER_CALIBRATION_NAME = "comm_calibration.json"
+# what a calibration times: the all-to-all (its constants are the model's base) and the two collectives a
+# 2D plan's replica sync makes, each fitted on its own (version 2; a version-1 file fitted the first only)
+COLLECTIVES = ("all_to_all", "all_reduce", "all_gather")
+_CONSTANTS = ("alpha_s", "alpha_peer_s", "beta_s_per_byte")
 
 
 def user_calibration_path() -> Path:
@@ -88,13 +95,29 @@ def _read_calibration(path: str, mtime: float) -> tuple[dict, str | None]:
     """(the calibration document, why it is another machine's or None); cached per file version."""
     from cubic.core.fingerprint import machine_differences
 
+    def bad(e: Exception, field: str) -> SpecError:
+        return SpecError(f"not a comm calibration ({type(e).__name__}: {e}); write one with `cubic shard "
+                         "calibrate-comm`", source=path, field=field)
+
     try:
         d = json.loads(Path(path).read_text())
-        c = d["constants"]
-        float(c["alpha_s"]), float(c["alpha_peer_s"]), float(c["beta_s_per_byte"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SpecError(f"not a comm calibration ({type(e).__name__}: {e}); write one with "
-                        "`cubic shard calibrate-comm`", source=path, field="constants") from None
+        if not isinstance(d, dict):
+            raise TypeError("not a JSON object")
+    except (OSError, ValueError, TypeError) as e:
+        raise bad(e, "constants") from None
+    # every fit of the file: the all-to-all's constants and each collective's, of both sets
+    for prefix in ("", "oversubscribed.") if "oversubscribed" in d else ("",):
+        fits = d[prefix[:-1]] if prefix else d
+        fits = fits if isinstance(fits, dict) else {}
+        named = fits.get("collectives") or {}
+        for field, fit in [("constants", fits.get("constants")),
+                           *((f"collectives.{k}", f) for k, f in (named.items() if isinstance(named, dict) else ()))]:
+            try:
+                if field != "constants" and field.split(".", 1)[1] not in COLLECTIVES[1:]:
+                    raise KeyError(f"unknown collective (known: {', '.join(COLLECTIVES[1:])})")
+                [float(fit[k]) for k in _CONSTANTS]
+            except (ValueError, KeyError, TypeError) as e:
+                raise bad(e, prefix + field) from None
     fp = d.get("fingerprint") or {}
     diff = machine_differences(fp)
     foreign = None if not diff else (
@@ -113,24 +136,36 @@ class CommModel:
     source: str = "calibrated"  # calibrated | bandwidth | a caller's name (the step model's cluster)
     alpha_inter_s: float | None = None  # fixed cost of the inter-node leg (default: alpha_s)
     origin: tuple = ()  # (key, value) pairs: where the constants came from (describe() gives them as a dict)
+    # ((collective, alpha_s, alpha_peer_s, beta_s_per_byte), ...): a calibration's own fit of a collective,
+    # which prices it instead of the constants above (the all-to-all's); inter-node bytes keep the ratio
+    fitted: tuple = ()
 
     @classmethod
-    def calibrated(cls, path: str | Path | None = None) -> "CommModel":
+    def calibrated(cls, path: str | Path | None = None, processes: int | None = None) -> "CommModel":
         """The alpha-beta constants of a `cubic shard calibrate-comm` file (default: the user's, else
-        the packaged one); ``origin`` records the file, its machine and whether that machine is this one."""
+        the packaged one) for a job of ``processes`` on one machine: its fit of the runs with more
+        processes than cores when the job has more too (its ``oversubscribed`` set), else the fit of a
+        core each. ``origin`` records the file, its machine, whether that machine is this one, and which fit."""
         p = Path(path) if path else default_calibration_path()
         if p is None:
             raise SpecError("no comm calibration (run `cubic shard calibrate-comm`)", field="comm_calibration")
         p = calibration_file(p, "topology.comm_calibration")
         d, foreign = _read_calibration(str(p.resolve()), p.stat().st_mtime)
-        c = d["constants"]
         fp = d.get("fingerprint") or {}
+        cores = d.get("cores") or fp.get("cpu_count")
+        over = bool(processes and cores and processes > cores and "oversubscribed" in d)
+        fits = d["oversubscribed"] if over else d
+        c, by_kind = fits["constants"], fits.get("collectives") or {}
         origin = (("kind", "calibrated"), ("file", str(p)), ("machine", fp.get("cpu_model", "unrecorded")),
                   ("cores", fp.get("cpu_count")), ("fingerprint_hash", d.get("fingerprint_hash")),
-                  ("this_machine", foreign is None), ("foreign_reason", foreign), ("fit_mape", d.get("fit_mape")),
-                  ("measured_at", d.get("measured_at")))
+                  ("this_machine", foreign is None), ("foreign_reason", foreign), ("fit_mape", fits.get("fit_mape")),
+                  ("measured_at", d.get("measured_at")),
+                  ("collectives_fitted", ", ".join(("all_to_all", *sorted(by_kind)))),
+                  ("fit", f"{processes} processes on {cores} cores (the file's oversubscribed fit)" if over
+                   else d.get("runs_fitted", "every run (a version-1 file)")))
         return cls(c["alpha_s"], c["alpha_peer_s"], c["beta_s_per_byte"], c["beta_s_per_byte"], source="calibrated",
-                   origin=origin)
+                   origin=origin,
+                   fitted=tuple((k, *(float(f[n]) for n in _CONSTANTS)) for k, f in sorted(by_kind.items())))
 
     @classmethod
     def from_topology(cls, topo: Topology) -> "CommModel":
@@ -143,15 +178,16 @@ class CommModel:
             has_cal = topo.comm_calibration is not None or default_calibration_path() is not None
             kind = "calibrated" if topo.device == "cpu" and has_cal else "bandwidth"
         if kind == "calibrated":
-            cal = cls.calibrated(topo.comm_calibration)
+            # processes on one machine: a node's ranks (the calibration is one machine's loopback)
+            cal = cls.calibrated(topo.comm_calibration, processes=min(topo.world_size, topo.ranks_per_node))
             if topo.world_size <= topo.ranks_per_node:
                 return cal
             # several nodes: the loopback calibration is the intra-node rate; a byte between nodes
             # costs the topology's intra/inter bandwidth ratio more (modelled, no multi-node calibration)
             ratio = topo.intra_node_bw_gbps / topo.inter_node_bw_gbps
-            return cls(cal.alpha_s, cal.alpha_peer_s, cal.beta_intra_s_per_byte, cal.beta_intra_s_per_byte * ratio,
-                       ranks_per_node=topo.ranks_per_node, source="calibrated",
-                       origin=cal.origin + (("inter_node", f"scaled by the topology's bandwidth ratio {ratio:.3g}"),))
+            scaled = ("inter_node", f"scaled by the topology's bandwidth ratio {ratio:.3g}")
+            return replace(cal, beta_inter_s_per_byte=cal.beta_intra_s_per_byte * ratio,
+                           ranks_per_node=topo.ranks_per_node, origin=cal.origin + (scaled,))
         from cost_models.hardware import ClusterSpec
 
         lat_intra = (topo.intra_node_latency_us * 1e-6 if topo.intra_node_latency_us is not None
@@ -183,7 +219,19 @@ class CommModel:
                   "alpha_inter_s": self.alpha_s if self.alpha_inter_s is None else self.alpha_inter_s})
         if self.ranks_per_node < (1 << 30):
             d["ranks_per_node"] = self.ranks_per_node
+        if self.fitted:
+            d["collectives"] = {k: dict(zip(_CONSTANTS, c)) for k, *c in self.fitted}
         return d
+
+    def for_collective(self, kind: str) -> "CommModel":
+        """The model that prices ``kind``, with no fits of its own: the calibration's fit of ``kind`` where
+        there is one (inter-node bytes at this model's inter/intra ratio), else this model's constants."""
+        for name, a, a_peer, beta in self.fitted:
+            if name == kind:
+                ratio = self.beta_inter_s_per_byte / self.beta_intra_s_per_byte if self.beta_intra_s_per_byte else 1.0
+                return replace(self, alpha_s=a, alpha_peer_s=a_peer, beta_intra_s_per_byte=beta,
+                               beta_inter_s_per_byte=beta * ratio, fitted=())
+        return replace(self, fitted=())
 
     def beta(self, peers: int) -> float:
         """Seconds per byte when a rank's bytes are spread evenly over ``peers`` other ranks."""
@@ -211,6 +259,8 @@ class CommModel:
         evaluator and the simulated cluster's step model all call them."""
         if group <= 1:
             return 0.0 if np.ndim(sent) == 0 and np.ndim(received) == 0 else np.zeros(np.broadcast(sent, received).shape)
+        if self.fitted:
+            return self.for_collective("all_to_all").all_to_all_ms(group, sent, received)
         local = min(self.ranks_per_node, group)
         p_in, p_out = local - 1, group - local
         f_in = p_in / (group - 1)
@@ -223,6 +273,8 @@ class CommModel:
         rank (uneven across ranks); ranks r // ranks_per_node share a node."""
         if group <= 1:
             return np.zeros(group)
+        if self.fitted:
+            return self.for_collective("all_to_all").all_to_all_ranks_ms(per_peer, group)
         rpn = min(self.ranks_per_node, group)
         node = np.arange(group) // rpn
         v = np.asarray(per_peer, dtype=float)
@@ -238,6 +290,8 @@ class CommModel:
         tree), all-gather inside the node. Each ring step costs a latency plus the per-peer overhead."""
         if group <= 1 or nbytes <= 0:
             return 0.0
+        if self.fitted:
+            return self.for_collective("all_reduce").all_reduce_ms(group, nbytes, members_per_node)
         L = max(1, min(members_per_node or self.ranks_per_node, group))
         nodes = -(-group // L)
         t = 0.0
@@ -257,6 +311,8 @@ class CommModel:
         inter-node legs concurrently (:meth:`_legs_s`)."""
         if group <= 1 or nbytes_each <= 0:
             return 0.0
+        if self.fitted:
+            return self.for_collective("all_gather").all_gather_ms(group, nbytes_each, members_per_node)
         local = max(1, min(members_per_node or self.ranks_per_node, group))
         p_in, p_out = local - 1, group - local
         t = self._legs_s(p_in * nbytes_each, p_in * nbytes_each, p_out * nbytes_each, p_out * nbytes_each,
@@ -421,13 +477,44 @@ class SyncLine:
 
 # ---------------------------------------------------------------- calibration (real gloo runs)
 
+def collective_ms(model: CommModel, kind: str, world: int, nbytes: float) -> float:
+    """One collective among ``world`` ranks of one node as ``model`` prices it, ms: ``all_to_all``,
+    ``nbytes`` to each peer; ``all_reduce``, a buffer of ``nbytes``; ``all_gather``, ``nbytes`` from each
+    rank. Linear in the model's constants, so the calibration fits them through this (one formula)."""
+    if kind == "all_to_all":
+        return model.all_to_all_ms(world, nbytes * (world - 1), nbytes * (world - 1))
+    if kind == "all_reduce":
+        return model.all_reduce_ms(world, nbytes, members_per_node=world)
+    if kind == "all_gather":
+        return model.all_gather_ms(world, nbytes, members_per_node=world)
+    raise ValueError(f"unknown collective {kind!r} (known: {', '.join(COLLECTIVES)})")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _a2a_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, out_path: str) -> None:
+def run_collective(dist, kind: str, x, out, outs, group=None) -> None:
+    """One call of ``kind`` on the buffers :func:`collective_buffers` made (``group``: its process group)."""
+    if kind == "all_to_all":
+        dist.all_to_all_single(out, x, group=group)
+    elif kind == "all_reduce":
+        dist.all_reduce(x, group=group)
+    else:
+        dist.all_gather(outs, x, group=group)
+
+
+def collective_buffers(torch, kind: str, world: int, nbytes: int) -> tuple:
+    """fp32 buffers of one call among ``world`` ranks (:func:`collective_ms`'s meaning of ``nbytes``)."""
+    n = max(1, nbytes // 4)
+    x = torch.randn(n * world if kind == "all_to_all" else n)
+    return x, torch.empty_like(x), [torch.empty(n) for _ in range(world)]
+
+
+def _collective_worker(rank: int, world: int, port: int, kinds: list[str], sizes: list[int], repeats: int,
+                       out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -435,62 +522,91 @@ def _a2a_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     rows = []
     try:
-        for chunk in sizes:  # bytes sent to each peer
-            n = max(1, chunk // 4) * world
-            x = torch.randn(n)
-            y = torch.empty_like(x)
-            times = []
+        for nbytes in sizes:
+            bufs = {k: collective_buffers(torch, k, world, nbytes) for k in kinds}
+            times = {k: [] for k in kinds}
             for i in range(repeats + 2):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_to_all_single(y, x)
-                dt = torch.tensor([time.perf_counter() - t0])
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the collective ends when the slowest rank does
-                if i >= 2:
-                    times.append(float(dt))
-            rows.append({"world": world, "bytes_per_peer": chunk, "sent_bytes": chunk * (world - 1),
-                         "median_s": statistics.median(times), "repeats": repeats})
+                for kind in (kinds if i % 2 == 0 else kinds[::-1]):  # interleaved: drift hits every collective alike
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    run_collective(dist, kind, *bufs[kind])
+                    dt = torch.tensor([time.perf_counter() - t0])
+                    dist.all_reduce(dt, op=dist.ReduceOp.MAX)  # the collective ends when the slowest rank does
+                    if i >= 2:
+                        times[kind].append(float(dt))
+            rows += [{"collective": k, "world": world, "bytes": nbytes, "median_s": statistics.median(v),
+                      "repeats": repeats} for k, v in times.items()]
     finally:
         dist.destroy_process_group()
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows))
 
 
-def measure_all_to_all(world: int, sizes: list[int], repeats: int = 10) -> list[dict]:
-    """Median time of gloo all_to_all_single between ``world`` local processes, per size."""
+def measure_collectives(world: int, sizes: list[int], repeats: int = 10, kinds=COLLECTIVES) -> list[dict]:
+    """Median time of each gloo collective between ``world`` local processes, per size (its meaning
+    per collective: :func:`collective_ms`), back to back after a barrier."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "a2a.json")
+        out = os.path.join(d, "collectives.json")
         os.environ["PYTHONSAFEPATH"] = "1"  # spawned children start with "-c": keep the cwd off their sys.path
-        mp.start_processes(_a2a_worker, args=(world, _free_port(), sizes, repeats, out), nprocs=world,
-                           join=True, start_method="spawn")
+        mp.start_processes(_collective_worker, args=(world, _free_port(), list(kinds), sizes, repeats, out),
+                           nprocs=world, join=True, start_method="spawn")
         return json.loads(Path(out).read_text())
+
+
+def fit_collective(runs: list[dict]) -> tuple[dict, float]:
+    """Non-negative least squares of one collective's runs onto the model's own formula for it
+    (:func:`collective_ms` is linear in alpha, alpha_peer and beta), relative errors weighted alike:
+    (constants, mean absolute percentage error)."""
+    from scipy.optimize import nnls
+
+    units = (CommModel(1.0, 0.0, 0.0, 0.0), CommModel(0.0, 1.0, 0.0, 0.0), CommModel(0.0, 0.0, 1.0, 1.0))
+    A = np.array([[collective_ms(u, r["collective"], r["world"], r["bytes"]) / 1e3 for u in units] for r in runs])
+    y = np.array([r["median_s"] for r in runs])
+    wts = 1.0 / np.maximum(y, 1e-6)  # small messages matter as much as large ones
+    coef, _ = nnls(A * wts[:, None], y * wts)
+    pred = A @ coef
+    return dict(zip(_CONSTANTS, (float(c) for c in coef))), float(np.mean(np.abs(pred - y) / y))
+
+
+def _fit_set(runs: list[dict]) -> dict:
+    """Every collective's fit of ``runs``: the all-to-all's as ``constants`` (the model's base), the
+    others under ``collectives``."""
+    fits = {k: fit_collective([r for r in runs if r["collective"] == k]) for k in COLLECTIVES}
+    return {"constants": fits["all_to_all"][0], "fit_mape": fits["all_to_all"][1],
+            "collectives": {k: {**c, "fit_mape": e} for k, (c, e) in fits.items() if k != "all_to_all"}}
 
 
 def calibrate(worlds=(2, 3, 4), sizes=(256, 4096, 65536, 262144, 1 << 20, 4 << 20), repeats: int = 10,
               path: str | Path | None = CALIBRATION_PATH) -> dict:
-    """Run gloo all-to-alls, fit t = alpha + alpha_peer*(P-1) + beta*sent_bytes (non-negative LSQ)."""
-    from scipy.optimize import nnls
-
+    """Run gloo all-to-alls, all-reduces and all-gathers; fit each collective's constants through the
+    model's own formula for it (:func:`fit_collective`). The all-to-all's are the model's base
+    (``constants``); the others price the 2D replica sync (``collectives``, CommModel.for_collective)."""
     from cubic.core.fingerprint import fingerprint, fingerprint_hash
 
-    runs = [r for w in worlds for r in measure_all_to_all(w, list(sizes), repeats)]
-    A = np.array([[1.0, r["world"] - 1, r["sent_bytes"]] for r in runs])
-    y = np.array([r["median_s"] for r in runs])
-    # relative weighting: small messages matter as much as large ones
-    wts = 1.0 / np.maximum(y, 1e-6)
-    coef, _ = nnls(A * wts[:, None], y * wts)
-    pred = A @ coef
     fp = fingerprint("cpu")
+    cores = int(fp.get("cpu_count") or os.cpu_count() or 1)
+    runs = [{**r, "oversubscribed": r["world"] > cores}
+            for w in worlds for r in measure_collectives(w, list(sizes), repeats)]
+    spare, busy = [r for r in runs if not r["oversubscribed"]], [r for r in runs if r["oversubscribed"]]
+    fits = _fit_set(spare or busy)
     doc = {
-        "version": 1,
-        "what": ("alpha-beta constants of torch.distributed gloo all_to_all_single between processes on this "
-                 "machine over loopback; t = alpha_s + alpha_peer_s*(P-1) + beta_s_per_byte*bytes_sent_per_rank"),
-        "constants": {"alpha_s": coef[0], "alpha_peer_s": coef[1], "beta_s_per_byte": coef[2]},
-        "fit_mape": float(np.mean(np.abs(pred - y) / y)),
+        "version": 2,
+        "what": ("alpha-beta constants of torch.distributed gloo collectives between processes on this machine over "
+                 "loopback, each timed back to back after a barrier (the slowest rank's time, median) and fitted "
+                 "through cost_models.comm's formula for it: all_to_all_single t = alpha_s + alpha_peer_s*(P-1) + "
+                 "beta_s_per_byte*bytes_sent_per_rank (``constants``, the model's base); all_reduce (ring) and "
+                 "all_gather (``collectives``), the collectives of a 2D plan's replica sync. Fitted on the runs "
+                 "with a core per process; ``oversubscribed``: the same fits of the runs with more processes than "
+                 "cores (a job of more processes than this machine's cores is priced with them)"),
+        **fits,
+        "runs_fitted": "a core per process" if spare else "more processes than cores (no run had a core each)",
+        "cores": cores,
+        **({"oversubscribed": {**_fit_set(busy), "worlds": sorted({r["world"] for r in busy})}} if spare and busy
+           else {}),
         "runs": runs,
         "fingerprint": fp,
         "fingerprint_hash": fingerprint_hash(fp),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -54,6 +54,9 @@ class ClusterSpec(Frozen):
     nvlink_latency_s: float = Field(default=3e-6, ge=0)
     network_latency_s: float = Field(default=10e-6, ge=0)
     sources: dict[str, str] = Field(default_factory=dict)
+    collectives: dict[Literal["all_to_all", "all_reduce", "all_gather"], tuple[float, float, float]] = Field(
+        default_factory=dict, description="(alpha_s, alpha_peer_s, beta_s_per_byte) of a collective a calibration "
+        "fitted on its own (gloo on a CPU: cost_models.comm.CommModel.fitted); the rest are priced from the links")
 
     @field_validator("device", mode="before")
     @classmethod

@@ -83,19 +83,23 @@ OWN_PREFIX = "second look, compute model trained on a machine of this fingerprin
 
 def regimes() -> dict:
     """name -> (the Topology fields the planners are told, the independent judge's network, how)."""
-    cal = json.loads(CALIBRATION_PATH.read_text())
-    c = cal["constants"]
-    gloo_bw = 1.0 / c["beta_s_per_byte"]
     where = calibration_origin(CALIBRATION_PATH)["where"]
+
+    def gloo(rpn: int) -> PlainNetwork:
+        # the all-to-all constants the planner is told for a node of rpn processes (the calibration's fit for them)
+        m = CommModel.calibrated(CALIBRATION_PATH, processes=rpn)
+        bw = 1.0 / m.beta_intra_s_per_byte
+        return PlainNetwork("gloo-calibrated", bw, bw / 9.0, m.alpha_s, m.alpha_s, m.alpha_peer_s, rpn)
+
+    fit = dict(CommModel.calibrated(CALIBRATION_PATH, processes=8).origin)
     return {
         "gloo-calibrated": (
             # the packaged file by name: a user's own calibration, if any, would be another network than the judge's
             {"comm_model": "calibrated", "comm_calibration": str(CALIBRATION_PATH)},
-            lambda rpn: PlainNetwork("gloo-calibrated", gloo_bw, gloo_bw / 9.0, c["alpha_s"], c["alpha_s"],
-                                     c["alpha_peer_s"], rpn),
-            f"planner told the packaged gloo calibration ({where}; fit MAPE "
-            f"{cal['fit_mape']:.0%}); judge: the same bandwidth and per-message overhead in the independent "
-            "synchronous form (between nodes 9x slower, as the topology's ratio)"),
+            gloo,
+            f"planner told the packaged gloo calibration ({where}; for a node of 8 processes its fit of "
+            f"{fit['fit']}, all-to-all fit MAPE {fit['fit_mape']:.0%}); judge: the same bandwidth and per-message "
+            "overhead in the independent synchronous form (between nodes 9x slower, as the topology's ratio)"),
         "10GB/s": (
             {"comm_model": "bandwidth", "intra_node_bw_gbps": 10.0, "inter_node_bw_gbps": 10.0,
              "intra_node_latency_us": 20.0, "inter_node_latency_us": 20.0},

@@ -251,8 +251,9 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
                      + ("processes share cores: contention is in every figure" if shared else "a core each or more")
                      + "); MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one "
                      "device per rank" + (" (it does not model processes sharing a core)" if shared else "")
-                     + f", links from the gloo all-to-all calibration {links['file']} "
-                     f"(cubic.runners.calibration.cpu_gloo_cluster), {links['where']}"),
+                     + f", links from the gloo calibration {links['file']}, each collective its own fit "
+                     f"(cubic.runners.calibration.cpu_gloo_cluster; {cluster.sources.get('latency', '')}), "
+                     f"{links['where']}"),
             "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
@@ -358,6 +359,20 @@ def one_core_each(speed: dict) -> dict | None:
     return out
 
 
+def comm_regime_text() -> str:
+    """What experiments/comm_regime.py measured of gloo calls after compute, per layout (its stored
+    result: the second look at the link model itself), or nothing when it has not run."""
+    from experiments.common import stored_result
+
+    parts = [f"{key.rsplit(', ', 1)[0]} {min(v['measured_over_modelled_per_look']):.1f}-"
+             f"{max(v['measured_over_modelled_per_look']):.1f}x (the exchange alone "
+             f"{min(v['exchange_over_modelled_per_look']):.1f}-{max(v['exchange_over_modelled_per_look']):.1f}x)"
+             for key, v in (stored_result("comm_regime").get("summary") or {}).items()
+             if key.endswith(", after_compute")]
+    return ("; fresh gloo calls after compute ran at these multiples of the calibration's line "
+            "(experiments/comm_regime.py, results/comm_regime.json): " + ", ".join(parts)) if parts else ""
+
+
 def speed_target(speed: dict) -> dict:
     """The step model's second look: its 2D/1D step-time ratio beside the measured one, per 2D case. With
     fresh looks recorded, the error is also judged over them: met only when the first look and the mean
@@ -394,7 +409,7 @@ def speed_target(speed: dict) -> dict:
             f"it gives each rank a core of its own (here {speed.get('processes', 4)} processes share "
             f"{speed.get('cores', 2)}) and prices a collective as the gloo calibration's alpha-beta line, while the "
             "measured sync (" + _sync_text(rows) + ") also pays for finding and merging the touched rows"
-            + ("; " + one["text"] if one else " and for waiting on a descheduled peer")
+            + ("; " + one["text"] if one else " and for waiting on a descheduled peer") + comm_regime_text()
             + "; the simulator's 2D speed figures are not validated by this machine")
     return {f"step model: 2D/1D step-time ratio within {RATIO_TOLERANCE:.0%} of the measured ratio "
             "(modelled vs measured, 4 gloo processes)": t}

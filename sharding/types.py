@@ -441,13 +441,17 @@ def comm_line(comm: dict | str | None) -> str:
         return f"alpha-beta model ({comm or 'unrecorded'})"
     if comm.get("kind") == "calibrated":
         mape = comm.get("fit_mape")
-        line = (f"alpha-beta model fitted to gloo all-to-alls measured on {comm.get('machine')} ({comm.get('cores')} "
+        fitted = ", ".join(k.replace("_", "-") + "s"
+                           for k in (comm.get("collectives_fitted") or "all_to_all").split(", "))
+        line = (f"alpha-beta model fitted to gloo {fitted} measured on {comm.get('machine')} ({comm.get('cores')} "
                 f"cores, {comm.get('measured_at')}" + (f", fit error {mape:.0%}" if isinstance(mape, (int, float)) else "")
-                + f"; {comm.get('file')})")
+                + (f"; fit of {comm['fit']}" if comm.get("fit") else "") + f"; {comm.get('file')})")
         if not comm.get("this_machine"):
             line = (f"FROM ANOTHER MACHINE: {line}: {comm.get('foreign_reason')}; `cubic shard calibrate-comm` "
                     "measures this one")
-        return line + (f"; inter-node {comm['inter_node']}" if comm.get("inter_node") else "")
+        from cost_models.comm import LINK_CHECKED
+
+        return line + (f"; inter-node {comm['inter_node']}" if comm.get("inter_node") else "") + f"; {LINK_CHECKED}"
     if comm.get("kind") == "bandwidth":
         return (f"bandwidth model: {comm['intra_node_bw_gbps']:g} GB/s + {comm['intra_node_latency_us']:g} us per "
                 f"all-to-all inside a node, {comm['inter_node_bw_gbps']:g} GB/s + {comm['inter_node_latency_us']:g} us "

@@ -194,6 +194,14 @@ def test_the_step_models_one_multi_process_check_is_said_as_it_stands():
     (own_core,) = [r for r in doc["speed"]["one_core_each"]["rows"] if r["sync"] == "gradients"]
     twice = own_core["measured_sync_collectives_ms_rank0"] > 2 * own_core["predicted_sync_ms"]
     assert ("its collectives alone over twice it with a core per process too" in GRADIENT_SYNC_CHECKED) == twice
+    regime = json.loads((Path(__file__).resolve().parent.parent / "results" / "comm_regime.json").read_text())
+    after = [t for name, t in regime["targets"].items() if name.endswith("after compute (measured/modelled within "
+                                                                         "0.67-1.5x)")]
+    from cost_models.comm import LINK_CHECKED
+
+    assert LINK_CHECKED in GRADIENT_SYNC_CHECKED
+    assert after and ("fresh gloo calls after compute ran past 1.5x the calibrated line in every layout"
+                      in LINK_CHECKED) == all(t["measured"] > 1.5 for t in after)
 
 
 def test_a_calibration_from_another_cluster_says_so(tmp_path, capsys):

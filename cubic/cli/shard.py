@@ -424,9 +424,11 @@ def cmd_calibrate(args) -> int:
     out = args.out or user_data_output(USER_CALIBRATION_NAME)  # checked before the all-to-alls are measured
     doc = calibrate(repeats=args.repeats, path=out)
     print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"],
+                      "collectives": doc["collectives"], "oversubscribed": doc.get("oversubscribed"),
                       "machine": doc["fingerprint"].get("cpu_model"), "fingerprint_hash": doc["fingerprint_hash"],
                       "loadavg_1m": doc["loadavg_1m"]}, indent=1))
-    print("`cubic shard plan` on cpu now prices all-to-alls with it (a plan records the file and its machine)",
+    print("`cubic shard plan` on cpu now prices all-to-alls and 2D replica syncs with it (a plan records the file "
+          "and its machine)",
           file=sys.stderr)
     return 0
 
@@ -539,7 +541,8 @@ def register(subparsers) -> None:
     ex.add_argument("--out", default=None)
     ex.set_defaults(func=cmd_export)
 
-    ca = sub.add_parser("calibrate-comm", help="re-measure the gloo all-to-all alpha-beta constants")
+    ca = sub.add_parser("calibrate-comm",
+                        help="re-measure the gloo alpha-beta constants (all-to-all, all-reduce, all-gather)")
     ca.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=10)
     ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
                     "which `shard plan` then prefers to the packaged one")

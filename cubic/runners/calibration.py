@@ -284,19 +284,23 @@ def cpu_cluster(device: DeviceSpec) -> ClusterSpec:
 
 
 def cpu_gloo_cluster(device: DeviceSpec, ranks: int, calibration: str | None = None) -> tuple[ClusterSpec, dict]:
-    """``ranks`` gloo processes on this CPU as a one-node cluster whose links are the gloo all-to-all
-    calibration (``cubic shard calibrate-comm``; default: the user's, else the packaged one).
+    """``ranks`` gloo processes on this CPU as a one-node cluster whose links are the gloo calibration
+    (``cubic shard calibrate-comm``; default: the user's, else the packaged one) for that many processes
+    (its oversubscribed fit when they outnumber the cores): each collective its own fit (``collectives``).
 
     Returns the cluster and the step-model parameter overrides that make its collectives the
-    calibration's alpha-beta line (efficiency 1: the calibration is already the achieved rate)."""
+    calibration's alpha-beta lines (efficiency 1: the calibration is already the achieved rate)."""
     from cost_models.comm import CommModel
 
-    cal = CommModel.calibrated(calibration)
+    cal = CommModel.calibrated(calibration, processes=ranks)
     bw = 1.0 / cal.beta_intra_s_per_byte
-    src = f"gloo calibration {dict(cal.origin).get('file')} (this machine: {dict(cal.origin).get('this_machine')})"
+    o = dict(cal.origin)
+    src = f"gloo calibration {o.get('file')} (this machine: {o.get('this_machine')}; fit: {o.get('fit')})"
     cluster = ClusterSpec(name="cpu-gloo", device=device, ranks_per_node=max(1, int(ranks)), nvlink_bw=bw,
                           network_bw=bw, nvlink_latency_s=cal.alpha_s, network_latency_s=cal.alpha_s,
-                          sources={"nvlink_bw": src, "network_bw": src, "latency": src})
+                          sources={"nvlink_bw": src, "network_bw": src, "latency": src},
+                          collectives={"all_to_all": (cal.alpha_s, cal.alpha_peer_s, cal.beta_intra_s_per_byte),
+                                       **{k: tuple(c) for k, *c in cal.fitted}})
     return cluster, {"nvlink_eff": 1.0, "net_eff": 1.0, "a2a_peer_overhead_s": min(cal.alpha_peer_s, 1e-3)}
 
 

@@ -463,7 +463,8 @@ def cluster_comm(cluster: ClusterSpec, params: StepModelParams) -> CommModel:
                      beta_intra_s_per_byte=1.0 / (cluster.nvlink_bw * params.nvlink_eff),
                      beta_inter_s_per_byte=1.0 / (cluster.network_bw * params.net_eff),
                      ranks_per_node=cluster.ranks_per_node, source="modelled",
-                     alpha_inter_s=cluster.network_latency_s)
+                     alpha_inter_s=cluster.network_latency_s,
+                     fitted=tuple((k, *c) for k, c in sorted(cluster.collectives.items())))
 
 
 def all_to_all_s(per_peer: np.ndarray, scale_out: np.ndarray, G: int, cluster: ClusterSpec,
