@@ -147,3 +147,14 @@ def test_comm_regime_refuses_bad_flags_in_one_line(capsys):
     assert main(["--repeats", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--repeats" in err
+
+
+def test_a_cluster_without_fitted_collectives_keeps_its_trial_fingerprint(tmp_path):
+    """Simulated trials are found by the cluster's fields: an empty new field must not re-key every store."""
+    from cost_models.hardware import CLUSTERS, DEVICES
+    from cubic.runners.calibration import cpu_gloo_cluster
+    from cubic.runners.sim import SimulatedRunner
+
+    assert "collectives" not in SimulatedRunner(CLUSTERS["h100"], 64).fingerprint()["cluster"]
+    gloo, _ = cpu_gloo_cluster(DEVICES["h100"], ranks=4, calibration=str(write_v2(tmp_path / "cal.json")))
+    assert SimulatedRunner(gloo, 4).fingerprint()["cluster"]["collectives"]["all_reduce"][1] == BUSY["all_reduce"][1]

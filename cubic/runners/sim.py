@@ -196,7 +196,9 @@ class SimulatedRunner(Runner):
             "device": f"simulated:{self.cluster.name}x{self.world_size}",
             "simulated": True,
             # the runner's own world_size counts, not the file's (unset in the known clusters)
-            "cluster": self.cluster.model_dump(mode="json", exclude={"world_size"}),
+            # (a cluster without fitted collectives hashes as before the field existed: stored trials stay found)
+            "cluster": self.cluster.model_dump(mode="json", exclude={"world_size"} | (
+                set() if self.cluster.collectives else {"collectives"})),
             "world_size": self.world_size,
             "step_model_version": STEP_MODEL_VERSION,
             "step_model_params": self.params.model_dump(mode="json"),
