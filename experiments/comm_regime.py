@@ -223,7 +223,8 @@ def plot(looks: list[list[dict]], cores: int, path: Path) -> None:
                             label=f"MEASURED {regime.replace('_', ' ')}" if li == 0 else None)
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_title(f"{kind}, {layout_name({'members': members, 'processes': procs}, cores)}", fontsize=8)
+            short = "a core each" if procs <= cores else "shared cores" + (", replica pairs" if members < procs else "")
+            ax.set_title(f"{kind}, {members} of {procs} processes ({short})", fontsize=8)
             ax.set_xlabel("bytes (all_to_all: to each peer)", fontsize=8)
             ax.set_ylabel("ms (slowest rank)", fontsize=8)
             if i == 0 and j == 0:

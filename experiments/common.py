@@ -31,13 +31,14 @@ def run_context(kind: str) -> dict[str, Any]:
     }
 
 
-def calibration_origin(path: str | Path | None = None) -> dict[str, Any]:
+def calibration_origin(path: str | Path | None = None, processes: int | None = None) -> dict[str, Any]:
     """Whose machine a gloo calibration was measured on (cost_models.comm's origin; default: the
-    user's, else the packaged one), as a result file says it: a file inside the repository by its
-    path there (not the checkout's), and ``where`` in words, the other machine named once."""
+    user's, else the packaged one) and, for a job of ``processes``, which of its fits prices it, as a
+    result file says it: a file inside the repository by its path there (not the checkout's), and
+    ``where`` in words, the other machine named once."""
     from cost_models.comm import CommModel
 
-    o = dict(CommModel.calibrated(path).origin)
+    o = dict(CommModel.calibrated(path, processes=processes).origin)
     try:
         o["file"] = str(Path(o["file"]).resolve().relative_to(REPO))
     except ValueError:  # a user's own calibration, outside the repository: its full path

@@ -205,7 +205,7 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
     # the links are a gloo calibration (the user's, else the packaged one: 'links' says whose machine):
     # with free links the model could not see the sync's cost
     cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=P)
-    links = calibration_origin()
+    links = calibration_origin(processes=P)
     params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=P, timeout_s=3600, verify=False, threads=1)
     cores = os.cpu_count() or 1
@@ -251,10 +251,9 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
                      + ("processes share cores: contention is in every figure" if shared else "a core each or more")
                      + "); MODELLED: the step model with this CPU's measured GEMM/memory figures (cpu_params), one "
                      "device per rank" + (" (it does not model processes sharing a core)" if shared else "")
-                     + f", links from the gloo calibration {links['file']}, each collective its own fit "
-                     f"(cubic.runners.calibration.cpu_gloo_cluster; {cluster.sources.get('latency', '')}), "
-                     f"{links['where']}"),
-            "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit_mape")},
+                     + f", links from the gloo calibration {links['file']} (cubic.runners.calibration."
+                     f"cpu_gloo_cluster), each collective its own fit of {links['fit']}, {links['where']}"),
+            "links": {k: links[k] for k in ("file", "machine", "this_machine", "where", "fit", "fit_mape")},
             "cluster_sources": dict(cluster.sources),
             "rows": rows}
 
