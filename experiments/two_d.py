@@ -363,9 +363,12 @@ def comm_regime_text() -> str:
     result: the second look at the link model itself), or nothing when it has not run."""
     from experiments.common import stored_result
 
-    parts = [f"{key.rsplit(', ', 1)[0]} {min(v['measured_over_modelled_per_look']):.1f}-"
-             f"{max(v['measured_over_modelled_per_look']):.1f}x (the exchange alone "
-             f"{min(v['exchange_over_modelled_per_look']):.1f}-{max(v['exchange_over_modelled_per_look']):.1f}x)"
+    def span(xs: list[float]) -> str:
+        lo, hi = f"{min(xs):.1f}", f"{max(xs):.1f}"
+        return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+    parts = [f"{key.rsplit(', ', 1)[0]} {span(v['measured_over_modelled_per_look'])} (the exchange alone "
+             f"{span(v['exchange_over_modelled_per_look'])})"
              for key, v in (stored_result("comm_regime").get("summary") or {}).items()
              if key.endswith(", after_compute")]
     return ("; fresh gloo calls after compute ran at these multiples of the calibration's line "

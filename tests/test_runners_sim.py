@@ -181,10 +181,9 @@ def test_the_step_models_one_multi_process_check_is_said_as_it_stands():
 
     doc = json.loads((Path(__file__).resolve().parent.parent / "results" / "two_d.json").read_text())
     (t,) = [t for name, t in doc["targets"].items() if name.startswith("step model: 2D/1D step-time ratio")]
-    assert ("met its 25% bar on the step-time ratio with 4 processes" in SIM_CHECKED) == t["met"]
+    assert ("missed its 25% bar on the step-time ratio with 4 processes" in SIM_CHECKED) == (not t["met"])
     assert "results/two_d.json" in SIM_CHECKED
-    assert ("unresolved over fresh looks" in SIM_CHECKED) == (t.get("over_looks", {}).get("ci95", [0, 0])[1]
-                                                              > t["target"])
+    assert ("over fresh looks too" in SIM_CHECKED) == (t.get("over_looks", {}).get("mean", 0) > t["target"])
     assert ("missed it with a core per process" in SIM_CHECKED) == (not t["one_core_each"]["holds"])
     one_1d = doc["speed"]["one_core_each"]["rows"][0]
     fraction = max(r["predicted_step_ms"] / r["measured_step_ms"] for r in (doc["speed"]["rows"][0], one_1d))
