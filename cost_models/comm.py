@@ -542,19 +542,25 @@ def _collective_worker(rank: int, world: int, port: int, kinds: list[str], sizes
         Path(out_path).write_text(json.dumps(rows))
 
 
-def measure_collectives(world: int, sizes: list[int], repeats: int = 10, kinds=COLLECTIVES) -> list[dict]:
-    """Median time of each gloo collective between ``world`` local processes, per size (its meaning
-    per collective: :func:`collective_ms`), back to back after a barrier."""
+def gloo_processes(worker, world: int, *args) -> list[dict]:
+    """Runs ``worker(rank, world, port, *args, out_path)`` in ``world`` fresh local processes (a gloo
+    group on a free loopback port) and returns the rows rank 0 wrote to ``out_path`` (JSON)."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "collectives.json")
+        out = os.path.join(d, "rows.json")
         os.environ["PYTHONSAFEPATH"] = "1"  # spawned children start with "-c": keep the cwd off their sys.path
-        mp.start_processes(_collective_worker, args=(world, _free_port(), list(kinds), sizes, repeats, out),
-                           nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(worker, args=(world, _free_port(), *args, out), nprocs=world, join=True,
+                           start_method="spawn")
         return json.loads(Path(out).read_text())
+
+
+def measure_collectives(world: int, sizes: list[int], repeats: int = 10, kinds=COLLECTIVES) -> list[dict]:
+    """Median time of each gloo collective between ``world`` local processes, per size (its meaning
+    per collective: :func:`collective_ms`), back to back after a barrier."""
+    return gloo_processes(_collective_worker, world, list(kinds), sizes, repeats)
 
 
 def fit_collective(runs: list[dict]) -> tuple[dict, float]:

@@ -37,13 +37,12 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cost_models.comm import (COLLECTIVES, CommModel, _free_port, collective_buffers, collective_ms,  # noqa: E402
+from cost_models.comm import (COLLECTIVES, CommModel, collective_buffers, collective_ms, gloo_processes,  # noqa: E402
                               run_collective)
 from experiments.common import calibration_origin, png_path, run_context, write_result  # noqa: E402
 
@@ -65,7 +64,7 @@ def _groups(world: int, members: int) -> list[list[int]]:
     return [list(range(i, world, stride)) for i in range(stride)]
 
 
-def _worker(rank: int, world: int, members: int, port: int, sizes: list[int], repeats: int, gap_ms: float,
+def _worker(rank: int, world: int, port: int, members: int, sizes: list[int], repeats: int, gap_ms: float,
             out_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -114,14 +113,7 @@ def _worker(rank: int, world: int, members: int, port: int, sizes: list[int], re
 def measure(world: int, members: int, sizes: list[int], repeats: int, gap_ms: float) -> list[dict]:
     """One look at one layout: every collective, size and regime among ``members`` of ``world`` fresh
     local processes."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.json")
-        os.environ["PYTHONSAFEPATH"] = "1"  # spawned children start with "-c": keep the cwd off their sys.path
-        mp.start_processes(_worker, args=(world, members, _free_port(), sizes, repeats, gap_ms, out), nprocs=world,
-                           join=True, start_method="spawn")
-        return json.loads(Path(out).read_text())
+    return gloo_processes(_worker, world, members, sizes, repeats, gap_ms)
 
 
 def layout_name(r: dict, cores: int) -> str:
