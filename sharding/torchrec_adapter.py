@@ -22,7 +22,7 @@ from typing import NamedTuple
 from cubic.core.spec import SpecError
 from sharding.estimate import Estimator
 from sharding.planners import Context, Planner, planner_context, with_prediction
-from sharding.types import Plan, Shard
+from sharding.types import Plan, Shard, Storage
 
 _TYPE_TO_CUBIC = {"table_wise": "table_wise", "column_wise": "column_wise", "table_column_wise": "column_wise",
                   "row_wise": "row_wise", "table_row_wise": "table_row_wise", "data_parallel": "data_parallel",
@@ -319,7 +319,7 @@ def validate_in_torchrec(plan: Plan, local_size: int | None = None) -> None:
         pieces = lay.shards or [(0, t.rows, 0, t.dim, r) for r in lay.ranks]
         shards = []
         for ro, rows, co, cols, r in pieces:
-            w, o = rows * cols * 4.0, rows * 4.0
+            w, o = Storage.parts(rows, cols)  # the plan's own storage rule
             hbm = hbm_bytes(w, o, k) if k.compute_kernel in ("fused", "fused_uvm", "fused_uvm_caching") else w + o
             shards.append(TRShard(size=[rows, cols], offset=[ro, co], rank=r,
                                   storage=TRStorage(hbm=int(hbm), ddr=int(w + o - hbm))))

@@ -54,8 +54,16 @@ COLUMN_MULTIPLE = 4  # column-wise splits are in multiples of 4 (FBGEMM's vector
 FP32_BYTES = 4
 
 
+# the embedding optimizer's state per row beside the fp32 weights: row-wise AdaGrad, plain or
+# momentum-scaled, one fp32; SGD none
+ROW_STATE_BYTES = {"rowwise_adagrad": FP32_BYTES, "ms_rowwise_adagrad": FP32_BYTES, "sgd": 0}
+# what a plan's storage assumes: the planners are not told the job's embedding optimizer
+PLANNER_OPTIMIZER = "rowwise_adagrad"
+
+
 class Storage(Frozen):
-    """Memory one shard needs on its rank: fp32 weights plus row-wise Adagrad state (one fp32 per row)."""
+    """Memory one shard needs on its rank: fp32 weights plus its embedding optimizer's state (a plan
+    assumes row-wise AdaGrad's, one fp32 per row: ``PLANNER_OPTIMIZER``)."""
 
     weights_bytes: int = Field(ge=0)
     optimizer_bytes: int = Field(ge=0)
@@ -64,9 +72,16 @@ class Storage(Frozen):
     def total(self) -> int:
         return self.weights_bytes + self.optimizer_bytes
 
+    @staticmethod
+    def parts(rows, cols, optimizer: str = PLANNER_OPTIMIZER) -> tuple:
+        """(weights, optimizer state) bytes of a shard or table, scalars or arrays: the one rule for a
+        plan's storage, the step model's memory and weight-sync bytes, and a run's resident state."""
+        return rows * cols * FP32_BYTES, rows * ROW_STATE_BYTES[optimizer]
+
     @classmethod
-    def of(cls, rows: int, cols: int) -> "Storage":
-        return cls(weights_bytes=rows * cols * FP32_BYTES, optimizer_bytes=rows * FP32_BYTES)
+    def of(cls, rows: int, cols: int, optimizer: str = PLANNER_OPTIMIZER) -> "Storage":
+        weights, state = cls.parts(rows, cols, optimizer)
+        return cls(weights_bytes=weights, optimizer_bytes=state)
 
 
 class Shard(Frozen):

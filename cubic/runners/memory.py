@@ -27,9 +27,11 @@ def state_bytes(workload: Workload, config: Config) -> dict[str, int]:
     """The run's resident state, by part (bytes; a lower bound of its peak memory)."""
     from cubic.runners.step_model import dense_sites
 
+    from sharding.types import Storage
+
     wl = config.apply(workload)
-    emb = sum(t.rows * t.dim * F32 for t in wl.tables)
-    emb_opt = 0 if wl.optimizers.embedding == "sgd" else sum(t.rows * F32 for t in wl.tables)
+    parts = [Storage.parts(t.rows, t.dim, wl.optimizers.embedding) for t in wl.tables]
+    emb, emb_opt = sum(w for w, _ in parts), sum(s for _, s in parts)
     params = sum(s.params for s in dense_sites(wl, 1))
     dense = params * F32 * (2 + (2 if wl.optimizers.dense == "adam" else 0))  # weights, grads, moments
     return {"embedding_tables": emb, "embedding_optimizer": emb_opt, "dense_params_grads_optimizer": dense}

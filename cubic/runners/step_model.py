@@ -63,16 +63,11 @@ from cubic.core.config import Config
 from cubic.core.units import GIB
 from cubic.core.spec import (DLRMArch, DMTArch, Frozen, SpecError, Table, Topology, Workload, WukongArch, check_group_size,
                              stable_hash)
-from sharding.types import Plan, ReplicaSync, plan_from_dict
+from sharding.types import Plan, ReplicaSync, Storage, plan_from_dict
 
 ID_BYTES = 8  # int64 ids in the input all-to-all and the TBE kernels
 LENGTH_BYTES = 4  # int32 lengths per (example, table)
 EMB_BYTES = 4  # fp32 embedding weights and pooled outputs/gradients (FBGEMM TBE default)
-
-
-def embedding_bytes(rows, cols, sgd_emb: bool):
-    """A table's or shard's fp32 weights, plus row-wise AdaGrad's one fp32 state per row (none for SGD)."""
-    return rows * cols * EMB_BYTES + (0 if sgd_emb else rows * EMB_BYTES)
 
 
 # public sources (or stated assumptions) of the model's own constants; the hardware figures are in
@@ -586,8 +581,9 @@ class _GroupShards:
                                                    self.ex[j], self.hit[j], self.unique[j], dev, params, sgd_emb)
         return tuple(np.bincount(self.rank, weights=w, minlength=G) for w in (f_t, b_t, u_t))
 
-    def shard_bytes(self, sgd_emb: bool) -> np.ndarray:
-        return embedding_bytes(self.rows, self.cols, sgd_emb)
+    def shard_bytes(self, optimizer: str) -> np.ndarray:
+        """Each shard's weights and its embedding optimizer's state (sharding.types.Storage.parts)."""
+        return sum(Storage.parts(self.rows, self.cols, optimizer))
 
 
 @dataclass
@@ -604,7 +600,7 @@ class _Comm:
     sync_bytes: float
 
 
-def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad_bytes: int, sgd_emb: bool,
+def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad_bytes: int, emb_optimizer: str,
                    cluster: ClusterSpec, params: StepModelParams) -> _Comm:
     # all-to-all volumes: what each owner sends to each other group rank per step
     mp = ~sh.dp
@@ -627,7 +623,7 @@ def _communication(sh: _GroupShards, dc: DenseCost, B: int, G: int, W: int, grad
     if R > 1 and mp.any():
         comm = cluster_comm(cluster, params)
         per_rank, sent = rank_sync_ms(sh.rank[mp], G, R, comm, mode=params.emb_sync,
-                                      interval=params.emb_sync_interval, shard_bytes=sh.shard_bytes(sgd_emb)[mp],
+                                      interval=params.emb_sync_interval, shard_bytes=sh.shard_bytes(emb_optimizer)[mp],
                                       rows=sh.rows[mp], cols=sh.cols[mp], alpha=sh.alpha[mp], draws=sh.n_ids[mp])
         sync_bytes = float(sent.max())
         t_sync = float(max(per_rank)) / 1e3
@@ -647,9 +643,8 @@ def _group_plan(wl: Workload, config: Config, cluster: ClusterSpec, W: int, dc: 
     G = plan.group_size if plan is not None else (config.sharding.group_size or W)
     planner = plan.planner if plan is not None else planner_name(config)
     check_group_size(G, W)
-    sgd_emb = wl.optimizers.embedding == "sgd"
     base_mem = params.reserved_bytes + dense_mem + dc.activation_bytes + emb_act
-    emb_bytes = sum(embedding_bytes(t.rows, t.dim, sgd_emb) for t in wl.tables)
+    emb_bytes = sum(sum(Storage.parts(t.rows, t.dim, wl.optimizers.embedding)) for t in wl.tables)
     low = base_mem + emb_bytes / G
     if low > dev.hbm_bytes:
         # even a perfectly balanced plan cannot fit: report the lower bound of the peak
@@ -694,7 +689,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
     emb_fwd_r, emb_bwd_r, emb_upd_r = sh.embedding_times(wl, G, dev, params, sgd_emb)
     emb_total_r = emb_fwd_r + emb_bwd_r + emb_upd_r
     slow = int(np.argmax(emb_total_r))
-    comm = _communication(sh, dc, B, G, W, grad_bytes, sgd_emb, cluster, params)
+    comm = _communication(sh, dc, B, G, W, grad_bytes, wl.optimizers.embedding, cluster, params)
 
     # dense optimizer: Adam reads param, grad, m, v and writes param, m, v (fp32); SGD reads 2 writes 1
     opt_bytes = dc.params * (28 if wl.optimizers.dense == "adam" else 12)
@@ -722,7 +717,7 @@ def predict_step(workload: Workload, config: Config, cluster: ClusterSpec, world
     step = sum(phases.values())
 
     # memory of the busiest rank (memory-wise)
-    emb_mem_r = np.bincount(sh.rank, weights=sh.shard_bytes(sgd_emb), minlength=G)
+    emb_mem_r = np.bincount(sh.rank, weights=sh.shard_bytes(wl.optimizers.embedding), minlength=G)
     # buffers: received ids, pooled outputs to send and their gradients, sorted ids in backward
     buf_r = np.bincount(sh.rank, weights=sh.n_ids * (ID_BYTES * 3) + sh.ex * sh.out_cols * EMB_BYTES * 2, minlength=G)
     mrank = int(np.argmax(emb_mem_r + buf_r))
