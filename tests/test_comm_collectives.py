@@ -158,4 +158,3 @@ def test_a_cluster_without_fitted_collectives_keeps_its_trial_fingerprint(tmp_pa
     assert "collectives" not in SimulatedRunner(CLUSTERS["h100"], 64).fingerprint()["cluster"]
     gloo, _ = cpu_gloo_cluster(DEVICES["h100"], ranks=4, calibration=str(write_v2(tmp_path / "cal.json")))
     assert SimulatedRunner(gloo, 4).fingerprint()["cluster"]["collectives"]["all_reduce"][1] == BUSY["all_reduce"][1]
-
