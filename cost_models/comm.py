@@ -586,23 +586,39 @@ def _fit_set(runs: list[dict]) -> dict:
             "collectives": {k: {**c, "fit_mape": e} for k, (c, e) in fits.items() if k != "all_to_all"}}
 
 
+def pooled_passes(passes: list[list[dict]]) -> list[dict]:
+    """One row per collective, world and size: the median over the passes of each pass's median time
+    (``median_s``), each pass's beside it (``passes_s``) and their max/min (``pass_spread``). A gloo
+    process group can keep a slow state for its life (a 2-process all-reduce here: 0.5 or 2.7 ms at one
+    size, group to group), so fresh groups, pooled, steady a fit that one group would tip."""
+    cells: dict = {}
+    for rows in passes:
+        for r in rows:
+            cells.setdefault((r["collective"], r["world"], r["bytes"]), []).append(r)
+    return [{**rs[0], "median_s": statistics.median(r["median_s"] for r in rs),
+             "passes_s": [r["median_s"] for r in rs],
+             "pass_spread": max(r["median_s"] for r in rs) / min(r["median_s"] for r in rs)} for rs in cells.values()]
+
+
 def calibrate(worlds=(2, 3, 4), sizes=(256, 4096, 65536, 262144, 1 << 20, 4 << 20), repeats: int = 10,
-              path: str | Path | None = CALIBRATION_PATH) -> dict:
-    """Run gloo all-to-alls, all-reduces and all-gathers; fit each collective's constants through the
-    model's own formula for it (:func:`fit_collective`). The all-to-all's are the model's base
-    (``constants``); the others price the 2D replica sync (``collectives``, CommModel.for_collective)."""
+              path: str | Path | None = CALIBRATION_PATH, passes: int = 3) -> dict:
+    """Run gloo all-to-alls, all-reduces and all-gathers in ``passes`` fresh process groups per world,
+    pooled (:func:`pooled_passes`); fit each collective's constants through the model's own formula for
+    it (:func:`fit_collective`). The all-to-all's are the model's base (``constants``); the others price
+    the 2D replica sync (``collectives``, CommModel.for_collective)."""
     from cubic.core.fingerprint import fingerprint, fingerprint_hash
 
     fp = fingerprint("cpu")
     cores = int(fp.get("cpu_count") or os.cpu_count() or 1)
-    runs = [{**r, "oversubscribed": r["world"] > cores}
-            for w in worlds for r in measure_collectives(w, list(sizes), repeats)]
+    measured = [[r for w in worlds for r in measure_collectives(w, list(sizes), repeats)] for _ in range(passes)]
+    runs = [{**r, "oversubscribed": r["world"] > cores} for r in pooled_passes(measured)]
     spare, busy = [r for r in runs if not r["oversubscribed"]], [r for r in runs if r["oversubscribed"]]
     fits = _fit_set(spare or busy)
     doc = {
         "version": 2,
         "what": ("alpha-beta constants of torch.distributed gloo collectives between processes on this machine over "
-                 "loopback, each timed back to back after a barrier (the slowest rank's time, median) and fitted "
+                 "loopback, each timed back to back after a barrier (the slowest rank's time, median; the median "
+                 "of that over fresh process groups, ``passes``) and fitted "
                  "through cost_models.comm's formula for it: all_to_all_single t = alpha_s + alpha_peer_s*(P-1) + "
                  "beta_s_per_byte*bytes_sent_per_rank (``constants``, the model's base); all_reduce (ring) and "
                  "all_gather (``collectives``), the collectives of a 2D plan's replica sync. Fitted on the runs "
@@ -611,6 +627,9 @@ def calibrate(worlds=(2, 3, 4), sizes=(256, 4096, 65536, 262144, 1 << 20, 4 << 2
         **fits,
         "runs_fitted": "a core per process" if spare else "more processes than cores (no run had a core each)",
         "cores": cores,
+        "passes": passes,
+        "pass_spread": {k: statistics.median(r["pass_spread"] for r in runs if r["collective"] == k)
+                        for k in COLLECTIVES},
         **({"oversubscribed": {**_fit_set(busy), "worlds": sorted({r["world"] for r in busy})}} if spare and busy
            else {}),
         "runs": runs,

@@ -92,6 +92,7 @@ HOSTILE = [
     (["shard", "collect", "--start", "-2"], "--start"),
     (["shard", "train", "--holdout", "1.5"], "--holdout"),
     (["shard", "calibrate-comm", "--repeats", "0"], "--repeats"),
+    (["shard", "calibrate-comm", "--passes", "0"], "--passes"),
     (["sim", "predict", "--sync-interval", "0"], "--sync-interval"),
     (["sim", "calibrate", "--world-size", "0"], "--world-size"),
     (["sim", "calibrate", "--steps", "0"], "--steps"),

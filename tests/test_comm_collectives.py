@@ -158,3 +158,19 @@ def test_a_cluster_without_fitted_collectives_keeps_its_trial_fingerprint(tmp_pa
     assert "collectives" not in SimulatedRunner(CLUSTERS["h100"], 64).fingerprint()["cluster"]
     gloo, _ = cpu_gloo_cluster(DEVICES["h100"], ranks=4, calibration=str(write_v2(tmp_path / "cal.json")))
     assert SimulatedRunner(gloo, 4).fingerprint()["cluster"]["collectives"]["all_reduce"][1] == BUSY["all_reduce"][1]
+
+
+def test_passes_are_pooled_by_their_median_so_one_slow_process_group_does_not_tip_the_fit():
+    from cost_models.comm import pooled_passes
+
+    truth = CommModel(0.0, 2e-4, 7e-10, 7e-10)
+    cells = [("all_reduce", w, n) for w in (2, 3, 4) for n in (256, 65536, 1 << 20)]
+    passes = [[{"collective": k, "world": w, "bytes": n, "median_s": collective_ms(truth, k, w, n) / 1e3
+                * (5.0 if (p, w, n) == (1, 2, 65536) else 1.0), "repeats": 10} for k, w, n in cells] for p in range(3)]
+    pooled = pooled_passes(passes)
+    slow = next(r for r in pooled if (r["world"], r["bytes"]) == (2, 65536))
+    assert slow["pass_spread"] == pytest.approx(5.0) and len(slow["passes_s"]) == 3
+    consts, mape = fit_collective(pooled)
+    assert mape < 1e-6 and consts["alpha_peer_s"] == pytest.approx(2e-4, rel=1e-6)
+    _, tipped = fit_collective(passes[1])  # the slow group alone tips its own fit
+    assert tipped > 0.05

@@ -422,9 +422,10 @@ def cmd_calibrate(args) -> int:
     from cubic.cli.common import user_data_output
 
     out = args.out or user_data_output(USER_CALIBRATION_NAME)  # checked before the all-to-alls are measured
-    doc = calibrate(repeats=args.repeats, path=out)
+    doc = calibrate(repeats=args.repeats, path=out, passes=args.passes)
     print(json.dumps({"wrote": str(out), "constants": doc["constants"], "fit_mape": doc["fit_mape"],
                       "collectives": doc["collectives"], "oversubscribed": doc.get("oversubscribed"),
+                      "passes": doc["passes"], "pass_spread": doc["pass_spread"],
                       "machine": doc["fingerprint"].get("cpu_model"), "fingerprint_hash": doc["fingerprint_hash"],
                       "loadavg_1m": doc["loadavg_1m"]}, indent=1))
     print("`cubic shard plan` on cpu now prices all-to-alls and 2D replica syncs with it (a plan records the file "
@@ -544,6 +545,8 @@ def register(subparsers) -> None:
     ca = sub.add_parser("calibrate-comm",
                         help="re-measure the gloo alpha-beta constants (all-to-all, all-reduce, all-gather)")
     ca.add_argument("--repeats", type=int_at_most(MAX_REPEATS), default=10)
+    ca.add_argument("--passes", type=int_at_most(20), default=3,
+                    help="fresh process groups per world, pooled by median (default 3)")
     ca.add_argument("--out", default=None, help="default: $CUBIC_HOME (or ~/.local/share/cubic)/comm_calibration.json, "
                     "which `shard plan` then prefers to the packaged one")
     ca.set_defaults(func=cmd_calibrate)
