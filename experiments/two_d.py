@@ -258,24 +258,30 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
             "rows": rows}
 
 
+def modelled_rank0_sync_bytes(plan, wl) -> float:
+    """The bytes the rule prices for rank 0's pieces of a gradient sync (one vectorised
+    cost_models.comm.touched_row_sync_bytes call over them, as the step model makes it)."""
+    from cost_models.comm import group_draws, touched_row_sync_bytes
+
+    tables, G, R = {t.name: t for t in wl.tables}, plan.group_size, plan.world_size // plan.group_size
+    mine = [(sh, tables[sh.table]) for sh in plan.shards if sh.rank == 0 and sh.sharding_type != "data_parallel"]
+    if not mine:
+        return 0.0
+    ids, grads = touched_row_sync_bytes([sh.rows for sh, _ in mine], [sh.cols for sh, _ in mine],
+                                        [t.access.effective_alpha() for _, t in mine],
+                                        [group_draws(t, sh.rows, G, plan.batch_size) for sh, t in mine], R)
+    return float(ids.sum() + grads.sum())
+
+
 def sync_volume(res, plan, wl, sync: str | None) -> dict:
     """A gradient sync's bytes on rank 0 per step: counted by the runner (MEASURED) beside the rule the
     planner and the step model price (MODELLED, cost_models.comm.touched_row_sync_bytes over rank 0's pieces);
     and the ms rank 0 spent inside its three collectives (MEASURED; the rest of the sync finds and merges rows),
     and of those, waiting for a replica peer to arrive (MEASURED, cubic.runners.distributed._peer_wait)."""
-    from cost_models.comm import group_draws, touched_row_sync_bytes
-
     counted = (res.extra.get("two_d") or {}).get("sync_volume_rank0")
     if sync != "gradients" or not counted:
         return {}
-    tables, G, R = {t.name: t for t in wl.tables}, plan.group_size, plan.world_size // plan.group_size
-    modelled = 0.0
-    for sh in plan.shards:
-        if sh.rank == 0 and sh.sharding_type != "data_parallel":
-            t = tables[sh.table]
-            ids, grads = touched_row_sync_bytes(sh.rows, sh.cols, t.access.effective_alpha(),
-                                                group_draws(t, sh.rows, G, plan.batch_size), R)
-            modelled += float(ids[0] + grads[0])
+    modelled = modelled_rank0_sync_bytes(plan, wl)
     measured = counted["ids_bytes_per_sync"] + counted["grad_bytes_per_sync"]
     return {"measured_sync_bytes_rank0": measured, "modelled_sync_bytes_rank0": modelled,
             "sync_bytes_modelled_over_measured": modelled / measured,
