@@ -207,6 +207,22 @@ def test_a_full_run_keeps_the_merged_sections(tmp_path, monkeypatch):
                                   "early stop, crossing curves: e": 6}
 
 
+def test_a_full_run_keeps_the_hard_space_measured_apart(tmp_path, monkeypatch):
+    """The hard space has its own invocation (--hard, ~20 min of runs): a full run that rewrote the
+    spaces had dropped it and its targets from results/search_benchmark.json."""
+    import experiments.common as common
+    from experiments.search_benchmark import keep_hard
+
+    stored = {"spaces": {"hard:wukong-small": {"methods": {}}, "real:dlrm-small": {"old": True}}}
+    (tmp_path / "search_benchmark.json").write_text(json.dumps(stored))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    results = {"spaces": {"real:dlrm-small": {"new": True}}}
+    keep_hard(results, "search_benchmark")
+    assert results["spaces"] == {"real:dlrm-small": {"new": True}, "hard:wukong-small": {"methods": {}}}
+    keep_hard(results, "search_benchmark_quick")  # no stored file: nothing to keep, nothing lost
+    assert set(results["spaces"]) == {"real:dlrm-small", "hard:wukong-small"}
+
+
 def test_a_merged_part_records_its_context_from_before_it_ran(tmp_path, monkeypatch):
     """started_at and loadavg_1m_at_start are the part's start, not the time it wrote its result
     (they were taken after the run: a 9-minute part said it started when it ended)."""

@@ -45,10 +45,17 @@ def test_prior_first_pick_fraction_and_rank(space):
     pick = tab.prior_first_pick(space, t, lambda p: p["a"] + (5 if p["b"] == "z" else 0))
     assert pick["point"] == {"a": 3, "b": "z"} and pick["fraction_of_best"] == 0.0
     assert pick["prior_rank_of_measured_best"] == 2 and pick["prior_ties_at_top"] == 1
+    # trusting this prior alone: its infeasible first pick, then the best (only a=2,z is within 98%)
+    assert pick["runs_in_prior_order_to_target"] == 2
     # a prior that favours a=1: its first pick measures 80/90 of the best
     pick = tab.prior_first_pick(space, t, lambda p: -abs(p["a"] - 1) + (0.5 if p["b"] == "z" else 0))
     assert pick["point"] == {"a": 1, "b": "z"}
     assert pick["fraction_of_best"] == pytest.approx(80 / 90)
+    # in its order (ties by enumeration): 1z, 1x, 1y, 0z, then the best 2z
+    assert pick["prior_rank_of_measured_best"] == 5 and pick["runs_in_prior_order_to_target"] == 5
+    # a looser target is reached by the first pick itself
+    assert tab.prior_first_pick(space, t, lambda p: -abs(p["a"] - 1) + (0.5 if p["b"] == "z" else 0),
+                                target_fraction=0.85)["runs_in_prior_order_to_target"] == 1
 
 
 def test_curve_and_runs_to_target(space):
