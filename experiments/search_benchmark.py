@@ -279,7 +279,8 @@ def _pick_why(sp: dict) -> str:
     if m is None:  # a simulated table: one value per configuration, no passes to compare
         return floor + (f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best; ")
     slow = pk.get("fraction_of_best_slower_pass", 0.0)
-    return floor + (f"the prior's first pick {pk['point']} measures {pk['fraction_of_best']:.3f} of the best by the kept "
+    return floor + (
+            f"the prior's first pick {pk['point']} measures {pk['fraction_of_best']:.3f} of the best by the kept "
             f"(fastest of {m.get('passes')}) passes and {slow:.2f} against the best's slower pass"
             + (f", so the two are within this table's pass-to-pass noise (median fastest/slowest pass "
                f"{m.get('pass_spread_median', float('nan')):.2f}) and {TARGET:.0%} asks for an order the "
