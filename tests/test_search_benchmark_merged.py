@@ -340,8 +340,13 @@ def test_the_closing_summary_prints_a_target_with_nothing_measured(capsys):
     # run's last lines crashed on it after writing its JSON (stop 47)
     from experiments.search_benchmark import _print_summary
 
-    _print_summary({"spaces": {}, "targets": {
+    # a kept hard space has no cubic/TPE ratio (its targets compare medians): the last lines crashed on
+    # it after writing the JSON (stop 75, the first full run that kept it)
+    hard = {"kind": "measured", "best_known": 10.0,
+            "methods": {"cubic": {"mean_runs_to_target": 1.0, "reached": 5, "seeds": 5}}}
+    _print_summary({"spaces": {"hard:w": hard}, "targets": {
         "never reached": {"measured": None, "target": 0.3, "met": False},
         "reached": {"measured": 0.442, "target": 0.3, "met": True}}})
     out = capsys.readouterr().out
     assert "target MISSED: never reached: measured none" in out and "target MET: reached: measured 0.442" in out
+    assert "hard:w [measured]: best known 10 examples/s; runs to 98%: cubic 1.0 (reached 5/5)\n" in out
