@@ -610,7 +610,7 @@ def planner_check_record(payload: dict) -> dict:
                                                    "worst_task_met": own["worst_task_met"]}}
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 small tasks, one multi-node task")
     ap.add_argument("--tasks", type=int, default=9, help="small 4-rank tasks (spread over the three families)")
@@ -628,6 +628,55 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.relooks < 0:
         ap.error(f"--relooks {args.relooks}: a count of re-measurements, 0 or more")
+    return args
+
+
+def _method_note(regs: dict, est, mismatch, args, looks: int, load_start: float, loads) -> dict:
+    """What the run did and how each figure was made (the JSON's what/ground_truth/labels/load/protocol)."""
+    return {
+        "what": ("per task and interconnect regime, every planner told the regime's network (Topology comm fields); "
+                 "each plan judged by: max over ranks of MEASURED compute (FBGEMM CPU TBE, thread CPU time, min of "
+                 f"{ROUNDS} interleaved rounds) + MODELLED communication by an independent synchronous plain-network "
+                 "model (experiments/_sharding_ground_truth.py), not the cost_models.comm model the planners optimise; "
+                 f"then {looks} fresh re-measurement(s) of the same plans (relook_ms), each target also judged over "
+                 "all looks (its over_looks; met only when the first look and the mean over the looks both meet it)"),
+        "ground_truth": {"compute": "measured", "communication": "modelled: independent plain bandwidth + latency + "
+                         "per-message overhead, synchronous all-to-all (per-rank max(sent, received), max over ranks)",
+                         "regimes": {r: {"told": v[0], "judge": v[1](8).describe(), "how": v[2]} for r, v in regs.items()}},
+        "labels": {"measured_ms": "mixed: measured compute + independently modelled comm",
+                   "predicted_ms": "modelled: the planner's own model (learned compute + cost_models.comm)",
+                   "planning_s": "measured"},
+        "load": {"loadavg_1m_start": load_start, "loadavg_1m_per_task": loads,
+                 "note": "2-core machine shared with other jobs; compute is thread CPU time, min of interleaved rounds"},
+        "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS, "relooks": looks,
+                     "cubic_time_budget_s": args.budget, "quick": args.quick, "target": "torchrec",
+                     "comm_calibration": {k: v for k, v in calibration_origin(CALIBRATION_PATH).items()
+                                          if k in ("file", "machine", "cores", "this_machine", "where", "fit_mape")},
+                     "cost_model": getattr(est.model, "meta_", {}),
+                     "cost_model_machine_mismatch": mismatch,  # None: trained on a machine of this fingerprint
+                     "not_run_here": "the 512x64 and 856x128 large tasks of the previous version (planning time "
+                                     "target) were left out of this regime study for time"},
+    }
+
+
+def _print_outcome(fam: dict, regs: dict, own_est, own: dict, targets: dict) -> None:
+    for r, fs in fam.items():
+        for f, v in fs.items():
+            g, gt = v["cubic_vs_best_heuristic"], v["cubic_vs_torchrec"]
+            print(f"  {r} / {f}: cubic vs best heuristic ({v['best_heuristic']}) "
+                  + (f"{g:+.1%}" if g is not None else "-") + (f", vs torchrec {gt:+.1%}" if gt is not None else "")
+                  + f" (its model said {v['cubic_vs_best_heuristic_predicted_by_its_model'] or 0:+.1%})")
+    if own_est:
+        for r in regs:
+            print(f"  {OWN} accuracy on {r}: {own['accuracy'][r]}")
+    for k, v in targets.items():
+        sl = v.get("over_looks")
+        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}"
+              + (f" (over {sl['looks']} looks: {sl['mean']:+.3f} [{sl['ci95'][0]:+.3f}, {sl['ci95'][1]:+.3f}])" if sl else ""))
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
     own_est = own_estimator(args.own_model) if args.own_model else None
     name = "sharding_benchmark" + ("_quick" if args.quick else "")
     if args.hbm_only:
@@ -658,28 +707,7 @@ def main(argv=None) -> int:
         "not_run": "no --own-model: whether a miss is the shipped model's machine is not checked by this run"}
     payload = {
         **ctx,
-        "what": ("per task and interconnect regime, every planner told the regime's network (Topology comm fields); "
-                 "each plan judged by: max over ranks of MEASURED compute (FBGEMM CPU TBE, thread CPU time, min of "
-                 f"{ROUNDS} interleaved rounds) + MODELLED communication by an independent synchronous plain-network "
-                 "model (experiments/_sharding_ground_truth.py), not the cost_models.comm model the planners optimise; "
-                 f"then {looks} fresh re-measurement(s) of the same plans (relook_ms), each target also judged over "
-                 "all looks (its over_looks; met only when the first look and the mean over the looks both meet it)"),
-        "ground_truth": {"compute": "measured", "communication": "modelled: independent plain bandwidth + latency + "
-                         "per-message overhead, synchronous all-to-all (per-rank max(sent, received), max over ranks)",
-                         "regimes": {r: {"told": v[0], "judge": v[1](8).describe(), "how": v[2]} for r, v in regs.items()}},
-        "labels": {"measured_ms": "mixed: measured compute + independently modelled comm",
-                   "predicted_ms": "modelled: the planner's own model (learned compute + cost_models.comm)",
-                   "planning_s": "measured"},
-        "load": {"loadavg_1m_start": load_start, "loadavg_1m_per_task": loads,
-                 "note": "2-core machine shared with other jobs; compute is thread CPU time, min of interleaved rounds"},
-        "protocol": {"batch_per_rank": BATCH, "multi_batch_per_rank": MULTI_BATCH, "rounds": ROUNDS, "relooks": looks,
-                     "cubic_time_budget_s": args.budget, "quick": args.quick, "target": "torchrec",
-                     "comm_calibration": {k: v for k, v in calibration_origin(CALIBRATION_PATH).items()
-                                          if k in ("file", "machine", "cores", "this_machine", "where", "fit_mape")},
-                     "cost_model": getattr(est.model, "meta_", {}),
-                     "cost_model_machine_mismatch": mismatch,  # None: trained on a machine of this fingerprint
-                     "not_run_here": "the 512x64 and 856x128 large tasks of the previous version (planning time "
-                                     "target) were left out of this regime study for time"},
+        **_method_note(regs, est, mismatch, args, looks, load_start, loads),
         "methods": methods,
         "regimes": fam,
         "cost_model_accuracy": accuracy,
@@ -699,22 +727,9 @@ def main(argv=None) -> int:
 
         CHECK_PATH.write_text(json.dumps(planner_check_record(json.loads(path.read_text())), indent=2) + "\n")
     plot(fam, list(regs), methods, png_path(name))
-    for r, fs in fam.items():
-        for f, v in fs.items():
-            g, gt = v["cubic_vs_best_heuristic"], v["cubic_vs_torchrec"]
-            print(f"  {r} / {f}: cubic vs best heuristic ({v['best_heuristic']}) "
-                  + (f"{g:+.1%}" if g is not None else "-") + (f", vs torchrec {gt:+.1%}" if gt is not None else "")
-                  + f" (its model said {v['cubic_vs_best_heuristic_predicted_by_its_model'] or 0:+.1%})")
-    if own_est:
-        for r in regs:
-            print(f"  {OWN} accuracy on {r}: {own['accuracy'][r]}")
-    for k, v in targets.items():
-        sl = v.get("over_looks")
-        print(f"  [{'met' if v['met'] else 'MISSED'}] {k}: {v['measured']}"
-              + (f" (over {sl['looks']} looks: {sl['mean']:+.3f} [{sl['ci95'][0]:+.3f}, {sl['ci95'][1]:+.3f}])" if sl else ""))
+    _print_outcome(fam, regs, own_est, own, targets)
     print(f"wrote {path} and {png_path(name)} in {payload['runtime_s']:.0f} s")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
