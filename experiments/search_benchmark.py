@@ -428,6 +428,8 @@ def run_hard(args) -> None:
         "label": "MEASURED", "runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
         "steps": args.steps, "warmup": args.warmup, "passes": passes, "store": args.hard_store,
         "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": ctx_measure,
+        # when and on which code the runs were made (a table served from the store is older than this run)
+        "provenance": next(iter(table.values())).extra.get("provenance"),
         "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
                                  "failure_kind": table[space.key(p)].failure_kind,
                                  "metrics": table[space.key(p)].metrics} for p in space.enumerate()},
