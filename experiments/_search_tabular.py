@@ -149,10 +149,13 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
         "measured": frac, "target": target_fraction, "met": frac < target_fraction,
         "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
         **({"reason": (
-            f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best by the kept (fastest) passes and "
-            f"{pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's slower pass: the leaders "
-            "(fp32, FP8 off, batch >= 1024, either kernel) are within this machine's pass-to-pass noise, so the "
-            "space is not measurably hard here and 'runs to 98%' still largely measures the prior")}
+            f"the prior's first pick {pk['point']} measures {pk['fraction_of_best']:.3f} of the best by the kept "
+            f"(fastest) passes and {pk.get('fraction_of_best_slower_pass', float('nan')):.2f} against the best's "
+            "slower pass" + (": it is the measured best (the prior's #1), so on this machine the step model puts the "
+                             "fastest configuration first" if pk["prior_rank_of_measured_best"] == 1 else
+                             ": the two are within this machine's pass-to-pass noise")
+            + "; the space is not measurably hard here and 'runs to 98%' still measures the prior (without it, "
+            f"cubic-noprior needs a median {med.get('cubic-noprior')} runs, TPE {med['tpe']:g})")}
            if frac >= target_fraction else {})}}
     for other in ("tpe", "random"):
         out[f"{name}: cubic median runs to {target_fraction:.0%} <= {other}'s"] = {

@@ -135,3 +135,25 @@ def test_a_table_says_when_and_on_which_code_its_runs_were_made(tmp_path):
     assert sum(got["code_versions"].values()) == 3
     assert got["first_run_at"] <= got["last_run_at"]
     assert provenance({"a": [Result.failed("error", "x")]}, store) == {}
+
+
+def test_hard_targets_say_whether_the_prior_already_answers():
+    """The hard space's targets from its section: when the prior's first pick is the measured best,
+    the 'space is hard' target is missed and says so with the pick, and what the search costs without it."""
+    def section(rank, frac):
+        return {"methods": {m: {"median_runs_to_target": v} for m, v in
+                            {"cubic": 1.0, "tpe": 16.0, "random": 32.0, "cubic-noprior": 9.0, "cubic-optuna": 1.0}.items()},
+                "prior_first_pick": {"point": {"batch_size": 4096}, "fraction_of_best": frac,
+                                     "fraction_of_best_slower_pass": frac * 1.03, "prior_rank_of_measured_best": rank,
+                                     "runs_in_prior_order_to_target": rank},
+                "holdout_tau": [{"held_out_tau": 0.87, "prior_only_tau": 0.6}],
+                "measurement": {"retest_tau_between_passes": {"1v2": 0.9}}}
+
+    t = tab.hard_targets("hard:w", section(1, 1.0))
+    hard = t["hard:w: prior's first pick < 98% of the best, also against the best's slower pass (the space is hard)"]
+    assert not hard["met"] and "it is the measured best (the prior's #1)" in hard["reason"]
+    assert "{'batch_size': 4096}" in hard["reason"] and "cubic-noprior needs a median 9.0 runs, TPE 16" in hard["reason"]
+    assert t["hard:w: cubic median runs to 98% <= a third of tpe's"]["met"]
+    near = tab.hard_targets("hard:w", section(3, 0.97))  # 0.97 by the kept pass, 0.999 against the slower one
+    assert "within this machine's pass-to-pass noise" in near[next(iter(near))]["reason"]
+    assert tab.hard_targets("hard:w", section(7, 0.9))[next(iter(near))]["met"]  # measurably below: hard
