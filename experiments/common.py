@@ -14,6 +14,9 @@ from cubic.core.fingerprint import code_version, fingerprint, fingerprint_hash, 
 from cubic.core.stats import mean_interval, samples_to_resolve
 
 REPO = Path(__file__).resolve().parent.parent
+# A quality comparison means something only on a model that learns: a baseline whose end NE is at or
+# below this bar has removed >= 7% of the base rate's entropy, 70x the +-0.1% NE effects resolved
+LEARNS_NE_BAR = 0.93
 RESULTS = REPO / "results"
 
 

@@ -138,6 +138,30 @@ def test_production_target():
     assert not [v for k, v in t.items() if "predicts faster" in k][0]["met"]
 
 
+def test_the_production_ne_target_is_judged_only_on_a_model_that_learns():
+    """A paired NE difference on a model that has not learned is the spread of early trajectories, not
+    FP8's cost: the target is not judged there, and says so with the full-precision NE it saw."""
+    from experiments._fp8_production import judged, learns
+    from experiments.common import LEARNS_NE_BAR
+
+    resolved = fb.verdict(fb.paired([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4]))
+    assert resolved["met"]
+    fp = learns({0: 0.968, 1: 0.989, 2: 0.975}, steps=150)
+    assert not fp["learns"] and fp["bar"] == LEARNS_NE_BAR and math.isclose(fp["mean"], (0.968 + 0.989 + 0.975) / 3)
+    t = judged(resolved, fp)
+    assert not t["met"] and t["not_judged"] and t["text"].startswith("NOT JUDGED: the full-precision model has not "
+                                                                    "learned in 150 steps (mean end NE 0.977 > 0.93)")
+    assert t["text"].endswith(resolved["text"])  # the difference as measured, still shown
+    assert judged(resolved, learns({0: 0.92, 1: 0.925}, steps=1000)) == resolved
+    pr = {"workload": "dlrm-wide", "production_batch": 16384, "recommended_sites": ["a"],
+          "sites_predicted_faster": {"a": 1.3}, "fast_sites_not_recommended": {}, "step": {"speedup": 1.2},
+          "ne_rel_diff": fb.paired([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4]), "target": t, "ne_full_precision": fp}
+    tgt = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {"production": pr})
+    check_targets(tgt)
+    (prod,) = [v for k, v in tgt.items() if k.startswith("dlrm-wide (production")]
+    assert not prod["met"] and prod["reason"].startswith("NOT JUDGED") and prod["full_precision_end_ne"] == fp["mean"]
+
+
 def test_torchao_parity_section_reports_the_measured_differences_per_recipe(monkeypatch):
     pytest.importorskip("torchao.float8")
     import fp8.torchao_parity as tp
@@ -195,3 +219,29 @@ def test_new_sections_leave_the_dispatch_target_alone():
     t = fb.targets(_payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])], tie_share=0.5) | {"mods_rescue": rs})
     (d,) = [v for k, v in t.items() if k.startswith("Dispatch")]
     assert d["measured"] == 0.5 and "strict" in d
+
+
+def test_production_only_merges_its_section_into_the_stored_run(tmp_path, monkeypatch):
+    """--production-only re-runs the production section alone and merges it (with its own context) into
+    the stored results; with no stored run it stops in one line naming the file."""
+    import argparse
+
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    args = argparse.Namespace(quick=True, workers=1, budget=24.0)
+    with pytest.raises(SystemExit, match=r"results/fp8_benchmark_quick.json: no stored run"):
+        fb._production_only(args)
+    stored = _payload([_quality([2e-4, -1e-4, 1e-4, -2e-4, 0.0, 1e-4])]) | {"context": {"code_version": "old"}}
+    (tmp_path / "fp8_benchmark_quick.json").write_text(json.dumps(stored))
+    pr = {"workload": "dlrm-wide", "production_batch": 16384, "recommended_sites": [],
+          "sites_predicted_faster": {}, "fast_sites_not_recommended": {}, "step": {"speedup": 1.0},
+          "ne_rel_diff": None, "target": {"met": False, "text": "not trained (quick run: no paired seeds)"}}
+    monkeypatch.setattr(fb, "_production", lambda *a: dict(pr))
+    monkeypatch.setattr(fb, "plot", lambda *a: None)
+    fb._production_only(args)
+    out = json.loads((tmp_path / "fp8_benchmark_quick.json").read_text())
+    assert out["context"] == {"code_version": "old"} and out["quality"] == json.loads(json.dumps(stored["quality"]))
+    assert out["production"]["workload"] == "dlrm-wide" and "--production-only" in out["production"]["context"]["what"]
+    check_targets(out["targets"])
+    assert any(k.startswith("dlrm-wide (production") for k in out["targets"])
