@@ -364,6 +364,10 @@ def plot(results: dict, path: Path) -> None:
             ax.plot(x, med, label=f"{method} (mean runs to {TARGET:.0%}: {m['mean_runs_to_target']:.1f})")
             ax.fill_between(x, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.15)
         ax.axhline(TARGET, color="k", ls="--", lw=0.8)
+        n_prior = (r.get("prior_first_pick") or {}).get("runs_in_prior_order_to_target")
+        if n_prior is not None:  # what trusting the prior alone costs: the floor a prior-led search is read against
+            ax.axvline(n_prior, color="grey", ls=":", lw=1.2,
+                       label=f"the prior's order reaches {TARGET:.0%}: run {n_prior}")
         ax.set_ylim(max(0.5, ax.get_ylim()[0]), 1.01)
         ax.set_xlabel("real runs")
         ax.set_ylabel("best feasible throughput / best known")
