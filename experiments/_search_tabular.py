@@ -54,14 +54,18 @@ def runs_to_target(best_so_far: list[float], target: float) -> int | None:
 
 
 def prior_first_pick(space: Space, table: dict[str, Result], prior: Callable[[dict], float],
-                     target_fraction: float = 0.98) -> dict[str, Any]:
+                     target_fraction: float = 0.98,
+                     feasible: Callable[[dict], bool] | None = None) -> dict[str, Any]:
     """The configuration the prior predicts fastest, what it measured, and its fraction of the best;
     ``prior(point)`` is the prior's (log) prediction of the primary objective. Also the runs a search
     that trusted the prior completely would need: every configuration in the prior's order until one
-    reaches ``target_fraction`` of the best (what "runs to 98%" costs when the search adds nothing)."""
+    reaches ``target_fraction`` of the best (what "runs to 98%" costs when the search adds nothing).
+    ``feasible(point)``: whether the prior expects the point to meet the space's constraints; those it
+    does come first, as in cubic's first round."""
     pts = space.enumerate()
     preds = np.array([prior(p) for p in pts], dtype=float)
-    order = np.argsort(-preds, kind="stable")
+    ok = np.array([True if feasible is None else bool(feasible(p)) for p in pts])
+    order = np.lexsort((-preds, ~ok))  # predicted-feasible first, then by predicted value (stable)
     best = best_known(space, table)
     first = pts[int(order[0])]
     v = feasible_value(space, table[space.key(first)])

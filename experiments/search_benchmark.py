@@ -227,6 +227,8 @@ def memory_bound(space: Space, table: dict[str, Result], *, seeds, budget, featu
     """The simulated space with its memory limit lowered to bind (MEMORY_QUANTILE of the configs'
     peak memory): runs to target per method, and the share of each method's runs that were
     infeasible (failed or over the limit) in campaigns that spend the whole budget."""
+    from experiments import _search_tabular as tab
+
     mems = sorted(e.metrics["peak_mem_bytes"] for e in table.values() if "peak_mem_bytes" in e.metrics)
     limit = float(mems[int(MEMORY_QUANTILE * (len(mems) - 1))])
     doc = space.to_json()
@@ -237,6 +239,11 @@ def memory_bound(space: Space, table: dict[str, Result], *, seeds, budget, featu
                 n_inner=n_inner, label="sim-mem")
     r["kind"] = "SIMULATED (as the simulated space, with a binding memory limit)"
     r["memory_limit_bytes"] = limit
+    cols = featurize.prior_columns
+    # the prior's order among the points its memory model expects to fit, as cubic's first round orders them
+    r["prior_first_pick"] = tab.prior_first_pick(
+        bound, table, lambda p: float(featurize(p, context)[cols[bound.primary.metric]]), TARGET,
+        feasible=lambda p: not float(featurize(p, context)[cols["peak_mem_bytes"]]) > math.log(limit))
     r["configs_over_the_limit_or_failed"] = sum(
         1 for e in table.values() if not e.ok or max(c.violation(e.metrics) for c in bound.constraints) > 0) / len(table)
     shares = {}

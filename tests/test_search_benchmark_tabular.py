@@ -47,6 +47,11 @@ def test_prior_first_pick_fraction_and_rank(space):
     assert pick["prior_rank_of_measured_best"] == 2 and pick["prior_ties_at_top"] == 1
     # trusting this prior alone: its infeasible first pick, then the best (only a=2,z is within 98%)
     assert pick["runs_in_prior_order_to_target"] == 2
+    # a prior that also predicts memory puts the points it expects to fit first (as cubic's first round)
+    fits = tab.prior_first_pick(space, t, lambda p: p["a"] + (5 if p["b"] == "z" else 0),
+                                feasible=lambda p: p["a"] != 3)
+    assert fits["point"] == {"a": 2, "b": "z"} and fits["fraction_of_best"] == 1.0
+    assert fits["runs_in_prior_order_to_target"] == 1 and fits["prior_rank_of_measured_best"] == 1
     # a prior that favours a=1: its first pick measures 80/90 of the best
     pick = tab.prior_first_pick(space, t, lambda p: -abs(p["a"] - 1) + (0.5 if p["b"] == "z" else 0))
     assert pick["point"] == {"a": 1, "b": "z"}
