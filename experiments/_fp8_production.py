@@ -10,8 +10,7 @@ import time
 from cost_models.gpu_gemm import linear_block_time_s
 from cubic.core.config import FP8Choice
 from cubic.core.workloads import PRODUCTION_BATCH, load_workload
-from experiments._fp8_quality import EVAL_BATCH, run_tasks, paired, verdict, with_eval_batch
-from experiments.common import LEARNS_NE_BAR
+from experiments._fp8_quality import EVAL_BATCH, judged, learns, run_tasks, paired, verdict, with_eval_batch
 from fp8.dispatch import Dispatcher
 from fp8.recommend import probe_workload, recommend
 
@@ -32,24 +31,17 @@ def step_speedup(sites: dict, recipe_of: dict[str, str | None]) -> dict:
                      "batch; embeddings, interaction and optimizer excluded"}
 
 
-def learns(ne_per_seed: dict[int, float], steps: int) -> dict:
-    """Whether the full-precision runs learned: their mean end NE against ``LEARNS_NE_BAR``."""
-    vals = [ne_per_seed[s] for s in sorted(ne_per_seed)]
-    mean = sum(vals) / len(vals)
-    return {"per_seed": vals, "mean": mean, "bar": LEARNS_NE_BAR, "learns": mean <= LEARNS_NE_BAR, "steps": steps,
-            "label": "measured on this CPU"}
-
-
-def judged(target: dict, fp: dict) -> dict:
-    """An NE target is judged only on a model that learns: on one that has not, a paired NE difference
-    is the spread of early, chaotic trajectories (dlrm-wide at 150 steps, as stop 69's run trained it: end
-    NE 0.97-0.99 by hand in stop 75, paired differences of 2.9% sd), not the cost of FP8."""
-    if fp["learns"]:
-        return target
-    return {**target, "met": False, "not_judged": True,
-            "text": (f"NOT JUDGED: the full-precision model has not learned in {fp['steps']} steps (mean end NE "
-                     f"{fp['mean']:.3f} > {fp['bar']}), so its NE differences are not FP8's cost; as measured: "
-                     + target["text"])}
+def judge_section(out: dict) -> None:
+    """The section's two NE verdicts (the recommendation's, the torchao-restricted one's) from its stored
+    figures, each judged only on a model that learns; ``--retarget`` recomputes them with this code."""
+    fp, ta = out.get("ne_full_precision"), out["torchao"]
+    if out.get("ne_rel_diff"):
+        out["target"] = judged(verdict(out["ne_rel_diff"]), fp)
+    if ta.get("ne_rel_diff"):
+        ta["target"] = judged(verdict(ta["ne_rel_diff"]), fp)
+    elif "target" not in ta:
+        ta["target"] = {"met": False, "text": "no site recommended" if not ta["recommended_sites"]
+                        else out["target"]["text"]}
 
 
 def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db: float, stride: int, steps: int,
@@ -105,16 +97,14 @@ def production(name: str, budget: float, *, warmup: int, max_batches: int, ci_db
         st = {v: paired([(ne[v][sd] - ne["full_precision"][sd]) / ne["full_precision"][sd] for sd in range(seeds)])
               for v in variants}
         out["ne_rel_diff"] = st["recommended"] | {"label": "measured on this CPU, paired seeds", "steps": steps}
-        out["ne_full_precision"] = fp = learns(ne["full_precision"], steps)
-        out["target"] = judged(verdict(st["recommended"]), fp)
+        out["ne_full_precision"] = learns(ne["full_precision"], steps)
         ta_st = st["recommended" if same else "recommended_torchao"] if ta.module_filter else None
     else:
         out["ne_rel_diff"] = ta_st = None
         out["target"] = {"met": False, "text": "not trained" + (" (no site recommended)" if not fast.module_filter
                                                                 else " (quick run: no paired seeds)")}
     out["torchao"]["ne_rel_diff"] = ta_st and ta_st | {"label": "measured on this CPU, paired seeds", "steps": steps}
-    out["torchao"]["target"] = judged(verdict(ta_st), out["ne_full_precision"]) if ta_st else {
-        "met": False, "text": "no site recommended" if not ta.module_filter else out["target"]["text"]}
+    judge_section(out)
     print(f"[{name}] production batch {prod}: recommended {fast.module_filter}; predicted faster on H100: "
           f"{ {n: round(v, 2) for n, v in predicted_faster.items()} }; dense-part speedup "
           f"{out['step']['speedup']:.2f}x (modelled); NE: {out['target']['text']}", flush=True)

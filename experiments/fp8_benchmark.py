@@ -74,7 +74,7 @@ from experiments._fp8_mods import RESCUE_SITE, mod_effects, mods_rescue, plot_re
 from experiments._fp8_production import production, step_speedup  # noqa: E402,F401
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
-                                      verdict, with_eval_batch)
+                                      verdict, with_eval_batch, learns, not_learned)
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from fp8.dispatch import Dispatcher  # noqa: E402
 from fp8.kernels import KERNELS  # noqa: E402
@@ -198,6 +198,12 @@ def targets(payload: dict) -> dict:
             t["met"], t["reason"] = False, "no site in FP8: the recommendation is full precision"
         elif not t["met"]:
             t["reason"] = quality_reason(st, plan, q["loadavg_1m_during_training"])
+        fp_ne = ((q.get("runs") or {}).get("full_precision") or {}).get("ne")
+        if fp_ne is not None:  # the NE target means something only on a model that learns (one bar, LEARNS_NE_BAR)
+            fp = learns({0: fp_ne}, q["steps"])
+            t["full_precision_end_ne"] = fp_ne
+            if not fp["learns"]:
+                t.update(met=False, not_judged=True, reason=not_learned(fp) + (t.get("reason") or "met"))
         out[f"{q['workload']}: recommended placement NE within +-0.1% of full precision, 95% CI over paired "
             f"seeds (measured on this CPU)"] = t
     d = payload["dispatch"]
@@ -324,19 +330,39 @@ def _production(args, cfg: "_Settings", dispatcher: Dispatcher) -> dict:
         return production("dlrm-wide", args.budget, dispatcher=dispatcher, pool=pool, eval_batch=cfg.eval_batch, **kw)
 
 
+def _stored(name: str, quick: bool) -> dict:
+    from experiments.common import stored_result
+
+    stored = stored_result(name)
+    if "quality" not in stored:
+        raise SystemExit(f"results/{name}.json: no stored run to merge into or retarget "
+                         f"(run experiments/fp8_benchmark.py{' --quick' if quick else ''} first)")
+    return stored
+
+
+def _retarget(args) -> None:
+    """--retarget: run nothing; the verdicts and targets recomputed from the stored figures with this code
+    (the run's context stays as it was)."""
+    from experiments._fp8_production import judge_section
+
+    name = "fp8_benchmark" + ("_quick" if args.quick else "")
+    stored = _stored(name, args.quick)
+    if stored.get("production"):
+        judge_section(stored["production"])
+    stored["targets"] = targets(stored)
+    out = write_result(name, stored)
+    plot(stored, png_path(name))
+    print(f"wrote {out} (targets recomputed from the stored figures)")
+
+
 def _production_only(args) -> None:
     """--production-only: the production-shaped section afresh, merged into the stored results (the rest of
     the file keeps the run, code and context it was measured with; the section carries its own)."""
-    from experiments.common import stored_result
-
     torch.set_num_threads(1)
     ctx = run_context("mixed")
     cfg = _settings(args.quick)
     name = "fp8_benchmark" + ("_quick" if args.quick else "")
-    stored = stored_result(name)
-    if "quality" not in stored:
-        raise SystemExit(f"results/{name}.json: no stored run to merge the production section into "
-                         f"(run experiments/fp8_benchmark.py{' --quick' if args.quick else ''} first)")
+    stored = _stored(name, args.quick)
     t0 = time.perf_counter()
     stored["production"] = _production(args, cfg, Dispatcher(repeats=cfg.repeats, max_repeats=cfg.max_repeats))
     stored["production"]["context"] = {**ctx, "wall_s": time.perf_counter() - t0,
@@ -435,7 +461,11 @@ def main() -> None:
     ap.add_argument("--production-only", action="store_true",
                     help="only the production-shaped workload's section (dlrm-wide: probe, recommendation, paired-seed "
                          "NE), merged into the stored results/fp8_benchmark.json (~40-60 min)")
+    ap.add_argument("--retarget", action="store_true",
+                    help="run nothing: recompute the verdicts and targets of the stored results with this code")
     args = ap.parse_args()
+    if args.retarget:
+        return _retarget(args)
     if args.rescue_only:
         return _rescue_only(args.budget)
     if args.workers < 1:
