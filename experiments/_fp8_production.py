@@ -34,9 +34,11 @@ def step_speedup(sites: dict, recipe_of: dict[str, str | None]) -> dict:
 def judge_section(out: dict) -> None:
     """The section's two NE verdicts (the recommendation's, the torchao-restricted one's) from its stored
     figures, each judged only on a model that learns; ``--retarget`` recomputes them with this code."""
-    fp, ta = out.get("ne_full_precision"), out["torchao"]
+    fp, ta = out.get("ne_full_precision"), out.get("torchao")
     if out.get("ne_rel_diff"):
         out["target"] = judged(verdict(out["ne_rel_diff"]), fp)
+    if ta is None:  # a section from before the torchao restriction existed
+        return
     if ta.get("ne_rel_diff"):
         ta["target"] = judged(verdict(ta["ne_rel_diff"]), fp)
     elif "target" not in ta:

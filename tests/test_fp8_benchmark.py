@@ -271,3 +271,8 @@ def test_production_only_merges_its_section_into_the_stored_run(tmp_path, monkey
     again = json.loads((tmp_path / "fp8_benchmark_quick.json").read_text())
     assert again["production"]["target"]["text"].startswith("NOT JUDGED") and not again["production"]["target"]["met"]
     assert again["production"]["torchao"]["target"]["text"] == "old"  # nothing stored to judge it by: kept
+    older = dict(trained)
+    del older["torchao"]  # a section from before the torchao restriction: retargeted all the same
+    (tmp_path / "fp8_benchmark_quick.json").write_text(json.dumps(dict(out, production=older)))
+    fb._retarget(args)
+    assert "torchao" not in json.loads((tmp_path / "fp8_benchmark_quick.json").read_text())["production"]
