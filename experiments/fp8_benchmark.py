@@ -75,7 +75,7 @@ from experiments._fp8_production import production, step_speedup  # noqa: E402,F
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
                                       verdict, with_eval_batch, learns, not_learned)
-from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.common import png_path, run_context, stored_result, write_result  # noqa: E402
 from fp8.dispatch import Dispatcher  # noqa: E402
 from fp8.kernels import KERNELS  # noqa: E402
 
@@ -331,8 +331,6 @@ def _production(args, cfg: "_Settings", dispatcher: Dispatcher) -> dict:
 
 
 def _stored(name: str, quick: bool) -> dict:
-    from experiments.common import stored_result
-
     stored = stored_result(name)
     if "quality" not in stored:
         raise SystemExit(f"results/{name}.json: no stored run to merge into or retarget "

@@ -74,6 +74,7 @@ from cubic.core.workloads import DEFAULT_WORKLOADS  # noqa: E402
 from experiments.common import png_path, run_context, write_result  # noqa: E402
 from experiments._search_tables import log, measure_pooled, measure_table  # noqa: E402
 from experiments._search_merged import MERGED, merged_targets, run_merged  # noqa: E402
+from experiments import _search_tabular as tab  # noqa: E402
 from experiments._search_tabular import hard_targets  # noqa: E402
 from search.space import Space, load_space  # noqa: E402
 from search.strategies import Observation, ProxyGuided, objective_value, prior_columns  # noqa: E402
@@ -227,8 +228,6 @@ def memory_bound(space: Space, table: dict[str, Result], *, seeds, budget, featu
     """The simulated space with its memory limit lowered to bind (MEMORY_QUANTILE of the configs'
     peak memory): runs to target per method, and the share of each method's runs that were
     infeasible (failed or over the limit) in campaigns that spend the whole budget."""
-    from experiments import _search_tabular as tab
-
     mems = sorted(e.metrics["peak_mem_bytes"] for e in table.values() if "peak_mem_bytes" in e.metrics)
     limit = float(mems[int(MEMORY_QUANTILE * (len(mems) - 1))])
     doc = space.to_json()
@@ -396,7 +395,6 @@ def run_hard(args) -> None:
 
     from cubic.core.store import TrialStore
     from cubic.runners.local import LocalRunner
-    from experiments import _search_tabular as tab
     from experiments.common import RESULTS, stored_result
 
     passes = args.passes if args.passes != 5 else 2  # 5 is the old space's default; 2 keeps this one <= ~20 min
@@ -598,8 +596,6 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
     r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
                              "(failed ones included in the 40) and scored on all the others")
-    from experiments import _search_tabular as tab
-
     col = feat.prior_columns[space.primary.metric]  # what cubic's first round starts from, as in the hard space
     r["prior_first_pick"] = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]), TARGET)
     return r
@@ -609,7 +605,6 @@ def _simulated_space(store, seeds, budget: int, n_inner: int):
     """Section 2: wukong-large on the simulated h100x64 cluster, every configuration simulated
     (that defines the best known); returns the section and what sections 3 and 4 reuse."""
     from cubic.runners.sim import SimulatedRunner
-    from experiments import _search_tabular as tab
 
     wl = DEFAULT_WORKLOADS["wukong-large"]
     space = load_space(SIM_SPACE_PATH)
