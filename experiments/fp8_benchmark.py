@@ -348,6 +348,8 @@ def _retarget(args) -> None:
     if stored.get("production"):
         judge_section(stored["production"])
     stored["targets"] = targets(stored)
+    ctx = run_context("mixed")  # which code judged the stored figures, and when
+    stored["retargeted"] = {"code_version": ctx["code_version"], "at": ctx["started_at"]}
     out = write_result(name, stored)
     plot(stored, png_path(name))
     print(f"wrote {out} (targets recomputed from the stored figures)")

@@ -270,6 +270,7 @@ def test_production_only_merges_its_section_into_the_stored_run(tmp_path, monkey
     fb._retarget(args)
     again = json.loads((tmp_path / "fp8_benchmark_quick.json").read_text())
     assert again["production"]["target"]["text"].startswith("NOT JUDGED") and not again["production"]["target"]["met"]
+    assert set(again["retargeted"]) == {"code_version", "at"} and again["context"] == out["context"]
     assert again["production"]["torchao"]["target"]["text"] == "old"  # nothing stored to judge it by: kept
     older = dict(trained)
     del older["torchao"]  # a section from before the torchao restriction: retargeted all the same
