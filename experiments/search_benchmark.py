@@ -22,6 +22,10 @@ vs random search, several seeds, side by side, on two spaces:
    cubic, TPE, random, cubic-noprior and CubicSampler through ``study.optimize`` replay the table
    (median runs to 98% over seeds). Logic: experiments/_search_tabular.py. A configuration slower
    than ``--hard-timeout`` is a timeout failure in the table (data, as in a campaign).
+   ``--hard-world-size W``: the same on W local gloo processes (DistributedRunner) over the
+   distributed default space (cubic/data/space-sharding-cpu.yaml: batch, sharding planner, dense
+   dtype, FP8 policy), whose prior is the step model with the gloo calibration's links: the
+   section ``hard:<workload> xW processes``.
 5. **public problems** (MEASURED; ``--public``): regret at 25/50/100 evaluations through Optuna's
    ``study.optimize`` (CubicSampler, TPE, GPSampler, random): experiments/_search_public.py.
 6. **Ray Tune** (MEASURED; ``--tune``): the same problems through ``Tuner.fit`` with CubicSearcher,
@@ -48,6 +52,8 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
     .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
                                                         # the hard space only (~60 runs x 2 passes)
+    .venv/bin/python experiments/search_benchmark.py --hard --hard-world-size 2 --steps 6 --warmup 1
+                                                        # the distributed hard space (~96 runs x 2 passes)
     .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --tune     # after --public; then --tune --tune-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --early-stop   # then --early-stop-curves crossing [--early-stop-warmup 5]
@@ -394,29 +400,20 @@ def run_hard(args) -> None:
     import json
 
     from cubic.core.store import TrialStore
-    from cubic.runners.local import LocalRunner
     from experiments.common import RESULTS, stored_result
 
     passes = args.passes if args.passes != 5 else 2  # 5 is the old space's default; 2 keeps this one <= ~20 min
     seeds = list(range(args.seeds))
     wl = DEFAULT_WORKLOADS[args.hard_workload]
-    space = load_space().for_workload(wl, shape=False)
-    if args.hard_batch_sizes:
-        doc = space.to_json()
-        for prm in doc["parameters"]:
-            if prm["name"] == "batch_size":
-                prm["choices"] = list(args.hard_batch_sizes)
-        space = Space.model_validate(doc)
+    space, runner, context, section = _hard_setup(args, wl)
     n = len(space.enumerate())
     store = TrialStore(f"sqlite:///{args.hard_store}")
-    runner = LocalRunner(timeout_s=args.hard_timeout, device="cpu", threads=1, eval_every=args.steps + args.warmup)
-    log(f"hard space {space.name}: {n} configs x {passes} passes x {args.steps} steps (1 thread)")
+    log(f"hard space {space.name}: {n} configs x {passes} passes x {args.steps} steps ({context['runner']})")
     t0, ctx_measure = time.time(), run_context("mixed")  # (start time and load: before the measurement)
     table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=passes)
     measure_wall = time.time() - t0
     if args.measure_only:
         return
-    context = {"workload": wl.name, "runner": {"kind": "local", "device": "cpu", "threads": 1}}
     feat = cubic_featurizer(space)
     col = feat.prior_columns[space.primary.metric]
     pick = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]), TARGET)
@@ -434,7 +431,9 @@ def run_hard(args) -> None:
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(40, n - 5), seeds=seeds)
     retest = next(iter(table.values())).extra.get("retest_tau")
     r["measurement"] = {
-        "label": "MEASURED", "runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
+        "label": "MEASURED", "runner": (f"DistributedRunner: {args.hard_world_size} processes (gloo), 1 intra-op "
+                                        "thread each" if args.hard_world_size > 1 else
+                                        "LocalRunner (child process), device cpu, 1 intra-op thread"),
         "steps": args.steps, "warmup": args.warmup, "passes": passes, "store": args.hard_store,
         "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": ctx_measure,
         # when and on which code the runs were made (a table served from the store is older than this run)
@@ -451,15 +450,44 @@ def run_hard(args) -> None:
                  "the full grid of the space (no shape knobs)"}
     path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}})
-    stored.setdefault("spaces", {})[f"hard:{wl.name}"] = r
-    old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith("hard:")}
-    stored["targets"] = {**old, **hard_targets(f"hard:{wl.name}", r, TARGET)}
+    stored.setdefault("spaces", {})[section] = r
+    # this section's targets replace its own (another hard section's stay)
+    old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith(f"{section}: ")}
+    stored["targets"] = {**old, **hard_targets(section, r, TARGET)}
     path.write_text(json.dumps(stored, indent=2) + "\n")
     plot(stored, png_path(name))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
-        if what.startswith("hard:"):
+        if what.startswith(f"{section}: "):
             print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+def _hard_setup(args, wl):
+    """The hard section's space, runner, run context and name: one process (the default space), or
+    ``--hard-world-size`` W gloo processes (the distributed default space: planner and dense knobs)."""
+    from cubic.cli.campaign import DEFAULT_SPACES
+
+    W = args.hard_world_size
+    if W > 1:
+        from cubic.runners.distributed import DistributedRunner
+
+        space = load_space(DEFAULT_SPACES["distributed"]).for_workload(wl, shape=False)
+        runner = DistributedRunner(world_size=W, timeout_s=args.hard_timeout, verify=False, threads=1)
+        run = {"kind": "distributed", "device": "cpu", "threads": 1, "world_size": W}
+    else:
+        from cubic.runners.local import LocalRunner
+
+        space = load_space().for_workload(wl, shape=False)
+        runner = LocalRunner(timeout_s=args.hard_timeout, device="cpu", threads=1, eval_every=args.steps + args.warmup)
+        run = {"kind": "local", "device": "cpu", "threads": 1}
+    if args.hard_batch_sizes:
+        doc = space.to_json()
+        for prm in doc["parameters"]:
+            if prm["name"] == "batch_size":
+                prm["choices"] = list(args.hard_batch_sizes)
+        space = Space.model_validate(doc)
+    section = f"hard:{wl.name}" + (f" x{W} processes" if W > 1 else "")
+    return space, runner, {"workload": wl.name, "runner": run}, section
 
 
 def _parse_args():
@@ -511,6 +539,9 @@ def _parse_args():
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
     ap.add_argument("--hard-workload", default="wukong-small")
+    ap.add_argument("--hard-world-size", type=int, default=1,
+                    help="W > 1: the hard space measured on W local gloo processes (DistributedRunner), over the "
+                         "distributed default space (cubic/data/space-sharding-cpu.yaml: planner and dense knobs)")
     ap.add_argument("--hard-store", default=str(HARD_STORE_PATH))
     ap.add_argument("--hard-batch-sizes", nargs="*", type=int, default=None,
                     help="restrict the hard space's batch sizes (a smaller grid, e.g. to test the script)")

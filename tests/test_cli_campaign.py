@@ -95,6 +95,10 @@ def test_world_size_runs_a_sharding_campaign_on_local_processes(env, tmp_path, c
     # measured on 2 processes, and kept apart from one-process runs of the same config
     # two configs; a repeat taken under contention is re-taken, so there may be more rows than runs
     assert len({t.config_hash for t in trials}) == 2 and all(t.result.fingerprint["world_size"] == 2 for t in trials)
+    from cubic.cli.campaign import REPORTED_METRICS
+
+    # what the space's constraints may name is what a distributed run reports (the NE floor included)
+    assert all(REPORTED_METRICS["distributed"] <= set(t.result.metrics) for t in trials if t.result.ok)
 
 
 def test_world_size_with_a_simulated_cluster_is_bad_input(env, capsys):

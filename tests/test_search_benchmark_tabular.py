@@ -162,3 +162,25 @@ def test_hard_targets_say_whether_the_prior_already_answers():
     near = tab.hard_targets("hard:w", section(3, 0.97))  # 0.97 by the kept pass, 0.999 against the slower one
     assert "within this machine's pass-to-pass noise" in near[next(iter(near))]["reason"]
     assert tab.hard_targets("hard:w", section(7, 0.9))[next(iter(near))]["met"]  # measurably below: hard
+
+
+def test_the_hard_section_on_w_processes_searches_the_distributed_space_from_its_own_prior():
+    """``--hard-world-size 2``: the distributed default space (planner and dense knobs), W gloo
+    processes, a run context whose step-model prior exists, and a section of its own."""
+    import argparse
+
+    from cubic.codesign.prior import StepModelPrior
+    from cubic.core.workloads import DEFAULT_WORKLOADS
+    from cubic.runners.distributed import DistributedRunner
+    from experiments.search_benchmark import _hard_setup
+
+    wl = DEFAULT_WORKLOADS["wukong-small"]
+    args = argparse.Namespace(hard_world_size=2, hard_timeout=20.0, hard_batch_sizes=[512, 1024], steps=6, warmup=1)
+    space, runner, context, section = _hard_setup(args, wl)
+    names = {p.name for p in space.parameters}
+    assert {"sharding.planner", "kernels.dense_dtype", "fp8.policy"} <= names
+    assert isinstance(runner, DistributedRunner) and runner.world_size == 2
+    assert StepModelPrior.available(context) and section == "hard:wukong-small x2 processes"
+    assert len(space.enumerate()) == 2 * 6 * 2 * 2
+    one = _hard_setup(argparse.Namespace(**{**vars(args), "hard_world_size": 1}), wl)
+    assert "sharding.planner" not in {p.name for p in one[0].parameters} and one[3] == "hard:wukong-small"

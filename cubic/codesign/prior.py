@@ -69,6 +69,8 @@ class StepModelPrior:
     - simulated runs: the cluster's *datasheet* model (DEFAULT_PARAMS), not the simulator's own
       parameters: a campaign never sees the constants of the machine it searches;
     - local runs on a CPU: this CPU, described by micro-benchmarks (cubic.runners.calibration);
+    - distributed runs of W processes on this CPU (gloo): the same CPU per process, its links the gloo
+      calibration for W processes (``cpu_gloo_cluster``: the user's, else the packaged one);
     - anything else (a GPU we have no description of): no prior.
     """
 
@@ -81,7 +83,7 @@ class StepModelPrior:
         r = RunSpec.from_context(context)
         if r.kind == "simulated":
             return bool(r.simulate)
-        if r.kind != "local" or r.ray or _world_size(context) != 1:
+        if r.ray or not ((r.kind == "local" and _world_size(context) == 1) or r.kind == "distributed"):
             return False  # runs on machines this process has not measured
         return r.resolved_device() == "cpu"
 
@@ -95,6 +97,12 @@ class StepModelPrior:
 
                 sim = SimulatedRunner.from_spec(r.simulate)
                 self._model = (sim.cluster, sim.world_size, DEFAULT_PARAMS)
+            elif r.kind == "distributed":
+                from cubic.runners.calibration import cpu_device, cpu_gloo_cluster, cpu_params
+
+                threads, world = int(r.threads or 1), r.ranks
+                cluster, comm = cpu_gloo_cluster(cpu_device(threads), ranks=world)
+                self._model = (cluster, world, cpu_params(threads).model_copy(update=comm))
             else:
                 from cubic.runners.calibration import cpu_cluster, cpu_device, cpu_params
 
