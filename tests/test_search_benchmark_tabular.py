@@ -184,3 +184,19 @@ def test_the_hard_section_on_w_processes_searches_the_distributed_space_from_its
     assert len(space.enumerate()) == 2 * 6 * 2 * 2
     one = _hard_setup(argparse.Namespace(**{**vars(args), "hard_world_size": 1}), wl)
     assert "sharding.planner" not in {p.name for p in one[0].parameters} and one[3] == "hard:wukong-small"
+
+
+def test_a_simulated_bar_says_whether_the_runs_taught_the_proxy_more_than_the_model_knew():
+    """The reason quotes the proxies' held-out tau against the step model alone and draws its conclusion
+    from the two figures, not a fixed sentence."""
+    from experiments.search_benchmark import HOLDOUT_RUNS, _pick_why
+
+    def section(held, alone):
+        return {"space_size": 360, "prior_first_pick": {"fraction_of_best": 0.95, "runs_in_prior_order_to_target": 10,
+                                                         "prior_rank_of_measured_best": 10},
+                "holdout_tau": [{"n_train": 38, "held_out_tau": held, "prior_only_tau": alone}]}
+
+    worse = _pick_why(section(0.827, 0.841))
+    assert "have not taught the proxy" in worse and f"runs of {HOLDOUT_RUNS}" in worse and "at run 10" in worse
+    better = _pick_why(section(0.9, 0.8))
+    assert "improve on the model's order" in better and "have not taught" not in better
