@@ -84,6 +84,14 @@ def test_contention_rule():
     assert contention({"load_avg_1m": 0.5, "cpu_util": 0.9}, {"threads": 1}, cores=2) is None
     assert contention({"cpu_util": 0.15}, {"threads": 8}, cores=2) is None  # 1.2 cores busy of 2 usable
     assert contention({"cpu_util": 0.1}, {"threads": 8}, cores=2) is not None  # 0.8 of 2
+    # a distributed run whose ranks fill the cores (2 ranks x 1 thread on 2): its own load is above them
+    # (measured 2.0-3.0 on idle cores), so the ranks' CPU utilisation decides, not the load
+    dist = {"load_avg_1m_start": 2.4, "load_avg_1m_end": 2.6, "world_size": 2.0}
+    assert contention({**dist, "cpu_util": 0.8}, {"threads": 1}, cores=2) is None
+    assert "cpu_util" in contention({**dist, "cpu_util": 0.3}, {"threads": 1}, cores=2)
+    assert contention({**dist, "cpu_util": 0.8}, {"threads": 1}, cores=4) is None  # 2.6 of 4: room left
+    assert contention({**dist, "load_avg_1m_end": 4.5, "cpu_util": 0.8}, {"threads": 1}, cores=4) is not None
+    assert contention({**dist, "world_size": 1.0, "cpu_util": 0.8}, {"threads": 1}, cores=2) is not None  # one rank
     # runners without the per-run figures: the load average at start/end of the run, in extra
     assert contention({}, {"loadavg_1m_start": 0.2, "loadavg_1m": 4.0}, cores=2) is not None
     assert contention({}, {}, cores=2) is None

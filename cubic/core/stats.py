@@ -37,7 +37,9 @@ and what a campaign's proxy trains on, is their pooled estimate from :func:`pool
 The contention rule (:func:`contention`), on the runner's per-run figures: a repeat is contended
 when the 1-minute load average around the run (``load_avg_1m``, or the larger of
 ``load_avg_1m_start`` / ``load_avg_1m_end``) exceeded the cores available to the run (more runnable
-threads than cores: some waited), or when ``cpu_util`` (process CPU time / wall time / intra-op
+threads than cores: some waited) -- unless the run's own threads fill the cores (a distributed run of
+W ranks x threads >= cores keeps the load above them by itself, so the load cannot tell; measured:
+W=2 on 2 idle cores, load 2.0-3.0 in 265 of 339 runs) --, or when ``cpu_util`` (process CPU time / wall time / intra-op
 threads over the timed steps, as cubic.runners.local reports it: 1.0 = every thread busy) shows
 the run's threads kept fewer than half of the cores they could use (min(threads, cores)) busy:
 ``cpu_util x threads < 0.5 x min(threads, cores)`` -- it was descheduled for half its time --, or
@@ -91,13 +93,17 @@ def contention(metrics: Mapping[str, float], extra: Mapping[str, Any] | None = N
         seen = [float(v) for v in (metrics.get("load_avg_1m_start"), metrics.get("load_avg_1m_end"),
                                    extra.get("loadavg_1m_start"), extra.get("loadavg_1m")) if v is not None]
         load = max(seen) if seen else None
-    if load is not None and math.isfinite(load) and load > cores:
+    threads = extra.get("threads") or metrics.get("threads")
+    # a run whose own threads fill the cores (W ranks x threads >= cores) keeps the load above them by
+    # itself (its ranks, their gloo helper threads, the launcher): the load cannot tell others from it,
+    # so its ranks' CPU utilisation and preempted steps below decide
+    own = int(extra.get("world_size") or metrics.get("world_size") or 1) * int(threads or 1)
+    if load is not None and math.isfinite(load) and load > cores and own < cores:
         return f"load average {load:.2f} > {cores} cores"
     pre = metrics.get("steps_preempted_frac")
     if pre is not None and math.isfinite(pre) and pre > PREEMPTED_STEPS_MAX:
         return f"{pre:.0%} of the timed steps preempted > {PREEMPTED_STEPS_MAX:.0%}"
     util = metrics.get("cpu_util")
-    threads = extra.get("threads") or metrics.get("threads")
     if util is not None and threads and math.isfinite(util):
         usable = min(int(threads), cores)
         busy = util * int(threads)  # cores' worth of CPU the run used
