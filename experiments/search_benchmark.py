@@ -454,6 +454,12 @@ def run_hard(args) -> None:
                  "the full grid of the space (no shape knobs)"}
     path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}})
+    prev = (stored.get("spaces") or {}).get(section)
+    if prev and _runs_of(prev) != _runs_of(r):
+        # a fresh table of the same space: the last one's headline stays beside it (the second look)
+        r["previous_look"] = tab.look_summary(prev)
+    elif prev and prev.get("previous_look"):
+        r["previous_look"] = prev["previous_look"]  # the same table served again: the earlier look stays
     stored.setdefault("spaces", {})[section] = r
     # this section's targets replace its own (another hard section's stay)
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith(f"{section}: ")}
@@ -464,6 +470,12 @@ def run_hard(args) -> None:
     for what, t in stored["targets"].items():
         if what.startswith(f"{section}: "):
             print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+def _runs_of(section: dict) -> tuple:
+    """Which runs a hard section's table rests on (served again from the store: the same runs)."""
+    p = (section.get("measurement") or {}).get("provenance") or {}
+    return p.get("runs"), p.get("first_run_at"), p.get("last_run_at")
 
 
 def _hard_setup(args, wl):

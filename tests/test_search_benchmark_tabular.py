@@ -200,3 +200,53 @@ def test_a_simulated_bar_says_whether_the_runs_taught_the_proxy_more_than_the_mo
     assert "have not taught the proxy" in worse and f"runs of {HOLDOUT_RUNS}" in worse and "at run 10" in worse
     better = _pick_why(section(0.9, 0.8))
     assert "improve on the model's order" in better and "have not taught" not in better
+
+
+def test_target_reach_counts_the_configurations_at_the_target_and_the_next_one(space):
+    t = table_for(space)
+    reach = tab.target_reach(space, t)
+    # feasible best 90 (a=2, b=z); 98% of it is 88.2: only the best; the next is 80 (a=2,y or a=1,z)
+    assert reach["configurations"] == 1 and reach["next_fraction_of_best"] == pytest.approx(80 / 90)
+    assert reach == tab.compare_on_table(space, t, {}, [], 1)["at_target"]
+
+
+def test_hard_targets_explain_a_missed_third_on_a_hard_space_and_a_sampler_that_needs_fewer_runs():
+    section = {"methods": {m: {"median_runs_to_target": v} for m, v in
+                           {"cubic": 9.0, "tpe": 19.0, "random": 63.0, "cubic-noprior": 17.0,
+                            "cubic-optuna": 5.0}.items()},
+               "batch_size": 4, "at_target": {"configurations": 1, "next_fraction_of_best": 0.95,
+                                              "best_top2_spread": 1.06},
+               "prior_first_pick": {"point": {"batch_size": 2048}, "fraction_of_best": 0.787,
+                                    "fraction_of_best_slower_pass": 0.832, "prior_rank_of_measured_best": 7,
+                                    "runs_in_prior_order_to_target": 7},
+               "holdout_tau": [{"held_out_tau": 0.86, "prior_only_tau": 0.72}],
+               "measurement": {"retest_tau_between_passes": {"1v2": 0.83}}}
+    t = tab.hard_targets("hard:w", section)
+    third = t["hard:w: cubic median runs to 98% <= a third of tpe's"]
+    assert not third["met"] and "0.787 of the best (the best is the prior's #7" in third["reason"]
+    assert "1 configuration reaches 98%" in third["reason"] and "within the best's own pass-to-pass" in third["reason"]
+    assert "already near the best" not in third["reason"]
+    sampler = next(v for k, v in t.items() if "CubicSampler" in k)
+    assert not sampler["met"] and "needs fewer runs (5) than the campaign (9)" in sampler["reason"]
+    # the next configuration outside the best's spread: no near-tie clause
+    section["at_target"]["next_fraction_of_best"] = 0.90
+    assert "within the best's own" not in tab.hard_targets("hard:w", section)[
+        "hard:w: cubic median runs to 98% <= a third of tpe's"]["reason"]
+
+
+def test_a_fresh_table_keeps_the_last_looks_headline():
+    from experiments.search_benchmark import _runs_of
+
+    sec = {"best_known": 100.0, "methods": {"cubic": {"median_runs_to_target": 9.0}},
+           "prior_first_pick": {"fraction_of_best": 0.79, "prior_rank_of_measured_best": 7},
+           "holdout_tau": [{"held_out_tau": 0.8}, {"held_out_tau": 0.9}],
+           "measurement": {"provenance": {"runs": 192, "first_run_at": "a", "last_run_at": "b"},
+                           "retest_tau_between_passes": {"1v2": 0.83},
+                           "table": {"k1": {"point": {"x": 1}, "ok": True, "metrics": {"examples_per_s": 100.0}},
+                                     "k2": {"point": {"x": 2}, "ok": True, "metrics": {"examples_per_s": 90.0}}}}}
+    look = tab.look_summary(sec)
+    assert look["best_point"] == {"x": 1} and look["held_out_tau"] == pytest.approx(0.85)
+    assert look["median_runs_to_target"] == {"cubic": 9.0} and look["prior_first_pick_fraction_of_best"] == 0.79
+    served = {**sec, "measurement": {**sec["measurement"], "provenance": {
+        **sec["measurement"]["provenance"], "served_from_store": 192}}}
+    assert _runs_of(served) == _runs_of(sec)  # served again: the same runs, not a second look
