@@ -52,8 +52,9 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
     .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
                                                         # the hard space only (~60 runs x 2 passes)
-    .venv/bin/python experiments/search_benchmark.py --hard --hard-world-size 2 --steps 6 --warmup 1
-                                                        # the distributed hard space (~96 runs x 2 passes)
+    .venv/bin/python experiments/search_benchmark.py --hard --hard-world-size 2 --steps 16 --warmup 2 \
+        --hard-timeout 90 --hard-store .cubic/search_benchmark_hard_look2.db
+                                                        # the distributed hard space (96 runs x 2 passes, ~20 min)
     .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --tune     # after --public; then --tune --tune-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --early-stop   # then --early-stop-curves crossing [--early-stop-warmup 5]

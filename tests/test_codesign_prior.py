@@ -49,4 +49,5 @@ def test_a_distributed_prior_prices_the_plan_and_its_all_to_alls(no_micro_benchm
     assert thr_one < max(thr.values()) < thr_one + math.log(2.0)
     assert thr["size_greedy"] != thr["random"]  # the planner's plan, not only the batch, is priced
     # the dense knobs still matter, as in one process
-    assert two(wl, Config(batch_size=1024, sharding={"planner": "random"}, kernels={"dense_dtype": "bf16"}))[0] != thr["random"]
+    bf16 = Config(batch_size=1024, sharding={"planner": "random"}, kernels={"dense_dtype": "bf16"})
+    assert two(wl, bf16)[0] != thr["random"]

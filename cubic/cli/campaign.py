@@ -40,8 +40,9 @@ REPORTED_METRICS = {
     "local": {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes", "loss_start",
               "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size",
               "ne_at_budget", "loss_at_budget", "examples_budget"},
-    "distributed": {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes", "comm_time_median_ms",
-                    "loss_start", "loss_end", "ne_start", "ne_end", "train_loss_first", "train_loss_last", "batch_size"},
+    "distributed": {"examples_per_s", "step_time_median_ms", "step_time_p90_ms", "peak_mem_bytes",
+                    "comm_time_median_ms", "loss_start", "loss_end", "ne_start", "ne_end", "train_loss_first",
+                    "train_loss_last", "batch_size"},
     "simulated": {"examples_per_s", "examples_per_s_per_gpu", "step_time_median_ms", "step_time_p90_ms",
                   "peak_mem_bytes", "ne_cost_rel", "ne_cost_rel_ci_hi"},
 }
@@ -423,8 +424,8 @@ def _workload_space(args: argparse.Namespace, space_path: str, workload, kind: s
     # whose trajectory gives NE at any number of examples seen can judge it
     if space.shape_knobs and "ne_at_budget" not in REPORTED_METRICS[kind]:
         raise SpecError(f"tuning the model's shape needs a runner that measures NE at an equal training budget; a "
-                        f"{kind} runner does not (use local runs, or leave the shape alone)", field="--tune-shape" if args.tune_shape
-                        else "shape")
+                        f"{kind} runner does not (use local runs, or leave the shape alone)",
+                        field="--tune-shape" if args.tune_shape else "shape")
     return space
 
 
