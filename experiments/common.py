@@ -34,6 +34,13 @@ def run_context(kind: str) -> dict[str, Any]:
     }
 
 
+def retarget_stamp() -> dict[str, Any]:
+    """Which code recomputed a result's targets from its stored figures, and when (``--retarget``): the
+    run's own context stays as it was, and a reader can tell a retarget from the run."""
+    ctx = run_context("mixed")
+    return {"code_version": ctx["code_version"], "at": ctx["started_at"]}
+
+
 def calibration_origin(path: str | Path | None = None, processes: int | None = None) -> dict[str, Any]:
     """Whose machine a gloo calibration was measured on (cost_models.comm's origin; default: the
     user's, else the packaged one) and, for a job of ``processes``, which of its fits prices it, as a

@@ -75,7 +75,7 @@ from experiments._fp8_production import production, step_speedup  # noqa: E402,F
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
                                       verdict, with_eval_batch, learns, not_learned)
-from experiments.common import png_path, run_context, stored_result, write_result  # noqa: E402
+from experiments.common import png_path, retarget_stamp, run_context, stored_result, write_result  # noqa: E402
 from fp8.dispatch import Dispatcher  # noqa: E402
 from fp8.kernels import KERNELS  # noqa: E402
 
@@ -348,8 +348,7 @@ def _retarget(args) -> None:
     if stored.get("production"):
         judge_section(stored["production"])
     stored["targets"] = targets(stored)
-    ctx = run_context("mixed")  # which code judged the stored figures, and when
-    stored["retargeted"] = {"code_version": ctx["code_version"], "at": ctx["started_at"]}
+    stored["retargeted"] = retarget_stamp()
     out = write_result(name, stored)
     plot(stored, png_path(name))
     print(f"wrote {out} (targets recomputed from the stored figures)")

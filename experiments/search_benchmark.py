@@ -78,7 +78,7 @@ from cubic.codesign.prior import cubic_featurizer  # noqa: E402
 from cubic.core.result import Result  # noqa: E402
 from cubic.runners.step_model import DEFAULT_PARAMS  # noqa: E402
 from cubic.core.workloads import DEFAULT_WORKLOADS  # noqa: E402
-from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.common import png_path, retarget_stamp, run_context, write_result  # noqa: E402
 from experiments._search_tables import log, measure_pooled, measure_table  # noqa: E402
 from experiments._search_merged import MERGED, merged_targets, run_merged  # noqa: E402
 from experiments import _search_tabular as tab  # noqa: E402
@@ -583,6 +583,7 @@ def _replot_or_retarget(args) -> None:
         for key in MERGED:
             if stored.get(key):
                 stored["targets"].update(merged_targets(stored, key))
+        stored["retargeted"] = retarget_stamp()
         write_result(name, stored)
     plot(stored, png_path(name))
     if (stored.get("public") or {}).get("problems"):

@@ -250,3 +250,22 @@ def test_a_fresh_table_keeps_the_last_looks_headline():
     served = {**sec, "measurement": {**sec["measurement"], "provenance": {
         **sec["measurement"]["provenance"], "served_from_store": 192}}}
     assert _runs_of(served) == _runs_of(sec)  # served again: the same runs, not a second look
+
+
+def test_retarget_recomputes_the_targets_from_the_stored_figures_and_says_which_code_did(tmp_path, monkeypatch):
+    import argparse
+    import json
+    import shutil
+
+    from experiments import common
+    from experiments import search_benchmark as sb
+
+    shutil.copy(common.RESULTS / "search_benchmark.json", tmp_path / "search_benchmark.json")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(sb, "plot", lambda stored, path: None)
+    monkeypatch.setattr("experiments._search_public.plot_public", lambda stored, path: None)
+    before = json.loads((tmp_path / "search_benchmark.json").read_text())
+    sb._replot_or_retarget(argparse.Namespace(quick=False, retarget=True))
+    after = json.loads((tmp_path / "search_benchmark.json").read_text())
+    assert set(after["retargeted"]) == {"code_version", "at"} and after["context"] == before["context"]
+    assert {k: v["met"] for k, v in after["targets"].items()} == {k: v["met"] for k, v in before["targets"].items()}
