@@ -293,15 +293,16 @@ def _pick_why(sp: dict) -> str:
     if m is None:  # a simulated table: one value per configuration, no passes to compare
         rows = [r for r in sp.get("holdout_tau", []) if r.get("prior_only_tau") is not None]
         # whether the runs teach the proxy what the model misses (what a bar below the floor asks of it)
-        held, alone = (float(np.mean([r[k] for r in rows])) for k in ("held_out_tau", "prior_only_tau")) if rows \
-            else (math.nan, math.nan)
-        learned = "" if not rows else (
-            f"proxies fitted on {min(r['n_train'] for r in rows)}-{max(r['n_train'] for r in rows)} successful "
-            f"runs of {HOLDOUT_RUNS} rank the held-out configurations at Kendall tau {held:.3f}, the step model "
-            f"alone at {alone:.3f}: " + ("the runs have not taught the proxy the unmodelled effects that would "
-                                         "lift the best above the model's order; " if held <= alone else
-                                         "the runs improve on the model's order, but not enough to reach the "
-                                         "bar; "))
+        learned = ""
+        if rows:
+            held, alone = (float(np.mean([r[k] for r in rows])) for k in ("held_out_tau", "prior_only_tau"))
+            learned = (
+                f"proxies fitted on {min(r['n_train'] for r in rows)}-{max(r['n_train'] for r in rows)} successful "
+                f"runs of {HOLDOUT_RUNS} rank the held-out configurations at Kendall tau {held:.3f}, the step model "
+                f"alone at {alone:.3f}: " + ("the runs have not taught the proxy the unmodelled effects that would "
+                                             "lift the best above the model's order; " if held <= alone else
+                                             "the runs improve on the model's order, but not enough to reach the "
+                                             "bar; "))
         return floor + learned + f"the prior's first pick measures {pk['fraction_of_best']:.3f} of the best; "
     slow = pk.get("fraction_of_best_slower_pass", 0.0)
     return floor + (
