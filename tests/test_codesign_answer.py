@@ -226,3 +226,18 @@ def test_a_ratio_interval_that_excludes_1_never_prints_as_1():
     assert ratio_ci(1.0028, 1.07, "-") == "1.003-1.070"
     assert ratio_ci(0.93, 0.9996) == "0.9300–0.9996"
     assert ratio_ci(1.2, 1.5) == "1.20–1.50"
+
+
+def test_the_printed_command_of_a_distributed_campaign_runs_on_its_processes():
+    """A campaign measured on W gloo processes prints `cubic run ... --world-size W`: without it the
+    command would measure one process, another trial than the one the answer quotes."""
+    import shlex
+
+    from cubic.codesign.answer import run_command
+
+    ctx = {"workload": "wukong-small", "runner": {"kind": "distributed", "world_size": 2, "steps": 16, "warmup": 2,
+                                                  "threads": 1}}
+    argv = shlex.split(run_command(ctx))
+    assert argv[argv.index("--world-size") + 1] == "2" and argv[argv.index("--steps") + 1] == "16"
+    local = shlex.split(run_command({"workload": "dlrm-small", "runner": {"kind": "local", "world_size": 1}}))
+    assert "--world-size" not in local

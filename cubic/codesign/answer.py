@@ -531,13 +531,15 @@ def _one_update_caveat(wm: dict[str, float], bm: dict[str, float], ctx: dict[str
 
 def run_command(ctx: dict[str, Any], config_path: str = "winner.yaml") -> str:
     """The ``cubic run`` command that re-measures winner.yaml as the campaign measured its runs
-    (workload, run length, threads, simulated cluster): what the answer prints, tested as printed."""
+    (workload, run length, threads, simulated cluster or processes): what the answer prints, tested as printed."""
     import shlex
 
     r = ctx.get("runner") or {}
     parts = ["cubic", "run", "--workload", str(ctx["workload"]), "--config", config_path]
     if r.get("simulate"):
         parts += ["--simulate", str(r["simulate"])]
+    if r.get("kind") == "distributed" and int(r.get("world_size") or 1) > 1:  # measured on W processes
+        parts += ["--world-size", str(r["world_size"])]
     for flag in ("steps", "warmup", "threads"):
         if r.get(flag) is not None:
             parts += [f"--{flag}", str(r[flag])]
