@@ -194,7 +194,7 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
     """Full sharding (G = processes) vs 2D (G = processes / 2) per sync on ``processes`` gloo processes,
     measured ``1 + looks`` times, beside the step model."""
     from experiments.common import calibration_origin
-    from cubic.runners.calibration import cpu_gloo_cluster, cpu_params, measure_cpu_device
+    from cubic.runners.calibration import cpu_gloo_model, measure_cpu_device
     from cubic.runners.distributed import DistributedRunner
     from cubic.runners.step_model import predict_step
 
@@ -205,9 +205,8 @@ def speed_cases(processes: int, steps: int, log, looks: int) -> dict:
              (f"2D G={g}, averaging every 100", g, "weights", 100)]
     # the links are a gloo calibration (the user's, else the packaged one: 'links' says whose machine):
     # with free links the model could not see the sync's cost
-    cluster, comm = cpu_gloo_cluster(measure_cpu_device(1), ranks=P)
+    cluster, params = cpu_gloo_model(measure_cpu_device(1), P)
     links = calibration_origin(processes=P)
-    params = cpu_params(1).model_copy(update=comm)
     runner = DistributedRunner(world_size=P, timeout_s=3600, verify=False, threads=1)
     cores = os.cpu_count() or 1
 

@@ -111,6 +111,14 @@ def test_the_cpu_gloo_cluster_prices_each_collective_as_the_calibration_does(tmp
     cal = CommModel.calibrated(path, processes=4)
     for kind in COLLECTIVES:
         assert collective_ms(comm, kind, 2, 65536) == pytest.approx(collective_ms(cal, kind, 2, 65536), rel=1e-9)
+    # the step model of W gloo processes (the distributed prior's, two_d's) carries the same lines
+    from cubic.runners.calibration import cpu_gloo_model
+
+    same, params = cpu_gloo_model(DEVICES["h100"], 4, calibration=str(path))
+    assert same == cluster and all(getattr(params, k) == v for k, v in overrides.items())
+    for kind in COLLECTIVES:
+        assert collective_ms(cluster_comm(same, params), kind, 2, 65536) == pytest.approx(
+            collective_ms(cal, kind, 2, 65536), rel=1e-9)
 
 
 def _rows(ratio: float, processes: int = 2, members: int = 2) -> list[dict]:

@@ -98,11 +98,11 @@ class StepModelPrior:
                 sim = SimulatedRunner.from_spec(r.simulate)
                 self._model = (sim.cluster, sim.world_size, DEFAULT_PARAMS)
             elif r.kind == "distributed":
-                from cubic.runners.calibration import cpu_device, cpu_gloo_cluster, cpu_params
+                from cubic.runners.calibration import cpu_device, cpu_gloo_model
 
                 threads, world = int(r.threads or 1), r.ranks
-                cluster, comm = cpu_gloo_cluster(cpu_device(threads), ranks=world)
-                self._model = (cluster, world, cpu_params(threads).model_copy(update=comm))
+                cluster, params = cpu_gloo_model(cpu_device(threads), world, threads)
+                self._model = (cluster, world, params)
             else:
                 from cubic.runners.calibration import cpu_cluster, cpu_device, cpu_params
 

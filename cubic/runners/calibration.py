@@ -304,6 +304,16 @@ def cpu_gloo_cluster(device: DeviceSpec, ranks: int, calibration: str | None = N
     return cluster, {"nvlink_eff": 1.0, "net_eff": 1.0, "a2a_peer_overhead_s": min(cal.alpha_peer_s, 1e-3)}
 
 
+def cpu_gloo_model(device: DeviceSpec, ranks: int, threads: int = 1,
+                   calibration: str | None = None) -> tuple[ClusterSpec, StepModelParams]:
+    """The step model of ``ranks`` gloo processes on this CPU, ``threads`` intra-op threads each: the
+    cluster of :func:`cpu_gloo_cluster` and this CPU's constants (:func:`cpu_params`) with its link
+    overrides. The two go together: the cluster's links at the default efficiencies would not be the
+    calibration's lines."""
+    cluster, comm = cpu_gloo_cluster(device, ranks, calibration)
+    return cluster, cpu_params(threads).model_copy(update=comm)
+
+
 def cpu_params(threads: int = 1, base: StepModelParams = DEFAULT_PARAMS) -> StepModelParams:
     """Step-model constants that describe a CPU instead of an H100 (before calibration).
 
