@@ -35,6 +35,16 @@ def best_known(space: Space, table: dict[str, Result]) -> float:
     return max(v for e in table.values() if (v := feasible_value(space, e)) is not None)
 
 
+def table_of(space: Space, rows: dict[str, dict]) -> dict[str, Result]:
+    """A table back from the rows a JSON stored (``{key: {"point", "ok", "failure_kind", "metrics"}}``),
+    checked to be this space's: every configuration, each under its own key."""
+    keys = {space.key(p) for p in space.enumerate()}
+    if set(rows) != keys or any(space.key(r["point"]) != k for k, r in rows.items()):
+        raise ValueError(f"the stored table is not this space's ({len(rows)} rows, {len(keys)} configurations)")
+    return {k: Result(status="ok", metrics=r["metrics"]) if r["ok"] else
+            Result.failed(r["failure_kind"] or "error", "as stored", metrics=r["metrics"]) for k, r in rows.items()}
+
+
 def curve(space: Space, table: dict[str, Result], points) -> list[float]:
     """Best feasible value after each look-up of ``points`` (NaN before the first feasible one)."""
     out, best = [], math.nan
@@ -104,12 +114,23 @@ def look_summary(section: dict) -> dict[str, Any]:
     m = section.get("measurement") or {}
     pk = section.get("prior_first_pick") or {}
     taus = [row["held_out_tau"] for row in section.get("holdout_tau") or []]
-    return {"provenance": m.get("provenance"), "retest_tau_between_passes": m.get("retest_tau_between_passes"),
+    fp = (m.get("context") or {}).get("fingerprint") or {}
+    return {"provenance": m.get("provenance"), "machine": fp.get("cpu_model"),
+            "fingerprint_hash": (m.get("context") or {}).get("fingerprint_hash"),
+            "retest_tau_between_passes": m.get("retest_tau_between_passes"),
             "best_known": section.get("best_known"), "best_point": _best_point(m.get("table") or {}),
             "prior_first_pick_fraction_of_best": pk.get("fraction_of_best"),
             "prior_rank_of_measured_best": pk.get("prior_rank_of_measured_best"),
             "median_runs_to_target": {k: v["median_runs_to_target"] for k, v in (section.get("methods") or {}).items()},
             "held_out_tau": float(np.mean(taus)) if taus else None}
+
+
+def previous_looks(prev: dict, fresh: bool) -> list[dict]:
+    """The looks before a hard section's new one, oldest first: ``prev``'s own earlier looks (the
+    single ``previous_look`` of files written before stop 77 included), then ``prev`` itself when the
+    new table is a fresh measurement rather than the same runs served again."""
+    out = list(prev.get("previous_looks") or ([prev["previous_look"]] if prev.get("previous_look") else []))
+    return out + [look_summary(prev)] if fresh else out
 
 
 def _best_point(rows: dict) -> dict | None:
@@ -183,8 +204,13 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
     med = {m: v["median_runs_to_target"] for m, v in r["methods"].items()}
     pk = r["prior_first_pick"]
     frac = max(pk["fraction_of_best"], pk.get("fraction_of_best_slower_pass", 0.0))  # the less favourable
+    looks = [{"machine": lk.get("machine"), "fraction_of_best": lk.get("prior_first_pick_fraction_of_best"),
+              "prior_rank_of_measured_best": lk.get("prior_rank_of_measured_best")}
+             for lk in r.get("previous_looks") or []]
+    hard_elsewhere = [lk for lk in looks if (lk["fraction_of_best"] or 1.0) < target_fraction]
     out = {f"{name}: prior's first pick < {target_fraction:.0%} of the best, also against the best's slower pass (the space is hard)": {
         "measured": frac, "target": target_fraction, "met": frac < target_fraction,
+        **({"earlier_looks": looks} if looks else {}),
         "fraction_of_best": pk["fraction_of_best"], "fraction_of_best_slower_pass": pk.get("fraction_of_best_slower_pass"),
         **({"reason": (
             f"the prior's first pick {pk['point']} measures {pk['fraction_of_best']:.3f} of the best by the kept "
@@ -193,7 +219,9 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
                              "fastest configuration first" if pk["prior_rank_of_measured_best"] == 1 else
                              ": the two are within this machine's pass-to-pass noise")
             + "; the space is not measurably hard here and 'runs to 98%' still measures the prior (without it, "
-            f"cubic-noprior needs a median {med.get('cubic-noprior')} runs, TPE {med['tpe']:g})")}
+            f"cubic-noprior needs a median {med.get('cubic-noprior')} runs, TPE {med['tpe']:g})"
+            + (f"; earlier looks found it hard ({', '.join(_look_text(lk) for lk in hard_elsewhere)}): which "
+               "configuration is fastest is the machine's, not the space's" if hard_elsewhere else ""))}
            if frac >= target_fraction else {})}}
     for other in ("tpe", "random"):
         out[f"{name}: cubic median runs to {target_fraction:.0%} <= {other}'s"] = {
@@ -237,6 +265,11 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
                                  "no test-retest figure (one pass)") + "; a model cannot rank them much better"
     out[f"{name}: proxy Kendall tau on held-out configurations >= 0.8"] = t
     return out
+
+
+def _look_text(look: dict) -> str:
+    return (f"{look['fraction_of_best']:.3f} of the best, the best the prior's #{look['prior_rank_of_measured_best']}, "
+            f"on {look['machine'] or 'a machine its summary does not name'}")
 
 
 def _third_reason(med: dict, pk: dict, reach: dict | None, hard: bool, target_fraction: float) -> str:

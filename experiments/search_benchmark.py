@@ -134,19 +134,6 @@ def with_unmodelled(space: Space, table: dict[str, Result], salt: str = "") -> d
     return out
 
 
-def best_known(space: Space, table: dict[str, Result]) -> float:
-    vals = [e.metrics[space.primary.metric] for e in table.values()
-            if e.ok and max((c.violation(e.metrics) for c in space.constraints), default=0.0) <= 0]
-    return max(vals)
-
-
-def runs_to_target(space: Space, summary, target: float) -> int | None:
-    for i, v in enumerate(summary.best_so_far):
-        if not math.isnan(v) and v >= target:
-            return i + 1
-    return None
-
-
 def run_method(space, table, method, seed, budget, k, featurize, context, n_inner, storage=None, warm=(),
                target=None):
     cubic = method.startswith("cubic")
@@ -207,7 +194,7 @@ def holdout_tau(space, table, featurize, context, n_train: int, seeds) -> list[d
 
 
 def compare(space, table, *, seeds, budget, k, featurize, context, n_inner, label):
-    best = best_known(space, table)
+    best = tab.best_known(space, table)
     target = TARGET * best
     out = {"methods": {}, "best_known": best, "target": target, "space_size": len(table), "budget": budget,
            "batch_size": k}
@@ -216,7 +203,7 @@ def compare(space, table, *, seeds, budget, k, featurize, context, n_inner, labe
         for seed in seeds:
             s, c, wall = run_method(space, table, method, seed, budget, k, featurize, context, n_inner,
                                     target=target)
-            n = runs_to_target(space, s, target)
+            n = tab.runs_to_target(s.best_so_far, target)
             rows.append({"seed": seed, "runs_to_target": n, "reached": n is not None,
                          "best": s.best_metrics.get(space.primary.metric) if s.best_metrics else None,
                          "best_so_far": s.best_so_far, "search_wall_s": wall, "proxy": s.proxy})
@@ -457,11 +444,8 @@ def run_hard(args) -> None:
     path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}})
     prev = (stored.get("spaces") or {}).get(section)
-    if prev and _runs_of(prev) != _runs_of(r):
-        # a fresh table of the same space: the last one's headline stays beside it (the second look)
-        r["previous_look"] = tab.look_summary(prev)
-    elif prev and prev.get("previous_look"):
-        r["previous_look"] = prev["previous_look"]  # the same table served again: the earlier look stays
+    if prev:  # every earlier look's headline stays beside this one, oldest first (a table served again adds none)
+        r["previous_looks"] = tab.previous_looks(prev, fresh=_runs_of(prev) != _runs_of(r))
     stored.setdefault("spaces", {})[section] = r
     # this section's targets replace its own (another hard section's stay)
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith(f"{section}: ")}
@@ -518,6 +502,9 @@ def _parse_args():
                     help="recompute the targets object from the figures in the JSON (run nothing) and rewrite it")
     ap.add_argument("--real-workloads", nargs="*", default=None,
                     help="real CPU workloads to measure (default dlrm-small; none with --quick); [] skips")
+    ap.add_argument("--replay-real", action="store_true",
+                    help="replay the real sections' searches on this code from the tables stored in the JSON "
+                         "(nothing measured; the runs keep their own provenance)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--passes", type=int, default=5, help="measurements per real configuration (best kept)")
@@ -609,10 +596,14 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
     ``--measure-only``: None), then replay the methods and score the proxy on held-out points."""
     wl = DEFAULT_WORKLOADS[wname]
     space = base.for_workload(wl, shape=True)  # the recorded experiment's space: shape knobs included
-    log(f"measuring {wname}: {len(space.enumerate())} configs x {args.steps} steps (1 thread)")
-    if args.repeats:
+    stored = _stored_real(wname) if args.replay_real else None
+    if stored is not None:
+        table = tab.table_of(space, stored["measurement"]["table"])
+        log(f"{wname}: replaying the {len(table)} runs stored in the JSON (nothing measured)")
+    elif args.repeats:
         table = measure_pooled(space, wl, runner, store, args.steps, args.warmup, args.repeats)
     else:
+        log(f"measuring {wname}: {len(space.enumerate())} configs x {args.steps} steps (1 thread)")
         table = measure_table(space, wl, runner, store, args.steps, args.warmup, passes=args.passes)
     if args.measure_only:
         return None
@@ -622,6 +613,9 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
     r = compare(space, table, seeds=seeds, budget=n, k=2 if n <= 30 else 4, featurize=feat, context=context,
                 n_inner=n_inner, label=wname)
     r["kind"] = "measured (replayed from a table of real runs)"
+    if stored is not None:  # the runs as measured then; the searches and the proxy's taus on this code
+        r["measurement"] = {**stored["measurement"], "replayed": retarget_stamp()}
+        return _real_judged(r, space, table, feat, context, seeds, n)
     spreads = [e.metrics.get("pass_spread", 1.0) for e in table.values() if e.ok]
     top2 = [e.metrics.get("top2_spread", 1.0) for e in table.values() if e.ok]
     r["measurement"] = {"runner": "LocalRunner (child process), device cpu, 1 intra-op thread",
@@ -643,6 +637,24 @@ def _real_space(args, wname: str, base: Space, runner, store, seeds, n_inner: in
                         "replay_note": ("each configuration was measured once (with --repeats: its pooled repeats); "
                                         "every method x seed replays those measurements, so a 'real run' is a "
                                         "look-up of a measured result")}
+    return _real_judged(r, space, table, feat, context, seeds, n)
+
+
+def _stored_real(wname: str) -> dict:
+    """``--replay-real``: the stored JSON's real section for a workload, which must hold its table."""
+    from experiments.common import RESULTS, stored_result
+
+    sec = ((stored_result("search_benchmark") if (RESULTS / "search_benchmark.json").exists() else {})
+           .get("spaces", {}).get(f"real:{wname}"))
+    if not (sec or {}).get("measurement", {}).get("table"):
+        print(f"search_benchmark: --replay-real: results/search_benchmark.json has no stored table for "
+              f"real:{wname} (measure it: run without --replay-real)", file=sys.stderr)
+        raise SystemExit(2)
+    return sec
+
+
+def _real_judged(r: dict, space: Space, table, feat, context, seeds, n: int) -> dict:
+    """The real section's proxy taus on held-out configurations and the prior's first pick."""
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(HOLDOUT_RUNS, n - 5), seeds=seeds)
     r["holdout_tau_note"] = (f"proxy trained on {min(40, n - 5)} random configurations of this {n}-point space "
                              "(failed ones included in the 40) and scored on all the others")
@@ -701,7 +713,7 @@ def _warm_start(r: dict, space: Space, table, store, seeds, budget: int, feat, c
                  name="donor").run()
         s, _, wall = run_method(space, table, "cubic", seed, budget, 4, feat, context, n_inner, storage=storage,
                                 warm=["donor"], target=r["target"])
-        n = runs_to_target(space, s, r["target"])
+        n = tab.runs_to_target(s.best_so_far, r["target"])
         warm_rows.append({"seed": seed, "runs_to_target": n, "reached": n is not None, "search_wall_s": wall})
         log(f"  sim cubic warm-started seed {seed}: runs to {TARGET:.0%} = {n}")
     ns_warm = [w["runs_to_target"] if w["reached"] else budget + 1 for w in warm_rows]

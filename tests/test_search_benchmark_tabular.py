@@ -250,6 +250,32 @@ def test_a_fresh_table_keeps_the_last_looks_headline():
     served = {**sec, "measurement": {**sec["measurement"], "provenance": {
         **sec["measurement"]["provenance"], "served_from_store": 192}}}
     assert _runs_of(served) == _runs_of(sec)  # served again: the same runs, not a second look
+    assert look["machine"] is None  # a summary without the measurement's context names no machine
+
+
+def test_every_earlier_look_stays_with_its_machine_and_a_look_that_is_not_hard_names_those_that_were():
+    def section(cpu, frac, rank, old=None):
+        return {"best_known": 100.0, "methods": {m: {"median_runs_to_target": 9.0} for m in
+                                                 ("cubic", "tpe", "random", "cubic-noprior", "cubic-optuna")},
+                "prior_first_pick": {"fraction_of_best": frac, "fraction_of_best_slower_pass": frac,
+                                     "prior_rank_of_measured_best": rank, "point": {"x": 1},
+                                     "runs_in_prior_order_to_target": rank},
+                "holdout_tau": [{"held_out_tau": 0.9}],
+                "measurement": {"context": {"fingerprint": {"cpu_model": cpu}, "fingerprint_hash": cpu[:3]},
+                                "retest_tau_between_passes": {"1v2": 0.9}, "table": {}},
+                **({"previous_look": old} if old else {})}
+
+    first = tab.look_summary(section("AMD EPYC", 0.787, 7))
+    second = section("AMD EPYC", 0.743, 8, old=first)  # a file from before stop 77: one previous look
+    looks = tab.previous_looks(second, fresh=True)
+    assert [lk["prior_first_pick_fraction_of_best"] for lk in looks] == [0.787, 0.743]
+    assert looks[1]["machine"] == "AMD EPYC" and looks[1]["fingerprint_hash"] == "AMD"
+    assert tab.previous_looks(second, fresh=False) == [first]  # the same runs served again add no look
+    third = {**section("Intel Xeon", 0.957, 2), "previous_looks": looks}
+    third["prior_first_pick"]["fraction_of_best_slower_pass"] = 1.06  # inside the best's own pass-to-pass noise
+    t = next(v for k, v in tab.hard_targets("hard:w", third).items() if "the space is hard" in k)
+    assert not t["met"] and [lk["fraction_of_best"] for lk in t["earlier_looks"]] == [0.787, 0.743]
+    assert "earlier looks found it hard" in t["reason"] and "on AMD EPYC" in t["reason"]
 
 
 def test_retarget_recomputes_the_targets_from_the_stored_figures_and_says_which_code_did(tmp_path, monkeypatch):
@@ -269,3 +295,25 @@ def test_retarget_recomputes_the_targets_from_the_stored_figures_and_says_which_
     after = json.loads((tmp_path / "search_benchmark.json").read_text())
     assert set(after["retargeted"]) == {"code_version", "at"} and after["context"] == before["context"]
     assert {k: v["met"] for k, v in after["targets"].items()} == {k: v["met"] for k, v in before["targets"].items()}
+
+
+def test_a_table_stored_in_the_json_comes_back_as_measured_and_only_for_its_own_space(space):
+    t = table_for(space)
+    rows = {space.key(p): {"point": p, "ok": t[space.key(p)].ok, "failure_kind": t[space.key(p)].failure_kind,
+                           "metrics": t[space.key(p)].metrics} for p in space.enumerate()}
+    back = tab.table_of(space, rows)
+    assert {k: (e.ok, e.failure_kind, e.metrics) for k, e in back.items()} == \
+        {k: (e.ok, e.failure_kind, e.metrics) for k, e in t.items()}
+    assert tab.best_known(space, back) == tab.best_known(space, t)
+    with pytest.raises(ValueError, match="not this space's"):
+        tab.table_of(space, dict(list(rows.items())[1:]))
+
+
+def test_replay_real_without_a_stored_table_names_the_flag_and_exits_2(tmp_path, monkeypatch, capsys):
+    from experiments import common
+    from experiments import search_benchmark as sb
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    with pytest.raises(SystemExit) as e:
+        sb._stored_real("dlrm-small")
+    assert e.value.code == 2 and "--replay-real" in capsys.readouterr().err
