@@ -122,7 +122,9 @@ def look_summary(section: dict) -> dict[str, Any]:
             "prior_first_pick_fraction_of_best": pk.get("fraction_of_best"),
             "prior_rank_of_measured_best": pk.get("prior_rank_of_measured_best"),
             "median_runs_to_target": {k: v["median_runs_to_target"] for k, v in (section.get("methods") or {}).items()},
-            "held_out_tau": float(np.mean(taus)) if taus else None}
+            "held_out_tau": float(np.mean(taus)) if taus else None,
+            # its runs, so that a later code's searches can be replayed on them (search_benchmark --hard)
+            "table": m.get("table")}
 
 
 def previous_looks(prev: dict, fresh: bool) -> list[dict]:
@@ -245,8 +247,8 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
             f"CubicSampler through study.optimize needs fewer runs ({med['cubic-optuna']:g}) than the campaign "
             f"({med['cubic']:g}): its first ten trials come one per round (CubicSampler.round_of), each fitted on "
             f"every run before it, so its first round is the prior's top picks one by one; the campaign proposes "
-            f"{r.get('batch_size', 'its batch')} per round, half of the first from the prior spread apart by the "
-            "local penalty and half random" if med["cubic-optuna"] < med["cubic"] else
+            f"{r.get('batch_size', 'its batch')} per round, the first the prior's pick and its one-knob "
+            "alternatives" if med["cubic-optuna"] < med["cubic"] else
             "not diagnosed yet: the sampler's median is close to cubic-noprior's "
             f"({med.get('cubic-noprior')}), which suggests the step-model prior's first round is not reaching "
             "the sampler path (CubicSampler's default strategy vs the campaign's ProxyGuided(n_inner=128, "

@@ -413,11 +413,8 @@ def run_hard(args) -> None:
     log(f"  prior's first pick {pick['point']}: {pick['fraction_of_best']:.3f} of the best "
         f"(the measured best is the prior's #{pick['prior_rank_of_measured_best']})")
     budget, k = n, 2 if n <= 30 else 4
-    target = TARGET * tab.best_known(space, table)
-    methods = {m: (lambda seed, m=m: run_method(space, table, m, seed, budget, k, feat, context, 128,
-                                                target=target)[0].best_so_far) for m in METHODS}
-    methods["cubic-optuna"] = lambda seed: tab.optuna_cubic_curve(space, table, seed, budget, k, feat, context, target)
-    r = tab.compare_on_table(space, table, methods, seeds, budget, TARGET, log=log)
+    r = tab.compare_on_table(space, table, _hard_methods(space, table, feat, context, budget, k), seeds, budget,
+                             TARGET, log=log)
     r["kind"] = "measured (replayed from a table of real runs: tabular benchmark)"
     r["batch_size"] = k
     r["prior_first_pick"] = pick
@@ -446,6 +443,8 @@ def run_hard(args) -> None:
     prev = (stored.get("spaces") or {}).get(section)
     if prev:  # every earlier look's headline stays beside this one, oldest first (a table served again adds none)
         r["previous_looks"] = tab.previous_looks(prev, fresh=_runs_of(prev) != _runs_of(r))
+        for look in r["previous_looks"]:  # ... and this code's searches replayed on each table still stored
+            _replay_look(look, space, feat, context, seeds, budget, k)
     stored.setdefault("spaces", {})[section] = r
     # this section's targets replace its own (another hard section's stay)
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith(f"{section}: ")}
@@ -456,6 +455,32 @@ def run_hard(args) -> None:
     for what, t in stored["targets"].items():
         if what.startswith(f"{section}: "):
             print(f"target {'MET' if t['met'] else 'MISSED'}: {what}: measured {t['measured']:.3g}")
+
+
+def _hard_methods(space, table, feat, context, budget: int, k: int) -> dict:
+    """The hard section's methods on a table, each ``seed -> best_so_far``: the campaigns of METHODS and
+    CubicSampler through study.optimize."""
+    target = TARGET * tab.best_known(space, table)
+    methods = {m: (lambda seed, m=m: run_method(space, table, m, seed, budget, k, feat, context, 128,
+                                                target=target)[0].best_so_far) for m in METHODS}
+    methods["cubic-optuna"] = lambda seed: tab.optuna_cubic_curve(space, table, seed, budget, k, feat, context, target)
+    return methods
+
+
+def _replay_look(look: dict, space, feat, context, seeds, budget: int, k: int) -> None:
+    """An earlier look's table searched again on this code (its runs as measured then): ``replayed``,
+    beside the medians that look's own code measured; a look stored without its table says so."""
+    if not look.get("table"):
+        look["replayed"] = {"note": "not replayed: this look's summary was stored without its table"}
+        return
+    table = tab.table_of(space, look["table"])
+    col = feat.prior_columns[space.primary.metric]
+    rr = tab.compare_on_table(space, table, _hard_methods(space, table, feat, context, budget, k), seeds, budget, TARGET)
+    look["replayed"] = {**retarget_stamp(), "label": "MEASURED table, searched again on this code",
+                        "median_runs_to_target": {m: v["median_runs_to_target"] for m, v in rr["methods"].items()},
+                        "prior_first_pick": tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]),
+                                                                 TARGET)}
+    log(f"  earlier look ({look.get('machine')}) replayed: {look['replayed']['median_runs_to_target']}")
 
 
 def _runs_of(section: dict) -> tuple:
@@ -583,7 +608,8 @@ def _replot_or_retarget(args) -> None:
 METHOD_NOTE = ("cubic = ProxyGuided: the proxy (ensemble families XGBoost/MLP/GP/ridge picked by "
                "CV Kendall tau) learns the residual of the analytical step model's prediction "
                "(the prior: this CPU from micro-benchmarks, or the cluster's datasheet model), "
-               "the first round is half the prior's best predictions and half random, then "
+               "the first round is the prior's best prediction and its best one-knob alternatives (stop 77; before, "
+               "half the prior's best predictions and half random), the residual a GP's below 12 runs, then "
                "a random plus local search over the proxy (SMAC-style), constrained EI with local-penalty batches; "
                "cubic-noprior = the same loop without the prior (ablation); "
                "tpe = Optuna TPESampler directly on runs (multivariate, constant liar); "

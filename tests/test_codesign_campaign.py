@@ -244,7 +244,7 @@ def test_first_round_follows_the_analytical_prior_then_the_proxy_learns_its_resi
     def f(p):
         return toy({**p, "x": 0.3})
 
-    strat = ProxyGuided("tpe", n_inner=64, families=("ridge",), exploit_share=0.5)
+    strat = ProxyGuided("tpe", n_inner=64, families=("ridge",), exploit_share=0.5, prior_design="share")
     c = Campaign(space, f, strategy=strat, budget=8, batch_size=4, seed=3, featurize=_PriorFeaturizer())
     s = c.run()
     first = [t for t in c.study.trials if t.user_attrs["round"] == 0]
@@ -253,6 +253,21 @@ def test_first_round_follows_the_analytical_prior_then_the_proxy_learns_its_resi
     # the prior's favourite within the memory bound (y=40 is the largest feasible y) is in it
     assert any(t.params["y"] == 64 or t.params["y"] == 40 for t in from_prior)
     assert s.runs == 8 and s.best_metrics is not None
+
+
+def test_by_default_the_first_round_is_the_priors_pick_and_its_one_knob_alternatives():
+    space = Space.model_validate({**SPACE, "parameters": [
+        {"name": "y", "type": "categorical", "choices": [1, 2, 4, 8, 16, 32, 40, 64], "log": True},
+        {"name": "kind", "type": "categorical", "choices": ["a", "b", "c"]}]})
+    c = Campaign(space, lambda p: toy({**p, "x": 0.3}), strategy=ProxyGuided("local", n_inner=64), budget=8,
+                 batch_size=3, seed=3, featurize=_PriorFeaturizer())
+    c.run()
+    first = [t.params for t in c.study.trials if t.user_attrs["round"] == 0]
+    # the prior ranks y alone (kind is invisible to it, memory unknown to it): its pick is y=64, then kind
+    # changed alone (the prior sees no difference: first), then y changed alone (one step down, y=40)
+    assert first[0]["y"] == 64 and len(first) == 3
+    assert [(p["y"], p["kind"] != first[0]["kind"]) for p in first[1:]] == [(64, True), (40, False)]
+    assert c.strategy.fit_["family"] == "gp"  # the residual over the prior: a GP's, below PRIOR_GP_BELOW runs
 
 
 def test_trial_store_and_campaign_storage_share_one_database_and_the_report_joins_by_hashes(tmp_path):

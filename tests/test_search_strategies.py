@@ -18,6 +18,7 @@ from search.strategies import (
     Surrogate,
     acquisition,
     log_expected_improvement,
+    one_factor_design,
     select_batch,
 )
 
@@ -166,3 +167,30 @@ def test_without_a_prior_the_gp_alone_is_fitted_until_cv_has_enough_runs():
     assert set(late._fit_surrogate(hist[:GP_ONLY_BELOW], {}).cv_tau_) == set(families)
     prior = ProxyGuided("local", n_inner=32, families=families).bind(SearchContext(space, seed=0))
     assert set(prior._fit_surrogate(hist[:GP_ONLY_BELOW - 1], {"y": 0}).cv_tau_) == set(families)
+
+
+def test_one_factor_design_changes_one_knob_of_the_priors_pick_each():
+    """The prior's best, then per knob its best alternative differing in that knob alone, the knobs
+    whose alternative the prior rates closest first; a conditional knob appearing with its parent is
+    not a second change, and points the prior expects to fail are never picked."""
+    space = Space.model_validate({
+        "objectives": [{"metric": "tput", "direction": "maximize"}],
+        "parameters": [{"name": "batch", "type": "categorical", "choices": [1, 2, 4]},
+                       {"name": "dtype", "type": "categorical", "choices": ["fp32", "bf16"]},
+                       {"name": "fp8", "type": "categorical", "choices": ["off", "all"]},
+                       {"name": "recipe", "type": "categorical", "choices": ["t", "r"], "when": {"fp8": ["all"]}}]})
+    cands = space.enumerate()
+
+    def prior_of(p):  # batch 4 best, bf16 a little better, fp8 much worse, recipe r a hair better than t
+        return (math.log(p["batch"]) + 0.05 * (p["dtype"] == "bf16") - 1.0 * (p["fp8"] == "all")
+                + 0.01 * (p.get("recipe") == "r"))
+
+    prior = np.array([prior_of(p) for p in cands])
+    ok = np.array([not (p["batch"] == 2 and p["dtype"] == "bf16") for p in cands])  # predicted to fail
+    picks = [cands[j] for j in one_factor_design(space, cands, prior, ok, 4)]
+    assert picks[0] == {"batch": 4, "dtype": "bf16", "fp8": "off"}
+    # dtype (0.05 below) before fp8 (1.0 below, recipe r) before batch (its bf16 neighbour at 2 fails: batch 1)
+    assert picks[1:] == [{"batch": 4, "dtype": "fp32", "fp8": "off"},
+                         {"batch": 4, "dtype": "bf16", "fp8": "all", "recipe": "r"},
+                         {"batch": 1, "dtype": "bf16", "fp8": "off"}]
+    assert [cands[j] for j in one_factor_design(space, cands, prior, ok, 2)] == picks[:2]
