@@ -233,10 +233,20 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
                           f"{med['cubic']:g}"})}
     # the issue's bar: a search worth its proxy reaches the target in a third of TPE's runs, not merely fewer
     third = med["tpe"] / 3.0
+    replays = _replayed_thirds(r.get("previous_looks") or [], target_fraction)
     out[f"{name}: cubic median runs to {target_fraction:.0%} <= a third of tpe's"] = {
         "measured": med["cubic"], "target": third, "met": med["cubic"] <= third,
         **({"reason": _third_reason(med, pk, r.get("at_target"), frac < target_fraction, target_fraction)}
-           if med["cubic"] > third else {})}
+           if med["cubic"] > third else {}),
+        **({"earlier_looks_replayed": replays} if replays else {}),
+        # met where the prior already answers measures the prior: say so, with the looks where it did not
+        **({"note": (f"met on a look that is not hard (the prior's order reaches {target_fraction:.0%} at run "
+                     f"{pk.get('runs_in_prior_order_to_target')}): this look measures the prior"
+                     + ("; on the earlier looks that were hard, this code's searches replayed on their tables: "
+                        + "; ".join(f"{x['machine'] or 'machine not named'}: cubic {x['cubic']:g}, TPE {x['tpe']:g} "
+                                    f"({'met' if x['met'] else 'MISSED'})" for x in replays if x["hard"])
+                        if any(x["hard"] for x in replays) else ""))}
+           if med["cubic"] <= third and frac >= target_fraction else {})}
     out[f"{name}: CubicSampler via study.optimize matches cubic's campaign (median runs within "
         f"max({MATCH_RUNS:g}, {MATCH_SHARE:.0%}))"] = {
         "measured": med["cubic-optuna"], "target": med["cubic"], "met": matches(med["cubic"], med["cubic-optuna"])}
@@ -266,6 +276,19 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
                                  f"space with test-retest tau {rt:.2f} between passes" if rt is not None else
                                  "no test-retest figure (one pass)") + "; a model cannot rank them much better"
     out[f"{name}: proxy Kendall tau on held-out configurations >= 0.8"] = t
+    return out
+
+
+def _replayed_thirds(looks: list[dict], target_fraction: float) -> list[dict]:
+    """Each earlier look replayed on this code (``replayed``): cubic's and TPE's medians, and the third."""
+    out = []
+    for lk in looks:
+        med = (lk.get("replayed") or {}).get("median_runs_to_target")
+        if med and "cubic" in med and "tpe" in med:
+            frac = (lk["replayed"].get("prior_first_pick") or {}).get("fraction_of_best")
+            out.append({"machine": lk.get("machine"), "hard": frac is not None and frac < target_fraction,
+                        "cubic": med["cubic"], "tpe": med["tpe"], "met": med["cubic"] <= med["tpe"] / 3.0,
+                        "code_version": lk["replayed"].get("code_version")})
     return out
 
 

@@ -276,6 +276,13 @@ def test_every_earlier_look_stays_with_its_machine_and_a_look_that_is_not_hard_n
     t = next(v for k, v in tab.hard_targets("hard:w", third).items() if "the space is hard" in k)
     assert not t["met"] and [lk["fraction_of_best"] for lk in t["earlier_looks"]] == [0.787, 0.743]
     assert "earlier looks found it hard" in t["reason"] and "on AMD EPYC" in t["reason"]
+    # the third met where the prior already answers says so, with the earlier hard looks replayed on this code
+    looks[1]["replayed"] = {"median_runs_to_target": {"cubic": 3.0, "tpe": 17.0},
+                            "prior_first_pick": {"fraction_of_best": 0.743}, "code_version": "abc"}
+    third["methods"]["tpe"]["median_runs_to_target"] = 27.0
+    t = next(v for k, v in tab.hard_targets("hard:w", third).items() if "a third of" in k)
+    assert t["met"] and "measures the prior" in t["note"] and "AMD EPYC: cubic 3, TPE 17 (met)" in t["note"]
+    assert [x["hard"] for x in t["earlier_looks_replayed"]] == [True]
 
 
 def test_retarget_recomputes_the_targets_from_the_stored_figures_and_says_which_code_did(tmp_path, monkeypatch):
