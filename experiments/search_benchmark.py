@@ -420,14 +420,17 @@ def run_hard(args) -> None:
     r["prior_first_pick"] = pick
     r["holdout_tau"] = holdout_tau(space, table, feat, context, n_train=min(HOLDOUT_RUNS, n - 5), seeds=seeds)
     retest = next(iter(table.values())).extra.get("retest_tau")
+    prov = next(iter(table.values())).extra.get("provenance") or {}
     r["measurement"] = {
         "label": "MEASURED", "runner": (f"DistributedRunner: {args.hard_world_size} processes (gloo), 1 intra-op "
                                         "thread each" if args.hard_world_size > 1 else
                                         "LocalRunner (child process), device cpu, 1 intra-op thread"),
         "steps": args.steps, "warmup": args.warmup, "passes": passes, "store": args.hard_store,
-        "wall_s": measure_wall, "retest_tau_between_passes": retest, "context": ctx_measure,
+        # a table served from the store took no measuring: its runs' own span is in the provenance
+        "wall_s": measure_wall if prov.get("served_from_store", 0) < n * passes else None,
+        "retest_tau_between_passes": retest, "context": ctx_measure,
         # when and on which code the runs were made (a table served from the store is older than this run)
-        "provenance": next(iter(table.values())).extra.get("provenance"),
+        "provenance": prov or None,
         "table": {space.key(p): {"point": p, "ok": table[space.key(p)].ok,
                                  "failure_kind": table[space.key(p)].failure_kind,
                                  "metrics": table[space.key(p)].metrics} for p in space.enumerate()},
