@@ -161,6 +161,31 @@ def test_warm_start_feeds_the_proxy_with_another_campaigns_trials(tmp_path):
     assert all(t.user_attrs["predicted"] for t in c.study.trials)
 
 
+@pytest.mark.parametrize("design", ["none", "prior", "proxy"])
+def test_a_warm_started_campaign_with_a_prior_designs_its_first_round_as_told(tmp_path, design):
+    space = Space.model_validate({**SPACE, "parameters": [
+        {"name": "y", "type": "categorical", "choices": [1, 2, 4, 8, 16, 32, 40, 64], "log": True},
+        {"name": "kind", "type": "categorical", "choices": ["a", "b", "c"]}]})
+
+    def f(p):
+        return toy({**p, "x": 0.3})
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    Campaign(space, f, strategy="random", budget=8, batch_size=4, storage=url, name="old",
+             featurize=_PriorFeaturizer()).run()
+    c = Campaign(space, f, strategy=ProxyGuided("local", n_inner=32, warm_design=design), budget=3, batch_size=3,
+                 storage=url, name="new", warm_start=["old"], featurize=_PriorFeaturizer())
+    c.run()
+    first = [t for t in c.study.trials if t.user_attrs["round"] == 0]
+    sources = [(t.user_attrs["predicted"] or {}).get("source") for t in first]
+    if design == "none":  # the warm runs fill the initial design: the proxy's picks, no design
+        assert not any(sources) and all(t.user_attrs["predicted"] for t in first)
+    else:
+        want = "step-model prior" if design == "prior" else "warm-started proxy"
+        assert sources == [want, f"{want}, one knob changed", f"{want}, one knob changed"]
+        assert sum(p != q for p, q in zip(first[0].params.values(), first[1].params.values())) == 1
+
+
 KILL_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
