@@ -50,11 +50,13 @@ in the training set are held out).
     .venv/bin/python experiments/search_benchmark.py --quick    # smoke run: 2 seeds, small budgets,
                                                                 # simulated spaces only (minutes)
     .venv/bin/python experiments/search_benchmark.py --measure-only   # fill the measured table only
+    .venv/bin/python experiments/search_benchmark.py --replay-real    # the real table from the JSON, re-searched
     .venv/bin/python experiments/search_benchmark.py --hard --steps 6 --warmup 1 --hard-timeout 20
                                                         # the hard space only (~60 runs x 2 passes)
     .venv/bin/python experiments/search_benchmark.py --hard --hard-world-size 2 --steps 16 --warmup 2 \
-        --hard-timeout 90 --hard-store .cubic/search_benchmark_hard_look2.db
-                                                        # the distributed hard space (96 runs x 2 passes, ~20 min)
+        --hard-timeout 90 --hard-store .cubic/search_benchmark_hard_look3.db
+                                                        # the distributed hard space (96 runs x 2 passes, ~20 min;
+                                                        # earlier looks kept and their tables re-searched)
     .venv/bin/python experiments/search_benchmark.py --public   # then --public --public-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --tune     # after --public; then --tune --tune-early-seeds 20
     .venv/bin/python experiments/search_benchmark.py --early-stop   # then --early-stop-curves crossing [--early-stop-warmup 5]
@@ -478,7 +480,8 @@ def _replay_look(look: dict, space, feat, context, seeds, budget: int, k: int) -
         return
     table = tab.table_of(space, look["table"])
     col = feat.prior_columns[space.primary.metric]
-    rr = tab.compare_on_table(space, table, _hard_methods(space, table, feat, context, budget, k), seeds, budget, TARGET)
+    rr = tab.compare_on_table(space, table, _hard_methods(space, table, feat, context, budget, k), seeds, budget,
+                              TARGET)
     look["replayed"] = {**retarget_stamp(), "label": "MEASURED table, searched again on this code",
                         "median_runs_to_target": {m: v["median_runs_to_target"] for m, v in rr["methods"].items()},
                         "prior_first_pick": tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]),
