@@ -211,7 +211,7 @@ def test_a_full_run_keeps_the_hard_space_measured_apart(tmp_path, monkeypatch):
     """The hard space has its own invocation (--hard, ~20 min of runs): a full run that rewrote the
     spaces had dropped it and its targets from results/search_benchmark.json."""
     import experiments.common as common
-    from experiments.search_benchmark import keep_hard
+    from experiments._search_hard import keep_hard
 
     stored = {"spaces": {"hard:wukong-small": {"methods": {}}, "real:dlrm-small": {"old": True}}}
     (tmp_path / "search_benchmark.json").write_text(json.dumps(stored))

@@ -172,7 +172,7 @@ def test_the_hard_section_on_w_processes_searches_the_distributed_space_from_its
     from cubic.codesign.prior import StepModelPrior
     from cubic.core.workloads import DEFAULT_WORKLOADS
     from cubic.runners.distributed import DistributedRunner
-    from experiments.search_benchmark import _hard_setup
+    from experiments._search_hard import _hard_setup
 
     wl = DEFAULT_WORKLOADS["wukong-small"]
     args = argparse.Namespace(hard_world_size=2, hard_timeout=20.0, hard_batch_sizes=[512, 1024], steps=6, warmup=1)
@@ -235,7 +235,7 @@ def test_hard_targets_explain_a_missed_third_on_a_hard_space_and_a_sampler_that_
 
 
 def test_a_fresh_table_keeps_the_last_looks_headline():
-    from experiments.search_benchmark import _runs_of
+    from experiments._search_hard import _runs_of
 
     sec = {"best_known": 100.0, "methods": {"cubic": {"median_runs_to_target": 9.0}},
            "prior_first_pick": {"fraction_of_best": 0.79, "prior_rank_of_measured_best": 7},
