@@ -70,12 +70,13 @@ CLUSTERS = ("a100x16", "h100x16", "h200x32", "a100x64", "h100x128", "h200x128", 
 
 # the variants compared: ProxyGuided keyword arguments (the benchmark's n_inner and reselect_every)
 VARIANTS = {
-    "share (current)": {},
-    "one-factor": {"prior_design": "one-factor"},
-    "share, GP residual below 12": {"prior_gp_below": 12},
-    "one-factor, GP residual below 12": {"prior_design": "one-factor", "prior_gp_below": 12},
-    "share 0.75": {"exploit_share": 0.75},
+    "share (before stop 77)": {"prior_design": "share", "prior_gp_below": 0, "warm_design": "none"},
+    "one-factor": {"prior_design": "one-factor", "prior_gp_below": 0},
+    "share, GP residual below 12": {"prior_design": "share", "prior_gp_below": 12},
+    "one-factor, GP residual below 12 (the default since)": {"prior_design": "one-factor", "prior_gp_below": 12},
+    "share 0.75": {"prior_design": "share", "prior_gp_below": 0, "exploit_share": 0.75},
     # --warm: the campaign first learns from 40 random runs of the same hidden cluster at twice the GPUs
+    # (with the default first round)
     "warm: none": {"warm_design": "none"},
     "warm: prior": {"warm_design": "prior"},
     "warm: proxy": {"warm_design": "proxy"},
