@@ -39,6 +39,13 @@ these runs), the same clusters:
     warm: none (its warm runs fill the initial design)   4 7 5 8 5 3 17 4 1   median 5, mean 6.3
     warm: prior (the prior's one-factor round first)     2 4 9 9 2 3 16 7 1   median 4, mean 5.6  (adopted)
     warm: proxy (one-factor around the warm proxy)       2 4 5 9 2 3 14 7 1   median 4, mean 5.7
+
+Rounds of one (``--batch-size 1``, as CubicSampler's first trials; the default design): each round of
+the initial design takes the prior's best untried point, i.e. walks the prior's order. Tried by hand
+in stop 77: the one-factor design served a member per round instead, the same clusters, 5 seeds:
+
+    the prior's order, then the proxy (kept)    3 4 2 11 2 3 22 4 1   median 3, mean 5.8
+    the one-factor design served one by one     2 4 7 11 2 3 23 5 1   median 4, mean 6.4  (not adopted)
 """
 
 from __future__ import annotations
