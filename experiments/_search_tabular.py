@@ -209,7 +209,9 @@ def hard_targets(name: str, r: dict, target_fraction: float = 0.98) -> dict:
     looks = [{"machine": lk.get("machine"), "fraction_of_best": lk.get("prior_first_pick_fraction_of_best"),
               "prior_rank_of_measured_best": lk.get("prior_rank_of_measured_best")}
              for lk in r.get("previous_looks") or []]
-    hard_elsewhere = [lk for lk in looks if (lk["fraction_of_best"] or 1.0) < target_fraction]
+    # (a fraction of 0 is a first pick that failed: hard too)
+    hard_elsewhere = [lk for lk in looks
+                      if lk["fraction_of_best"] is not None and lk["fraction_of_best"] < target_fraction]
     out = {f"{name}: prior's first pick < {target_fraction:.0%} of the best, also against the best's slower pass (the space is hard)": {
         "measured": frac, "target": target_fraction, "met": frac < target_fraction,
         **({"earlier_looks": looks} if looks else {}),

@@ -276,6 +276,10 @@ def test_every_earlier_look_stays_with_its_machine_and_a_look_that_is_not_hard_n
     t = next(v for k, v in tab.hard_targets("hard:w", third).items() if "the space is hard" in k)
     assert not t["met"] and [lk["fraction_of_best"] for lk in t["earlier_looks"]] == [0.787, 0.743]
     assert "earlier looks found it hard" in t["reason"] and "on AMD EPYC" in t["reason"]
+    # an earlier look whose prior pick failed (fraction 0) was hard too
+    failed = {**third, "previous_looks": [tab.look_summary(section("AMD EPYC", 0.0, 5))]}
+    t0 = next(v for k, v in tab.hard_targets("hard:w", failed).items() if "the space is hard" in k)
+    assert "earlier looks found it hard (0.000 of the best" in t0["reason"]
     # the third met where the prior already answers says so, with the earlier hard looks replayed on this code
     looks[1]["replayed"] = {"median_runs_to_target": {"cubic": 3.0, "tpe": 17.0},
                             "prior_first_pick": {"fraction_of_best": 0.743}, "code_version": "abc"}
