@@ -518,13 +518,13 @@ class ProxyGuided(Strategy):
             if c.metric in priors and c.max is not None and c.max > 0:
                 mem = X[:, priors[c.metric]]
                 ok &= ~(np.isfinite(mem) & (mem > math.log(c.max)))
-        n_exploit = min(max(1, int(round(self.exploit_share * k))), int(ok.sum()))
         out = []
         if self.prior_design == "one-factor" and ok.any():
             out = [Proposal(cands[j], self._prior_proposal(prior[j], "step-model prior" if i == 0 else
                                                            "step-model prior, one knob changed"))
                    for i, j in enumerate(one_factor_design(space, cands, prior, ok, k))]
-        elif n_exploit:
+        elif ok.any():  # "share"
+            n_exploit = min(max(1, int(round(self.exploit_share * k))), int(ok.sum()))
             picks = select_batch(fill_gaps(X), np.zeros((len(cands), 1)), n_exploit, p_feasible=ok.astype(float),
                                  exploit=np.where(ok, prior, -np.inf), n_exploit=n_exploit)
             out = [Proposal(cands[j], self._prior_proposal(prior[j], "step-model prior")) for j in picks]

@@ -39,8 +39,8 @@ when the 1-minute load average around the run (``load_avg_1m``, or the larger of
 ``load_avg_1m_start`` / ``load_avg_1m_end``) exceeded the cores available to the run (more runnable
 threads than cores: some waited) -- unless the run's own threads fill the cores (a distributed run of
 W ranks x threads >= cores keeps the load above them by itself, so the load cannot tell; measured:
-W=2 on 2 idle cores, load 2.0-3.0 in 265 of 339 runs) --, or when ``cpu_util`` (process CPU time / wall time / intra-op
-threads over the timed steps, as cubic.runners.local reports it: 1.0 = every thread busy) shows
+W=2 on 2 idle cores, load 2.0-3.0 in 265 of 339 runs) --, or when ``cpu_util`` (process CPU time /
+wall time / intra-op threads over the timed steps, as cubic.runners.local reports it: 1.0 = every thread busy) shows
 the run's threads kept fewer than half of the cores they could use (min(threads, cores)) busy:
 ``cpu_util x threads < 0.5 x min(threads, cores)`` -- it was descheduled for half its time --, or
 when more than half of its timed steps were preempted (``steps_preempted_frac``: another process
