@@ -92,10 +92,68 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     payload.setdefault("finished_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     payload.setdefault("loadavg_1m_at_end", os.getloadavg()[0])
+    _keep_earlier_looks(payload, path)
     text = json.dumps(payload, indent=2, sort_keys=False, default=str)
     # a file of this checkout by its path in the repository: a result names no one's worktree
     path.write_text(text.replace(str(REPO) + "/", "") + "\n")
     return path
+
+
+# how many earlier runs a results file keeps the verdicts of (the oldest dropped first)
+EARLIER_LOOKS_KEPT = 8
+
+
+def run_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """Which run a results file is from: its context, at the top or under ``context``; the machine is
+    the CPU's model (and the device a GPU file names)."""
+    ctx = doc.get("context") if isinstance(doc.get("context"), dict) else {}
+    fp = doc.get("fingerprint", ctx.get("fingerprint"))
+    run = {k: doc.get(k, ctx.get(k)) for k in ("started_at", "finished_at", "code_version", "fingerprint_hash")}
+    run["machine"] = fp.get("cpu_model") if isinstance(fp, dict) else None
+    if isinstance(doc.get("device"), str):
+        run["device"] = doc["device"]
+    return run
+
+
+def look_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """An earlier run as a later file keeps it: the run, and each target's figure and verdict."""
+    targets = doc.get("targets") if isinstance(doc.get("targets"), dict) else {}
+    return {**run_of(doc), "targets": {k: {f: t.get(f) for f in ("measured", "target", "met") if f in t}
+                                       for k, t in targets.items() if isinstance(t, dict)}}
+
+
+def against_look(targets: dict[str, Any], look: dict[str, Any]) -> dict[str, Any]:
+    """The targets of a run set against an earlier run's (same name): which kept their verdict and
+    which moved, so a reader sees whether a verdict survived a second look (another machine, other code)."""
+    before = look.get("targets") or {}
+    common_ = [k for k in targets if k in before and isinstance(targets[k], dict)]
+    moved = {k: f"{'met' if before[k].get('met') else 'missed'} -> {'met' if targets[k].get('met') else 'missed'}"
+             for k in common_ if bool(before[k].get("met")) != bool(targets[k].get("met"))}
+    return {"look": {k: look.get(k) for k in ("started_at", "code_version", "machine", "device") if look.get(k)},
+            "same_verdict": len(common_) - len(moved), "verdict_moved": moved,
+            "only_now": len([k for k in targets if k not in before]),
+            "only_then": len([k for k in before if k not in targets])}
+
+
+def _keep_earlier_looks(payload: dict[str, Any], path: Path) -> None:
+    """A run that replaces another run's file keeps that run's verdicts (``earlier_looks``, newest last)
+    and says which of its own moved against it (``against_last_look``); a re-write of the same run
+    (``--retarget``, a section merged into its file) carries them unchanged."""
+    try:
+        old = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):  # an unreadable file is replaced, as before: nothing to keep
+        old = None
+    if not isinstance(old, dict):
+        return
+    now, then = run_of(payload)["started_at"], run_of(old)["started_at"]
+    looks = list(old.get("earlier_looks") or [])
+    if now and then and now != then:  # another run: the one replaced becomes the newest earlier look
+        looks = (looks + [look_of(old)])[-EARLIER_LOOKS_KEPT:]
+    elif payload.get("earlier_looks"):  # the same run re-written from its stored file
+        looks = list(payload["earlier_looks"])
+    if looks:
+        payload["earlier_looks"] = looks
+        payload["against_last_look"] = against_look(payload.get("targets") or {}, looks[-1])
 
 
 def png_path(name: str) -> Path:

@@ -43,3 +43,50 @@ def test_write_result_names_a_file_of_the_checkout_by_its_path_in_the_repository
                                   "sources": {"a": f"gloo calibration {inside} (this machine: True)", "b": outside}})
     out = json.loads((tmp_path / "bench.json").read_text())
     assert out["sources"] == {"a": "gloo calibration cost_models/data/c.json (this machine: True)", "b": outside}
+
+
+def _run(started, machine, met, **extra):
+    return {"started_at": started, "code_version": f"v{started}", "fingerprint": {"cpu_model": machine},
+            "targets": {"a": {"measured": 1, "target": 1, "met": met, **({} if met else {"reason": "r"})},
+                        "b": {"measured": 2, "target": 1, "met": True}, **extra}}
+
+
+def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp_path, monkeypatch):
+    """A figure on one machine and code is one look; the file a later run writes keeps the earlier
+    run's verdicts, so a reader sees whether each survived the second look."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.write_result("bench", _run("t1", "AMD EPYC", True))
+    assert "earlier_looks" not in json.loads((tmp_path / "bench.json").read_text())
+    common.write_result("bench", _run("t2", "Intel Xeon", False))
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert [(lk["started_at"], lk["machine"], lk["targets"]["a"]["met"]) for lk in out["earlier_looks"]] == [
+        ("t1", "AMD EPYC", True)]
+    assert out["against_last_look"]["verdict_moved"] == {"a": "met -> missed"}
+    assert out["against_last_look"]["same_verdict"] == 1
+    assert out["against_last_look"]["look"] == {"started_at": "t1", "code_version": "vt1", "machine": "AMD EPYC"}
+    # a re-write of the same run (--retarget, a section merged into its file) adds no look
+    again = json.loads((tmp_path / "bench.json").read_text())
+    again["targets"]["a"] = {"measured": 1, "target": 1, "met": True}
+    common.write_result("bench", again)
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert [lk["started_at"] for lk in out["earlier_looks"]] == ["t1"]
+    assert out["against_last_look"]["verdict_moved"] == {}
+    # nor when the re-write was built afresh, without the stored looks
+    common.write_result("bench", _run("t2", "Intel Xeon", True))
+    assert [lk["started_at"] for lk in json.loads((tmp_path / "bench.json").read_text())["earlier_looks"]] == ["t1"]
+
+
+def test_earlier_looks_are_bounded_and_read_a_context_block(tmp_path, monkeypatch):
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    for i in range(common.EARLIER_LOOKS_KEPT + 3):
+        doc = _run(f"t{i}", "m", i % 2 == 0)
+        ctx = {k: doc.pop(k) for k in ("started_at", "code_version", "fingerprint")}
+        common.write_result("bench", {"context": ctx, **doc})
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert len(out["earlier_looks"]) == common.EARLIER_LOOKS_KEPT
+    assert out["earlier_looks"][-1]["started_at"] == f"t{common.EARLIER_LOOKS_KEPT + 1}"
+    assert out["earlier_looks"][0]["started_at"] == "t2"
