@@ -21,10 +21,8 @@ def run_hard(args) -> None:
     """The hard real space: measured table (every configuration, ``passes`` passes, fastest kept),
     then cubic / TPE / random / cubic-noprior campaigns and CubicSampler through study.optimize
     replayed against it, the prior's first pick, the held-out tau and the test-retest tau."""
-    import json
-
     from cubic.core.store import TrialStore
-    from experiments.common import RESULTS, stored_result
+    from experiments.common import stored_result, write_result
 
     passes = args.passes if args.passes != 5 else 2  # 5 is the old space's default; 2 keeps this one <= ~20 min
     seeds = list(range(args.seeds))
@@ -72,7 +70,6 @@ def run_hard(args) -> None:
     r["grid"] = {"batch_sizes": args.hard_batch_sizes or "all of the space's",
                  "note": "restricted grid: a test of the script, not the benchmark" if args.hard_batch_sizes else
                  "the full grid of the space (no shape knobs)"}
-    path = RESULTS / f"{name}.json"
     stored = stored_result(name, {"spaces": {}})
     prev = (stored.get("spaces") or {}).get(section)
     if prev:  # every earlier look's headline stays beside this one, oldest first (a table served again adds none)
@@ -83,7 +80,7 @@ def run_hard(args) -> None:
     # this section's targets replace its own (another hard section's stay)
     old = {key: v for key, v in (stored.get("targets") or {}).items() if not key.startswith(f"{section}: ")}
     stored["targets"] = {**old, **hard_targets(section, r, TARGET)}
-    path.write_text(json.dumps(stored, indent=2) + "\n")
+    path = write_result(name, stored)  # the convention's check, as every other writer of the file
     plot(stored, png_path(name))
     log(f"wrote {path}")
     for what, t in stored["targets"].items():
