@@ -58,7 +58,7 @@ def run_merged(args, log=print) -> None:
         doc = {**doc, "context": ctx, "wall_s": time.time() - started}
     stored[key] = doc
     replace_targets(stored, key)
-    write_result(name, stored)
+    write_result(name, stored, run=ctx)
     if key == "tune":
         plot_public(stored, png_path(name + "_public"))
     else:

@@ -251,7 +251,7 @@ def run_public(args, log=print) -> None:
                                                          log=log)
         stored["public"]["early_25"]["context"] = ctx
         replace_targets(stored, "public")
-        write_result(name, stored)
+        write_result(name, stored, run=ctx)
         log(f"wrote {path}")
         return
 
@@ -276,7 +276,7 @@ def run_public(args, log=print) -> None:
         if early:
             stored["public"]["early_25"] = early
         replace_targets(stored, "public")  # (none while a problem still misses a method)
-        write_result(name, stored)
+        write_result(name, stored, run=ctx)
 
     curve: dict = {}
     pub = run(args.public_problems, seeds, args.public_budget, log=log, on_row=save)

@@ -81,10 +81,11 @@ def stored_result(name: str, empty: dict[str, Any] | None = None) -> dict[str, A
     return json.loads(path.read_text()) if path.exists() else json.loads(json.dumps(empty or {}))
 
 
-def write_result(name: str, payload: dict[str, Any]) -> Path:
+def write_result(name: str, payload: dict[str, Any], run: dict[str, Any] | None = None) -> Path:
     """Writes results/<name>.json; a targets object that breaks the convention is refused before
     anything is written (a benchmark's --quick test then fails instead of a full run's JSON lying).
-    Paths inside this checkout are written relative to it."""
+    Paths inside this checkout are written relative to it. ``run``: the context of a part measured
+    again and merged into the stored file (a section's own invocation), when it is not the file's run."""
     bad = target_defects(payload.get("targets"))
     if bad:
         raise ValueError(f"results/{name}.json: targets break the benchmark convention: " + "; ".join(bad))
@@ -92,7 +93,7 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     payload.setdefault("finished_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     payload.setdefault("loadavg_1m_at_end", os.getloadavg()[0])
-    _keep_earlier_looks(payload, path)
+    _keep_earlier_looks(payload, path, run)
     text = json.dumps(payload, indent=2, sort_keys=False, default=str)
     # a file of this checkout by its path in the repository: a result names no one's worktree
     path.write_text(text.replace(str(REPO) + "/", "") + "\n")
@@ -135,20 +136,28 @@ def against_look(targets: dict[str, Any], look: dict[str, Any]) -> dict[str, Any
             "only_then": len([k for k in before if k not in targets])}
 
 
-def _keep_earlier_looks(payload: dict[str, Any], path: Path) -> None:
-    """A run that replaces another run's file keeps that run's verdicts (``earlier_looks``, newest last)
-    and says which of its own moved against it (``against_last_look``); a re-write of the same run
-    (``--retarget``, a section merged into its file) carries them unchanged."""
+def _last_run(doc: dict[str, Any]) -> dict[str, Any]:
+    """The run whose figures a file last received: a merged part's (``last_run``), else the file's own."""
+    return doc["last_run"] if isinstance(doc.get("last_run"), dict) else run_of(doc)
+
+
+def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any] | None) -> None:
+    """A run that replaces another run's figures (the whole file, or a part of it measured again) keeps
+    the file as it stood, its verdicts with the run they came from (``earlier_looks``, newest last), and
+    says which of its own moved against it (``against_last_look``); a re-write that measured nothing
+    (``--retarget``, ``--reanalyse``, a part's later rows) carries them unchanged."""
+    if run is not None:
+        payload["last_run"] = {**run_of(run), "part": True}
     try:
         old = json.loads(path.read_text()) if path.exists() else None
     except (OSError, ValueError):  # an unreadable file is replaced, as before: nothing to keep
         old = None
     if not isinstance(old, dict):
         return
-    now, then = run_of(payload)["started_at"], run_of(old)["started_at"]
+    now, then = _last_run(payload)["started_at"], _last_run(old)["started_at"]
     looks = list(old.get("earlier_looks") or [])
-    if now and then and now != then:  # another run: the one replaced becomes the newest earlier look
-        looks = (looks + [look_of(old)])[-EARLIER_LOOKS_KEPT:]
+    if now and then and now != then:  # another run: the file as it stood becomes the newest earlier look
+        looks = (looks + [{**look_of(old), **_last_run(old)}])[-EARLIER_LOOKS_KEPT:]
     elif payload.get("earlier_looks"):  # the same run re-written from its stored file
         looks = list(payload["earlier_looks"])
     if looks:

@@ -367,7 +367,7 @@ def _production_only(args) -> None:
     stored["production"]["context"] = {**ctx, "wall_s": time.perf_counter() - t0,
                                        "what": "re-run alone (--production-only); the other sections are older"}
     stored["targets"] = targets(stored)
-    out = write_result(name, stored)
+    out = write_result(name, stored, run=ctx)
     plot(stored, png_path(name))
     print(f"wrote {out}: " + stored["production"]["target"]["text"])
 

@@ -731,7 +731,9 @@ def main(argv=None) -> int:
         print(e, file=sys.stderr)
         return 2
     summary, speed = payload["summary"], payload["speed"]
-    path = write_result(name, payload)
+    # a part measured again (--speed, --extend-to) is a run of its own beside the stored quality runs
+    part = speed["measured"] if args.speed else payload["extensions"][-1] if args.extend_to else None
+    path = write_result(name, payload, run=part)
     plot(summary, speed, png_path(name), args.quick)
     for opt, vs in summary.items():
         for var, s in vs.items():

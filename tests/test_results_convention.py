@@ -90,3 +90,30 @@ def test_earlier_looks_are_bounded_and_read_a_context_block(tmp_path, monkeypatc
     assert len(out["earlier_looks"]) == common.EARLIER_LOOKS_KEPT
     assert out["earlier_looks"][-1]["started_at"] == f"t{common.EARLIER_LOOKS_KEPT + 1}"
     assert out["earlier_looks"][0]["started_at"] == "t2"
+
+
+def test_a_part_measured_again_keeps_the_file_as_it_stood(tmp_path, monkeypatch):
+    """A section measured again in its own invocation (two_d --speed, search_benchmark --public, --hard)
+    replaces some of the file's figures: the file as it stood is kept as a look, under the part's run;
+    the part's later rows and a --retarget after it add none; the next full run keeps the part's look."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.write_result("bench", _run("t1", "Intel Xeon", True))
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    doc["targets"]["a"] = {"measured": 0, "target": 1, "met": False, "reason": "r"}
+    part = {"started_at": "p1", "code_version": "vp1", "fingerprint": {"cpu_model": "AMD EPYC"}}
+    for _ in range(2):  # a part that writes after each row
+        common.write_result("bench", doc, run=part)
+        doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [(lk["started_at"], lk["machine"]) for lk in doc["earlier_looks"]] == [("t1", "Intel Xeon")]
+    assert doc["last_run"]["machine"] == "AMD EPYC" and doc["last_run"]["part"] is True
+    assert doc["against_last_look"]["verdict_moved"] == {"a": "met -> missed"}
+    common.write_result("bench", doc)  # --retarget: measured nothing
+    assert len(json.loads((tmp_path / "bench.json").read_text())["earlier_looks"]) == 1
+    common.write_result("bench", _run("t2", "Intel Xeon", True))  # a full run afresh
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert [(lk["started_at"], lk["machine"], lk.get("part")) for lk in out["earlier_looks"]] == [
+        ("t1", "Intel Xeon", None), ("p1", "AMD EPYC", True)]
+    assert "last_run" not in out
+    assert out["against_last_look"]["verdict_moved"] == {"a": "missed -> met"}
