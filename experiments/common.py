@@ -137,8 +137,15 @@ def against_look(targets: dict[str, Any], look: dict[str, Any]) -> dict[str, Any
 
 
 def _last_run(doc: dict[str, Any]) -> dict[str, Any]:
-    """The run whose figures a file last received: a merged part's (``last_run``), else the file's own."""
-    return doc["last_run"] if isinstance(doc.get("last_run"), dict) else run_of(doc)
+    """The run whose figures a file last received: a merged part's (``last_run``); in a file written
+    before parts said so, the newest of its own context and its parts' (a section's ``context`` or
+    ``measured`` block: two_d's speed measured again on another machine than its quality runs)."""
+    if isinstance(doc.get("last_run"), dict):
+        return doc["last_run"]
+    parts = [{**run_of(c), "part": True} for v in doc.values() if isinstance(v, dict)
+             for c in (v.get("context"), v.get("measured"))
+             if isinstance(c, dict) and isinstance(c.get("started_at"), str)]
+    return max([run_of(doc), *parts], key=lambda r: r.get("started_at") or "")
 
 
 def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any] | None) -> None:

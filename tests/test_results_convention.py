@@ -117,3 +117,21 @@ def test_a_part_measured_again_keeps_the_file_as_it_stood(tmp_path, monkeypatch)
         ("t1", "Intel Xeon", None), ("p1", "AMD EPYC", True)]
     assert "last_run" not in out
     assert out["against_last_look"]["verdict_moved"] == {"a": "missed -> met"}
+
+
+def test_a_file_from_before_parts_said_so_names_its_newest_part(tmp_path, monkeypatch):
+    """two_d.json: quality runs on a Xeon, its speed section measured again on an EPYC (speed.measured);
+    the look the next --speed keeps is the EPYC's, where those speed verdicts came from."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    epyc = {"started_at": "t5", "code_version": "v5", "fingerprint": {"cpu_model": "AMD EPYC"}}
+    legacy = {**_run("t1", "Intel Xeon", False), "speed": {"measured": epyc}}
+    (tmp_path / "bench.json").write_text(json.dumps(legacy))
+    common.write_result("bench", json.loads(json.dumps(legacy)))  # --retarget: the same run, no look
+    assert "earlier_looks" not in json.loads((tmp_path / "bench.json").read_text())
+    again = json.loads(json.dumps(legacy))
+    again["speed"]["measured"] = {"started_at": "t6", "code_version": "v6", "fingerprint": {"cpu_model": "Intel Xeon"}}
+    common.write_result("bench", again, run=again["speed"]["measured"])
+    looks = json.loads((tmp_path / "bench.json").read_text())["earlier_looks"]
+    assert [(lk["started_at"], lk["machine"], lk["part"]) for lk in looks] == [("t5", "AMD EPYC", True)]
