@@ -169,7 +169,12 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
         looks = list(payload["earlier_looks"])
     if looks:
         payload["earlier_looks"] = looks
-        payload["against_last_look"] = against_look(payload.get("targets") or {}, looks[-1])
+        payload["against_last_look"] = vs = against_look(payload.get("targets") or {}, looks[-1])
+        if now != then:  # the run that wrote it hears it at once, not from a diff
+            lk = vs["look"]
+            moved = "; ".join(f"{k}: {v}" for k, v in vs["verdict_moved"].items()) or "none"
+            print(f"{path.name}: against the last look ({lk.get('machine')}, code {lk.get('code_version')}, "
+                  f"{lk.get('started_at')}): {vs['same_verdict']} targets kept their verdict; moved: {moved}")
 
 
 def png_path(name: str) -> Path:

@@ -51,7 +51,7 @@ def _run(started, machine, met, **extra):
                         "b": {"measured": 2, "target": 1, "met": True}, **extra}}
 
 
-def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp_path, monkeypatch):
+def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp_path, monkeypatch, capsys):
     """A figure on one machine and code is one look; the file a later run writes keeps the earlier
     run's verdicts, so a reader sees whether each survived the second look."""
     from experiments import common
@@ -66,6 +66,8 @@ def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp
     assert out["against_last_look"]["verdict_moved"] == {"a": "met -> missed"}
     assert out["against_last_look"]["same_verdict"] == 1
     assert out["against_last_look"]["look"] == {"started_at": "t1", "code_version": "vt1", "machine": "AMD EPYC"}
+    assert "bench.json: against the last look (AMD EPYC, code vt1, t1): 1 targets kept their verdict; moved: " \
+           "a: met -> missed" in capsys.readouterr().out
     # a re-write of the same run (--retarget, a section merged into its file) adds no look
     again = json.loads((tmp_path / "bench.json").read_text())
     again["targets"]["a"] = {"measured": 1, "target": 1, "met": True}
