@@ -173,8 +173,10 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
         if now != then:  # the run that wrote it hears it at once, not from a diff
             lk = vs["look"]
             moved = "; ".join(f"{k}: {v}" for k, v in vs["verdict_moved"].items()) or "none"
+            other = "".join(f"; {vs[k]} {what}" for k, what in (("only_now", "new (not in that look)"),
+                                                                   ("only_then", "gone (only in that look)")) if vs[k])
             print(f"{path.name}: against the last look ({lk.get('machine')}, code {lk.get('code_version')}, "
-                  f"{lk.get('started_at')}): {vs['same_verdict']} targets kept their verdict; moved: {moved}")
+                  f"{lk.get('started_at')}): {vs['same_verdict']} targets kept their verdict; moved: {moved}{other}")
 
 
 def png_path(name: str) -> Path:
