@@ -45,10 +45,10 @@ def test_write_result_names_a_file_of_the_checkout_by_its_path_in_the_repository
     assert out["sources"] == {"a": "gloo calibration cost_models/data/c.json (this machine: True)", "b": outside}
 
 
-def _run(started, machine, met, **extra):
+def _run(started, machine, met):
     return {"started_at": started, "code_version": f"v{started}", "fingerprint": {"cpu_model": machine},
             "targets": {"a": {"measured": 1, "target": 1, "met": met, **({} if met else {"reason": "r"})},
-                        "b": {"measured": 2, "target": 1, "met": True}, **extra}}
+                        "b": {"measured": 2, "target": 1, "met": True}}}
 
 
 def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp_path, monkeypatch, capsys):
@@ -68,7 +68,7 @@ def test_a_run_that_replaces_another_keeps_its_verdicts_and_says_which_moved(tmp
     assert out["against_last_look"]["look"] == {"started_at": "t1", "code_version": "vt1", "machine": "AMD EPYC"}
     assert "bench.json: against the last look (AMD EPYC, code vt1, t1): 1 targets kept their verdict; moved: " \
            "a: met -> missed" in capsys.readouterr().out
-    # a re-write of the same run (--retarget, a section merged into its file) adds no look
+    # a re-write of the same run (--retarget, --reanalyse) adds no look
     again = json.loads((tmp_path / "bench.json").read_text())
     again["targets"]["a"] = {"measured": 1, "target": 1, "met": True}
     common.write_result("bench", again)
