@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cubic.core.result import Result
+from experiments.common import run_of
 from search.space import Space
 
 # CubicSampler through study.optimize "matches" cubic's campaign when the median runs to target
@@ -114,9 +115,8 @@ def look_summary(section: dict) -> dict[str, Any]:
     m = section.get("measurement") or {}
     pk = section.get("prior_first_pick") or {}
     taus = [row["held_out_tau"] for row in section.get("holdout_tau") or []]
-    fp = (m.get("context") or {}).get("fingerprint") or {}
-    return {"provenance": m.get("provenance"), "machine": fp.get("cpu_model"),
-            "fingerprint_hash": (m.get("context") or {}).get("fingerprint_hash"),
+    run = run_of(m)  # the measurement's context: whose machine the table is
+    return {"provenance": m.get("provenance"), "machine": run["machine"], "fingerprint_hash": run["fingerprint_hash"],
             "retest_tau_between_passes": m.get("retest_tau_between_passes"),
             "best_known": section.get("best_known"), "best_point": _best_point(m.get("table") or {}),
             "prior_first_pick_fraction_of_best": pk.get("fraction_of_best"),
