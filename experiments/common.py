@@ -94,6 +94,10 @@ def write_result(name: str, payload: dict[str, Any], run: dict[str, Any] | None 
     payload.setdefault("finished_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     payload.setdefault("loadavg_1m_at_end", os.getloadavg()[0])
     _keep_earlier_looks(payload, path, run)
+    return _write(path, payload)
+
+
+def _write(path: Path, payload: dict[str, Any]) -> Path:
     text = json.dumps(payload, indent=2, sort_keys=False, default=str)
     # a file of this checkout by its path in the repository: a result names no one's worktree
     path.write_text(text.replace(str(REPO) + "/", "") + "\n")
@@ -136,6 +140,27 @@ def against_look(targets: dict[str, Any], look: dict[str, Any]) -> dict[str, Any
             "only_then": len([k for k in before if k not in targets])}
 
 
+def across_machines(targets: dict[str, Any], run: dict[str, Any],
+                    looks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each target's newest verdict on every machine the file has looked on (``run``'s own last), and
+    the targets whose verdict is not the same on all of them, so a reader sees which claims held on one
+    machine only (None where the file has looked on one machine)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for lk in [*looks, {**run, "targets": targets}]:
+        if lk.get("machine"):
+            newest.pop(lk["machine"], None)  # the newest look per machine, listed in the order last looked on
+            newest[lk["machine"]] = lk
+    if len(newest) < 2:
+        return None
+    verdicts = {m: {k: bool(t.get("met")) for k, t in (lk.get("targets") or {}).items() if isinstance(t, dict)}
+                for m, lk in newest.items()}
+    names = [k for k in targets if all(k in v for v in verdicts.values())]
+    differ = {k: {m: "met" if v[k] else "missed" for m, v in verdicts.items()} for k in names
+              if len({v[k] for v in verdicts.values()}) > 1}
+    return {"machines": {m: {f: lk.get(f) for f in ("code_version", "started_at")} for m, lk in newest.items()},
+            "compared": len(names), "same_on_every_machine": len(names) - len(differ), "differ": differ}
+
+
 def _last_run(doc: dict[str, Any]) -> dict[str, Any]:
     """The run whose figures a file last received: a merged part's (``last_run``); in a file written
     before parts said so, the newest of its own context and its parts' (a section's ``context`` or
@@ -151,8 +176,9 @@ def _last_run(doc: dict[str, Any]) -> dict[str, Any]:
 def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any] | None) -> None:
     """A run that replaces another run's figures (the whole file, or a part of it measured again) keeps
     the file as it stood, its verdicts with the run they came from (``earlier_looks``, newest last), and
-    says which of its own moved against it (``against_last_look``); a re-write that measured nothing
-    (``--retarget``, ``--reanalyse``, a part's later rows) carries them unchanged."""
+    says which of its own moved against it (``against_last_look``) and which differ from the newest look
+    on each other machine (``across_machines``); a re-write that measured nothing (``--retarget``,
+    ``--reanalyse``, a part's later rows, :func:`relook`) carries the looks unchanged."""
     if run is not None:
         payload["last_run"] = {**run_of(run), "part": True}
     try:
@@ -170,6 +196,10 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
     if looks:
         payload["earlier_looks"] = looks
         payload["against_last_look"] = vs = against_look(payload.get("targets") or {}, looks[-1])
+        across = across_machines(payload.get("targets") or {}, _last_run(payload), looks)
+        payload.pop("across_machines", None)  # a stored one is re-derived, never carried
+        if across is not None:
+            payload["across_machines"] = across
         if now != then:  # the run that wrote it hears it at once, not from a diff
             lk = vs["look"]
             moved = "; ".join(f"{k}: {v}" for k, v in vs["verdict_moved"].items()) or "none"
@@ -177,6 +207,10 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
                                                                    ("only_then", "gone (only in that look)")) if vs[k])
             print(f"{path.name}: against the last look ({lk.get('machine')}, code {lk.get('code_version')}, "
                   f"{lk.get('started_at')}): {vs['same_verdict']} targets kept their verdict; moved: {moved}{other}")
+            if across is not None:
+                print(f"{path.name}: on {len(across['machines'])} machines ({', '.join(across['machines'])}), the "
+                      f"newest look on each: {across['same_on_every_machine']} of {across['compared']} targets "
+                      f"the same verdict on all; {len(across['differ'])} differ")
 
 
 def png_path(name: str) -> Path:
@@ -200,3 +234,34 @@ def ci_text(st: dict[str, Any]) -> str:
     """A :func:`paired` result's interval in words, e.g. ``95% CI [+0.043%, +0.230%] over 22 paired seeds``."""
     lo, hi = st["ci95"]
     return f"95% CI [{100 * lo:+.3f}%, {100 * hi:+.3f}%] over {st['seeds']} paired seeds"
+
+
+def relook(names: list[str]) -> list[Path]:
+    """Re-writes stored results files, measuring nothing: the fields derived from a file's targets and its
+    earlier looks (``against_last_look``, ``across_machines``) recomputed by this code, every figure,
+    verdict, look and stamp as stored. A name with no file is refused before any file is written."""
+    paths = [RESULTS / f"{name}.json" for name in names]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no results file results/{missing[0].name}")
+    out = []
+    for path in paths:
+        payload = json.loads(path.read_text())
+        _keep_earlier_looks(payload, path, None)  # the same run: its looks as stored, the derived fields anew
+        out.append(_write(path, payload))
+    return out
+
+
+if __name__ == "__main__":  # python -m experiments.common relook [NAME ...]  (default: every results file)
+    import sys
+
+    if sys.argv[1:2] != ["relook"]:
+        print("usage: python -m experiments.common relook [NAME ...]", file=sys.stderr)
+        sys.exit(2)
+    try:
+        written = relook(sys.argv[2:] or sorted(f.stem for f in RESULTS.glob("*.json")))
+    except FileNotFoundError as e:
+        print(f"experiments.common relook: {e}", file=sys.stderr)
+        sys.exit(2)
+    for p in written:
+        print(f"re-derived results/{p.name}")

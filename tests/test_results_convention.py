@@ -137,3 +137,47 @@ def test_a_file_from_before_parts_said_so_names_its_newest_part(tmp_path, monkey
     common.write_result("bench", again, run=again["speed"]["measured"])
     looks = json.loads((tmp_path / "bench.json").read_text())["earlier_looks"]
     assert [(lk["started_at"], lk["machine"], lk["part"]) for lk in looks] == [("t5", "AMD EPYC", True)]
+
+
+def test_a_file_says_which_verdicts_differ_from_the_newest_look_on_each_other_machine(tmp_path, monkeypatch, capsys):
+    """Looks on two machines: each target's newest verdict per machine, and the ones that differ, so a
+    reader sees which claims held on one machine only; a look on the same machine replaces its older one."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.write_result("bench", _run("t1", "AMD EPYC", True))
+    common.write_result("bench", _run("t2", "AMD EPYC", False))
+    assert "across_machines" not in json.loads((tmp_path / "bench.json").read_text())  # one machine so far
+    common.write_result("bench", _run("t3", "Intel Xeon", True))
+    out = json.loads((tmp_path / "bench.json").read_text())
+    across = out["across_machines"]
+    assert across["machines"] == {"AMD EPYC": {"code_version": "vt2", "started_at": "t2"},
+                                  "Intel Xeon": {"code_version": "vt3", "started_at": "t3"}}
+    assert across["differ"] == {"a": {"AMD EPYC": "missed", "Intel Xeon": "met"}}  # t2's verdict, not t1's
+    assert across["compared"] == 2 and across["same_on_every_machine"] == 1
+    assert "on 2 machines (AMD EPYC, Intel Xeon), the newest look on each: 1 of 2 targets the same verdict on " \
+           "all; 1 differ" in capsys.readouterr().out
+
+
+def test_relook_re_derives_the_look_fields_and_keeps_every_figure_and_stamp(tmp_path, monkeypatch, capsys):
+    """``python -m experiments.common relook``: a file written before ``across_machines`` gains it, its
+    figures, looks and stamps unchanged (no finished_at or load added); a name with no file is refused
+    before any file is written."""
+    from experiments import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.write_result("bench", _run("t1", "AMD EPYC", True))
+    common.write_result("bench", _run("t2", "Intel Xeon", False))
+    stored = json.loads((tmp_path / "bench.json").read_text())
+    for k in ("across_machines", "finished_at", "loadavg_1m_at_end"):
+        stored.pop(k)
+    (tmp_path / "bench.json").write_text(json.dumps(stored))
+    with pytest.raises(FileNotFoundError, match="no results file"):
+        common.relook(["bench", "none"])
+    assert "across_machines" not in json.loads((tmp_path / "bench.json").read_text())
+    capsys.readouterr()
+    common.relook(["bench"])
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert out["across_machines"]["differ"] == {"a": {"AMD EPYC": "met", "Intel Xeon": "missed"}}
+    assert {k: v for k, v in out.items() if k != "across_machines"} == stored
+    assert "against the last look" not in capsys.readouterr().out  # the same run: no new look
