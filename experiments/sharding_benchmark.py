@@ -591,23 +591,35 @@ def run_tasks(n_tasks, n_multi, methods, est, own_est, meter, regs, budget, t_st
 def planner_check_record(payload: dict) -> dict:
     """What ``sharding.checked`` packages from a full run (``cubic shard plan`` prints it under a cubic plan):
     the shipped model's cells meeting the 10% bar and beating TorchRec's planner, the regimes with no task
-    > 3% worse, and, when --own-model was trained on a machine of this fingerprint, its 10% bar count."""
-    t, regs = payload["targets"], list(payload["regimes"])
+    > 3% worse, and, when --own-model was trained on a machine of this fingerprint, its 10% bar count; and
+    the same counts from the file's earlier looks, the newest per other machine (``other_machines``), so a
+    plan made on either machine quotes the check made there."""
+    regs = list(payload["regimes"])
     fams = list(payload["regimes"][regs[0]])
 
-    def counts(prefix: str) -> dict:
-        bar = [t.get(f"{prefix}{r}: mean cost >= 10% below the best heuristic ({f})") for r in regs for f in fams]
-        tr = [t.get(f"{prefix}{r}: below TorchRec's planner ({f})") for r in regs for f in fams]
-        return {"bar_met": sum(bool(x and x["met"]) for x in bar), "cells": len(bar),
-                "below_torchrec": sum(bool(x and x["met"]) for x in tr),
-                "worst_task_met": sum(bool(t.get(f"{prefix}{r}: {WORST}", {}).get("met")) for r in regs),
-                "regimes": len(regs)}
+    def record(t: dict, machine: str | None, code: str | None, finished_at: str | None) -> dict:
+        def counts(prefix: str) -> dict:
+            bar = [t.get(f"{prefix}{r}: mean cost >= 10% below the best heuristic ({f})") for r in regs for f in fams]
+            tr = [t.get(f"{prefix}{r}: below TorchRec's planner ({f})") for r in regs for f in fams]
+            return {"bar_met": sum(bool(x and x["met"]) for x in bar), "cells": len(bar),
+                    "below_torchrec": sum(bool(x and x["met"]) for x in tr),
+                    "worst_task_met": sum(bool(t.get(f"{prefix}{r}: {WORST}", {}).get("met")) for r in regs),
+                    "regimes": len(regs)}
 
-    own = counts(OWN_PREFIX) if any(k.startswith(OWN_PREFIX) for k in t) else None
-    return {"machine": payload["fingerprint"].get("cpu_model") or "?", "code": payload["code_version"],
-            "finished_at": payload.get("finished_at"), "file": "results/sharding_benchmark.json", **counts(""),
-            "own_model": None if own is None else {"bar_met": own["bar_met"], "below_torchrec": own["below_torchrec"],
-                                                   "worst_task_met": own["worst_task_met"]}}
+        own = counts(OWN_PREFIX) if any(k.startswith(OWN_PREFIX) for k in t) else None
+        return {"machine": machine or "?", "code": code, "finished_at": finished_at,
+                "file": "results/sharding_benchmark.json", **counts(""),
+                "own_model": None if own is None else {k: own[k] for k in ("bar_met", "below_torchrec",
+                                                                         "worst_task_met")}}
+
+    this = record(payload["targets"], payload["fingerprint"].get("cpu_model"), payload["code_version"],
+                  payload.get("finished_at"))
+    others: dict[str, dict] = {}
+    for look in reversed(payload.get("earlier_looks") or []):  # newest first: the newest look per machine
+        m = look.get("machine")
+        if m and m != this["machine"] and m not in others and look.get("targets"):
+            others[m] = record(look["targets"], m, look.get("code_version"), look.get("finished_at"))
+    return {**this, "other_machines": list(others.values())}
 
 
 def _parse_args(argv) -> argparse.Namespace:

@@ -3,8 +3,11 @@
 ``experiments/sharding_benchmark.py`` (a full run) writes ``data/planner_check.json`` beside its results:
 the share of task-family x interconnect cells where cubic's plans cost >= 10% less than the best of the
 heuristics, where they beat TorchRec's planner, and the regimes where no task was > 3% worse, judged by
-measured compute plus a network model the planner was not told of. ``cubic shard plan`` prints it under
-a cubic plan (:func:`check_line`), so the edge a user expects from the planner carries how far it held.
+measured compute plus a network model the planner was not told of; and the same counts from the results
+file's earlier looks, the newest per other machine (the edge is its compute model's, and held on one CPU
+where it did not on another). ``cubic shard plan`` prints it under a cubic plan (:func:`check_line`),
+this machine's look first, so the edge a user expects from the planner carries how far it held where
+they plan.
 """
 
 from __future__ import annotations
@@ -23,17 +26,42 @@ def planner_check(path: Path = CHECK_PATH) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
-def check_line(c: dict[str, Any] | None) -> str:
-    """One line for a cubic plan: how far the planner's edge over the heuristics held when last checked."""
+def this_machine() -> str | None:
+    """The CPU model a check is matched on (a look records its machine so: ``experiments.common.run_of``)."""
+    from cubic.core.fingerprint import fingerprint
+
+    return fingerprint("cpu").get("cpu_model")
+
+
+def _counts(r: dict[str, Any]) -> str:
+    own = r.get("own_model")
+    return (f"its plans cost >= 10% less than the best heuristic in {r['bar_met']} of {r['cells']} task-family x "
+            f"interconnect cells, less than TorchRec's planner in {r['below_torchrec']} of {r['cells']}, no task "
+            f"> 3% worse than its best heuristic in {r['worst_task_met']} of {r['regimes']} interconnects"
+            + (f" (with a compute model trained there: {own['bar_met']} of {r['cells']} cells)" if own else ""))
+
+
+def check_line(c: dict[str, Any] | None, here: str | None = None) -> str:
+    """One line for a cubic plan: how far the planner's edge over the heuristics held when last checked,
+    first on this machine (``here``: its CPU model, read when not given) when a look was made on it, then
+    on each other machine checked; a plan made where no look was says so."""
     if c is None:
         return "the planner's edge over the heuristics was never checked by a judge it does not optimise"
-    own = c.get("own_model")
-    line = (f"the planner, judged by what it does not optimise (measured compute + an independent network model; "
-            f"experiments/sharding_benchmark.py on {c['machine']}, code {c['code'][:7]}): its plans cost >= 10% "
-            f"less than the best heuristic in {c['bar_met']} of {c['cells']} task-family x interconnect cells, less "
-            f"than TorchRec's planner in {c['below_torchrec']} of {c['cells']}, no task > 3% worse than its best "
-            f"heuristic in {c['worst_task_met']} of {c['regimes']} interconnects")
-    if own:
-        line += f" (with a compute model trained there: {own['bar_met']} of {c['cells']} cells)"
+    here = this_machine() if here is None else here
+    looks = [c, *(c.get("other_machines") or [])]
+    ours = next((r for r in looks if r.get("machine") == here), None)
+    line = ("the planner, judged by what it does not optimise (measured compute + an independent network model; "
+            "experiments/sharding_benchmark.py): ")
+    if ours is not None:
+        line += f"on this machine ({here}, code {str(ours['code'])[:7]}): {_counts(ours)}"
+    else:
+        line += f"never checked on this machine ({here})"
+    for r in looks:
+        if r is not ours:
+            line += (f"; on {r['machine']} (code {str(r['code'])[:7]}): " +
+                     (_counts(r) if ours is None and r is c else
+                      f"{r['bar_met']} of {r['cells']} cells at the 10% bar"
+                      + (f" ({r['own_model']['bar_met']} with a compute model trained there)"
+                         if r.get("own_model") else "")))
     return line + (": a plan's edge on your tables is not assured (plan them with a `--planner` heuristic too and "
                    "`cubic shard evaluate` both)")
