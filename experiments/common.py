@@ -209,8 +209,10 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
                   f"{lk.get('started_at')}): {vs['same_verdict']} targets kept their verdict; moved: {moved}{other}")
             if across is not None:
                 print(f"{path.name}: on {len(across['machines'])} machines ({', '.join(across['machines'])}), the "
-                      f"newest look on each: {across['same_on_every_machine']} of {across['compared']} targets "
-                      f"the same verdict on all; {len(across['differ'])} differ")
+                      "newest look on each: " + (f"{across['same_on_every_machine']} of {across['compared']} "
+                                                 f"targets the same verdict on all; {len(across['differ'])} differ"
+                                                 if across["compared"] else "no target of this run in all of "
+                                                 "them by its name"))
 
 
 def png_path(name: str) -> Path:

@@ -157,6 +157,10 @@ def test_a_file_says_which_verdicts_differ_from_the_newest_look_on_each_other_ma
     assert across["compared"] == 2 and across["same_on_every_machine"] == 1
     assert "on 2 machines (AMD EPYC, Intel Xeon), the newest look on each: 1 of 2 targets the same verdict on " \
            "all; 1 differ" in capsys.readouterr().out
+    renamed = _run("t4", "Intel Xeon", True)  # a target renamed: nothing to set against, said so
+    renamed["targets"] = {"c": renamed["targets"]["a"]}
+    common.write_result("bench", renamed)
+    assert "no target of this run in all of them by its name" in capsys.readouterr().out
 
 
 def test_relook_re_derives_the_look_fields_and_keeps_every_figure_and_stamp(tmp_path, monkeypatch, capsys):
