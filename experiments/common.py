@@ -187,7 +187,8 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
         old = None
     if not isinstance(old, dict):
         return
-    now, then = _last_run(payload)["started_at"], _last_run(old)["started_at"]
+    this_run = _last_run(payload)
+    now, then = this_run["started_at"], _last_run(old)["started_at"]
     looks = list(old.get("earlier_looks") or [])
     if now and then and now != then:  # another run: the file as it stood becomes the newest earlier look
         looks = (looks + [{**look_of(old), **_last_run(old)}])[-EARLIER_LOOKS_KEPT:]
@@ -196,7 +197,7 @@ def _keep_earlier_looks(payload: dict[str, Any], path: Path, run: dict[str, Any]
     if looks:
         payload["earlier_looks"] = looks
         payload["against_last_look"] = vs = against_look(payload.get("targets") or {}, looks[-1])
-        across = across_machines(payload.get("targets") or {}, _last_run(payload), looks)
+        across = across_machines(payload.get("targets") or {}, this_run, looks)
         payload.pop("across_machines", None)  # a stored one is re-derived, never carried
         if across is not None:
             payload["across_machines"] = across
