@@ -140,16 +140,22 @@ def against_look(targets: dict[str, Any], look: dict[str, Any]) -> dict[str, Any
             "only_then": len([k for k in before if k not in targets])}
 
 
+def newest_look_per_machine(looks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The newest of ``looks`` (oldest first) on each machine they name, in the order last looked on."""
+    newest: dict[str, dict[str, Any]] = {}
+    for lk in looks:
+        if lk.get("machine"):
+            newest.pop(lk["machine"], None)
+            newest[lk["machine"]] = lk
+    return newest
+
+
 def across_machines(targets: dict[str, Any], run: dict[str, Any],
                     looks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Each target's newest verdict on every machine the file has looked on (``run``'s own last), and
     the targets whose verdict is not the same on all of them, so a reader sees which claims held on one
     machine only (None where the file has looked on one machine)."""
-    newest: dict[str, dict[str, Any]] = {}
-    for lk in [*looks, {**run, "targets": targets}]:
-        if lk.get("machine"):
-            newest.pop(lk["machine"], None)  # the newest look per machine, listed in the order last looked on
-            newest[lk["machine"]] = lk
+    newest = newest_look_per_machine([*looks, {**run, "targets": targets}])
     if len(newest) < 2:
         return None
     verdicts = {m: {k: bool(t.get("met")) for k, t in (lk.get("targets") or {}).items() if isinstance(t, dict)}

@@ -57,7 +57,8 @@ import numpy as np  # noqa: E402
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
 from cubic.core.stats import mean_interval  # noqa: E402
-from experiments.common import calibration_origin, png_path, run_context, write_result  # noqa: E402
+from experiments.common import (calibration_origin, newest_look_per_machine, png_path, run_context,  # noqa: E402
+                                run_of, write_result)
 from experiments._sharding_ground_truth import ROUNDS, MinOfRounds, PlainNetwork, judge, plan_sets  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import SCALE_TOLERANCE, LearnedEstimator, machine_mismatch  # noqa: E402
@@ -612,14 +613,12 @@ def planner_check_record(payload: dict) -> dict:
                 "own_model": None if own is None else {k: own[k] for k in ("bar_met", "below_torchrec",
                                                                          "worst_task_met")}}
 
-    this = record(payload["targets"], payload["fingerprint"].get("cpu_model"), payload["code_version"],
-                  payload.get("finished_at"))
-    others: dict[str, dict] = {}
-    for look in reversed(payload.get("earlier_looks") or []):  # newest first: the newest look per machine
-        m = look.get("machine")
-        if m and m != this["machine"] and m not in others and look.get("targets"):
-            others[m] = record(look["targets"], m, look.get("code_version"), look.get("finished_at"))
-    return {**this, "other_machines": list(others.values())}
+    run = run_of(payload)
+    this = record(payload["targets"], run["machine"], run["code_version"], run["finished_at"])
+    newest = newest_look_per_machine([lk for lk in payload.get("earlier_looks") or [] if lk.get("targets")])
+    others = [record(lk["targets"], m, lk.get("code_version"), lk.get("finished_at"))
+              for m, lk in reversed(newest.items()) if m != this["machine"]]  # the last looked on first
+    return {**this, "other_machines": others}
 
 
 def _parse_args(argv) -> argparse.Namespace:
