@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cubic.core.looks import split_looks
+
 CHECK_PATH = Path(__file__).parent / "data" / "planner_check.json"
 
 
@@ -24,13 +26,6 @@ def planner_check(path: Path = CHECK_PATH) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
-
-
-def this_machine() -> str | None:
-    """The CPU model a check is matched on (a look records its machine so: ``experiments.common.run_of``)."""
-    from cubic.core.fingerprint import fingerprint
-
-    return fingerprint("cpu").get("cpu_model")
 
 
 def _counts(r: dict[str, Any]) -> str:
@@ -47,21 +42,18 @@ def check_line(c: dict[str, Any] | None, here: str | None = None) -> str:
     on each other machine checked; a plan made where no look was says so."""
     if c is None:
         return "the planner's edge over the heuristics was never checked by a judge it does not optimise"
-    here = this_machine() if here is None else here
-    looks = [c, *(c.get("other_machines") or [])]
-    ours = next((r for r in looks if r.get("machine") == here), None)
+    here, ours, others = split_looks(c, here)
     line = ("the planner, judged by what it does not optimise (measured compute + an independent network model; "
             "experiments/sharding_benchmark.py): ")
     if ours is not None:
         line += f"on this machine ({here}, code {str(ours['code'])[:7]}): {_counts(ours)}"
     else:
         line += f"never checked on this machine ({here})"
-    for r in looks:
-        if r is not ours:
-            line += (f"; on {r['machine']} (code {str(r['code'])[:7]}): " +
-                     (_counts(r) if ours is None and r is c else
-                      f"{r['bar_met']} of {r['cells']} cells at the 10% bar"
-                      + (f" ({r['own_model']['bar_met']} with a compute model trained there)"
-                         if r.get("own_model") else "")))
+    for r in others:
+        line += (f"; on {r['machine']} (code {str(r['code'])[:7]}): " +
+                 (_counts(r) if ours is None and r is c else
+                  f"{r['bar_met']} of {r['cells']} cells at the 10% bar"
+                  + (f" ({r['own_model']['bar_met']} with a compute model trained there)"
+                     if r.get("own_model") else "")))
     return line + (": a plan's edge on your tables is not assured (plan them with a `--planner` heuristic too and "
                    "`cubic shard evaluate` both)")
