@@ -56,6 +56,7 @@ probe without training, a 4-batch rescue probe).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -75,7 +76,8 @@ from experiments._fp8_production import production, step_speedup  # noqa: E402,F
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
                                       verdict, with_eval_batch, learns, not_learned)
-from experiments.common import png_path, retarget_stamp, run_context, stored_result, write_result  # noqa: E402
+from experiments.common import (newest_look_per_machine, png_path, retarget_stamp, run_context, run_of,  # noqa: E402
+                                stored_result, write_result)
 from fp8.dispatch import Dispatcher  # noqa: E402
 from fp8.kernels import KERNELS  # noqa: E402
 
@@ -338,6 +340,57 @@ def _stored(name: str, quick: bool) -> dict:
     return stored
 
 
+NE_CHECK = "NE within +-0.1% of full precision"  # in the name of every trained-NE target
+
+
+def quality_check_record(payload: dict) -> dict:
+    """What ``fp8.checked`` packages from a full run (``cubic fp8 probe`` prints it under a placement): each
+    recommended placement trained against full precision over paired seeds (its mean, interval, seeds and
+    whether the model learned), and from the file's earlier looks, the newest per other machine, how many
+    of its NE targets were met there (``other_machines``)."""
+    tg = payload["targets"]
+
+    def check(key: str, workload: str, placement: str, sites: int, diff: dict) -> dict:
+        t = tg[key]
+        return {"workload": workload, "placement": placement, "sites": sites, "mean": diff["mean"],
+                "ci95": list(diff["ci95"]), "seeds": diff["seeds"], "met": bool(t["met"]),
+                "not_judged": bool(t.get("not_judged")), "full_precision_end_ne": t.get("full_precision_end_ne")}
+
+    checks = []
+    for q in payload["quality"]:
+        key = next(k for k in tg if k.startswith(f"{q['workload']}: recommended placement {NE_CHECK}"))
+        checks.append(check(key, q["workload"], "recommendation", len(q["recommended_sites"]), tg[key]))
+    pr = payload.get("production")
+    if pr is not None and pr.get("ne_rel_diff"):
+        key = next(k for k in tg if k.startswith(f"{pr['workload']} (production-shaped") and NE_CHECK in k)
+        checks.append(check(key, pr["workload"], f"recommendation at batch {pr['production_batch']:,}",
+                            len(pr["recommended_sites"]), pr["ne_rel_diff"]))
+        ta = pr.get("torchao")
+        if ta is not None and ta.get("ne_rel_diff"):
+            key = next(k for k in tg if k.startswith(f"{pr['workload']} restricted to torchao's recipes"))
+            checks.append(check(key, pr["workload"], "recommendation in torchao's recipes only",
+                                len(ta["recipes"]), ta["ne_rel_diff"]))
+
+    def counts(targets: dict) -> dict:
+        ne = [t for k, t in targets.items() if NE_CHECK in k and isinstance(t, dict)]
+        return {"within": sum(bool(t.get("met")) for t in ne), "checked": len(ne)}
+
+    run = run_of(payload)
+    this = {"machine": run["machine"] or "?", "code": run["code_version"], "finished_at": run["finished_at"],
+            "file": "results/fp8_benchmark.json", **counts(tg), "checks": checks}
+    newest = newest_look_per_machine([lk for lk in payload.get("earlier_looks") or [] if lk.get("targets")])
+    others = [{"machine": m, "code": lk.get("code_version"), "finished_at": lk.get("finished_at"),
+               **counts(lk["targets"])} for m, lk in reversed(newest.items()) if m != this["machine"]]
+    return {**this, "other_machines": others}
+
+
+def _package_check(path: Path) -> None:
+    """The packaged record of the trained NE checks, from the results file it quotes (full runs only)."""
+    from fp8.checked import CHECK_PATH
+
+    CHECK_PATH.write_text(json.dumps(quality_check_record(json.loads(path.read_text())), indent=2) + "\n")
+
+
 def _retarget(args) -> None:
     """--retarget: run nothing; the verdicts and targets recomputed from the stored figures with this code
     (the run's context stays as it was)."""
@@ -350,6 +403,8 @@ def _retarget(args) -> None:
     stored["targets"] = targets(stored)
     stored["retargeted"] = retarget_stamp()
     out = write_result(name, stored)
+    if not args.quick:
+        _package_check(out)
     plot(stored, png_path(name))
     print(f"wrote {out} (targets recomputed from the stored figures)")
 
@@ -368,6 +423,8 @@ def _production_only(args) -> None:
                                        "what": "re-run alone (--production-only); the other sections are older"}
     stored["targets"] = targets(stored)
     out = write_result(name, stored, run=ctx)
+    if not args.quick:
+        _package_check(out)
     plot(stored, png_path(name))
     print(f"wrote {out}: " + stored["production"]["target"]["text"])
 
@@ -514,6 +571,8 @@ def main() -> None:
     payload["wall_s"] = time.perf_counter() - t_start
     name = "fp8_benchmark_quick" if args.quick else "fp8_benchmark"
     out = write_result(name, payload)
+    if not args.quick:
+        _package_check(out)
     plot(payload, png_path(name))
     _report(payload, out, name)
 

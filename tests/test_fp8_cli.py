@@ -70,7 +70,10 @@ def test_probe_cli_writes_a_placement(tmp_path, capsys):
         if s.recipe is None:
             assert not s.applied_mods
     assert p.probe["mods_probed"] and p.probe["mods_probe_steps"] > 0
-    assert "FP8 sites:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "FP8 sites:" in printed
+    # under the placement, how its kind held when trained (fp8.checked: the packaged record)
+    assert "quality: trained with FP8 against full precision (paired seeds" in printed
     from cubic.core.config import FP8Choice
     from fp8.quality import train_variant
 

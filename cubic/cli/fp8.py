@@ -135,6 +135,9 @@ def cmd_probe(args) -> int:
                           for r in [s.verdict_recipe or s.recipe] if r}))
     print(f"speed ({args.target}, modelled): "
           f"{check_line(args.target, model_check(), recipes=shown, device=load_device(args.target))}")
+    from fp8.checked import check_line as quality_line, quality_check
+
+    print(f"quality: {quality_line(quality_check())}")
     return 0
 
 
