@@ -55,7 +55,8 @@ def _one(c: dict[str, Any]) -> str:
 
 def _pct(x: float) -> str:
     """A relative difference in percent, with a digit more where three would round it onto the bar."""
-    return f"{100 * x:+.4f}" if abs(x) != NE_BAR and f"{100 * abs(x):.3f}" == f"{100 * NE_BAR:.3f}" else f"{100 * x:+.3f}"
+    on_bar = abs(x) != NE_BAR and f"{100 * abs(x):.3f}" == f"{100 * NE_BAR:.3f}"
+    return f"{100 * x:+.4f}" if on_bar else f"{100 * x:+.3f}"
 
 
 def check_line(c: dict[str, Any] | None, here: str | None = None) -> str:
