@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Callable
 
 import numpy as np
@@ -420,6 +420,12 @@ PRIOR_GP_BELOW = 12
 WARM_DESIGNS = ("none", "prior", "proxy")
 
 
+def _prior_runs(X: np.ndarray, priors: dict[str, int], space: Space) -> np.ndarray:
+    """Candidates (feature rows) the analytical prior gives a throughput: none means it predicts an OOM
+    or an invalid configuration. The first round and the proxy's rounds both keep to them."""
+    return np.isfinite(X[:, priors[space.primary.metric]])
+
+
 def one_factor_design(space: Space, cands: list[dict[str, Any]], prior: np.ndarray, ok: np.ndarray,
                       k: int) -> list[int]:
     """The prior's best point, then for up to k-1 parameters the best-predicted point that differs
@@ -513,7 +519,7 @@ class ProxyGuided(Strategy):
             return []
         X = Surrogate(space, ctx.featurize).features(cands, [ctx.run_context] * len(cands))
         prior = X[:, priors[space.primary.metric]]
-        ok = np.isfinite(prior)  # no predicted throughput: the model predicts an OOM or an invalid config
+        ok = _prior_runs(X, priors, space)
         for c in space.constraints:
             if c.metric in priors and c.max is not None and c.max > 0:
                 mem = X[:, priors[c.metric]]
@@ -679,6 +685,13 @@ class ProxyGuided(Strategy):
         if not cands:
             return []
         pred = sur.predict(cands, ctx.run_context)
+        if with_prior:
+            # what the prior gives no throughput (a 2D group larger than the cluster, beyond the device's
+            # memory) is not proposed: the runs' classifier learned such a region one failed run at a time
+            # (49 of 52 runs on a 16-GPU cluster, experiments/_search_prior_dev.py --workload dlrm-wide)
+            runs = _prior_runs(pred.X, priors, space)
+            if runs.any():
+                pred = _replace(pred, p_feasible=np.where(runs, pred.p_feasible, 0.0))
         log_acq = acquisition(pred, best, self.xi)
         multi = len(space.objectives) > 1
         # the exploiting picks: best predicted among likely-feasible points

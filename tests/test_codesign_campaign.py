@@ -600,3 +600,33 @@ def _recording(event: str):
 
     rec = recording_listener()
     return rec, lambda: [args[1] for args in rec.heard(event)]
+
+
+class _InvalidAboveFeaturizer:
+    """A prior that rates large y best but gives no throughput (NaN: an invalid configuration by its own
+    rules, as a 2D group larger than the cluster) from y = 32 up, where runs fail as invalid."""
+
+    prior_columns = {"tput": 0}
+
+    def __call__(self, point, context):
+        y = point["y"]
+        return np.array([math.nan if y >= 32 else math.log(100 * (1 + math.log2(y) / 3)), float(y)])
+
+
+def test_the_proxys_rounds_do_not_propose_what_the_prior_marks_invalid():
+    """The first round keeps to configurations the prior gives a throughput; so do the rounds after it
+    (before stop 80 the proxy proposed the invalid ones until the runs' classifier had learned them)."""
+    space = Space.model_validate({**SPACE, "constraints": [], "parameters": [
+        {"name": "y", "type": "categorical", "choices": [1, 2, 4, 8, 16, 32, 40, 64], "log": True},
+        {"name": "kind", "type": "categorical", "choices": ["a", "b", "c"]}]})
+
+    def f(p):
+        if p["y"] >= 32:
+            return Result.failed("invalid", "group larger than the cluster")
+        return {"tput": 100 * (1 + math.log2(p["y"]) / 6) * {"a": 1.0, "b": 1.2, "c": 0.8}[p["kind"]]}
+
+    c = Campaign(space, f, strategy=ProxyGuided("local", n_inner=64), budget=15, batch_size=3, seed=3,
+                 featurize=_InvalidAboveFeaturizer())
+    c.run()
+    assert [t.params["y"] for t in c.study.trials if t.params["y"] >= 32] == []
+    assert len(c.study.trials) == 15  # the budget went to the 15 valid configurations
