@@ -57,16 +57,15 @@ A second workload (``--workload dlrm-wide``; stop 80, Intel Xeon, nice 19 beside
     share 0.75                                  14 6 13 6 7 10 7 2    median 7.0, mean  8.8
     the prior's order                            8 2 12 4 4 27 4 9    median 6
 
-The default, chosen on wukong-large, is the worst of the five on dlrm-wide: on a100x16 and h200x16 every
+The default, chosen on wukong-large, was the worst of the five on dlrm-wide: on a100x16 and h200x16 every
 seed spends 38-56 runs. Traced (h200x16, seed 0): after the first round (four valid runs, the best 0.88
 of the cluster's best), 49 of the next 52 proposals were configurations the prior itself marks invalid
 (NaN: 2D groups of 32 and 64 on 16 GPUs), each a failed run; the first round filters them
-(``np.isfinite(prior)``), the proxy's rounds do not. Tried by hand, not landed: P(feasible) set to 0 in
-``ProxyGuided.propose`` where the prior has no throughput (5 lines): dlrm-wide median 4.5, mean 6.9 (53 -> 5
+(``np.isfinite(prior)``), the proxy's rounds did not. Since stop 80 they do (``ProxyGuided.propose``:
+P(feasible) 0 where the prior gives no throughput, ``_prior_runs``): dlrm-wide median 4.5, mean 6.9 (53 -> 5
 and 56 -> 6 on the two clusters); wukong-large median 4.0, mean 6.6 (stop 77: 4, 8.4). Each instance gave
 the same count on all 5 seeds, with and without it: on these clusters the default's path does not depend
-on the seed. Left for the next stop with the re-runs a change of the search's proposals needs
-(search_benchmark, answer_calibration).
+on the seed. The other four designs were not run again with it.
 """
 
 from __future__ import annotations

@@ -411,7 +411,9 @@ PRIOR_DESIGNS = ("share", "one-factor")
 # share 8.0 / 13.2, one-factor 4.0 / 15.1 (61 on one cluster: a corner of four successes extrapolated
 # by the residual model into out-of-memory configurations), share + GP 7.0 / 9.9, both 4.0 / 8.4), by a
 # rule written down while the suite ran, after 7 of its 9 clusters (the lowest mean, no cluster worse than
-# twice share's + 2), before the benchmark's simulated and measured spaces judged it.
+# twice share's + 2), before the benchmark's simulated and measured spaces judged it. On a second workload
+# (dlrm-wide, stop 80) it was the worst of the five (9.5 / 18.8) until the proxy's rounds kept to what the
+# prior gives a throughput (``_prior_runs``): 4.5 / 6.9 since; the other four not run again with that.
 PRIOR_GP_BELOW = 12
 # A warm-started campaign's first round (its warm runs used to fill the initial design: "none"). On the same
 # suite, each campaign first given 40 random runs of its hidden cluster at twice the GPUs (stop 77, mean /
