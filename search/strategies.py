@@ -547,7 +547,7 @@ class ProxyGuided(Strategy):
         space, ctx = self.space, self.ctx
         sur = self._fit_surrogate(train, priors)
         cands = list(self._candidates(set(), np.random.default_rng(_seed(ctx.seed, 0, 3)), 4 * self.n_inner).values())
-        pred = sur.predict(cands, ctx.run_context)
+        pred = self._predict(sur, cands, priors)
         ok = pred.p_feasible >= 0.5
         if not cands or not ok.any():
             return self._prior_design([], k, priors)
@@ -556,6 +556,18 @@ class ProxyGuided(Strategy):
                for i, j in enumerate(one_factor_design(space, cands, pred.mu[:, 0], ok, k))]
         taken = {space.key(p.point) for p in out}
         return out + [Proposal(p) for p in _fresh(space, taken, self._rng([]), k - len(out))]
+
+    def _predict(self, sur: Surrogate, cands: list[dict[str, Any]], priors) -> Prediction:
+        """The proxy's view of candidates; with a prior, what it gives no throughput (a 2D group larger than
+        the cluster, beyond the device's memory) has P(feasible) 0, as in the first round: the runs'
+        classifier learned such a region one failed run at a time (49 of 52 runs on a 16-GPU cluster,
+        experiments/_search_prior_dev.py --workload dlrm-wide)."""
+        pred = sur.predict(cands, self.ctx.run_context)
+        if self.space.primary.metric in priors and self.space.primary.direction == "maximize":
+            runs = _prior_runs(pred.X, priors, self.space)
+            if runs.any():
+                pred = _replace(pred, p_feasible=np.where(runs, pred.p_feasible, 0.0))
+        return pred
 
     def _prior_proposal(self, value: float, source: str) -> dict[str, Any]:
         return {"objective": float(value), self.space.primary.metric: float(math.exp(value)), "source": source}
@@ -686,14 +698,7 @@ class ProxyGuided(Strategy):
         cands = self._inner_search(sur, best, taken, history)
         if not cands:
             return []
-        pred = sur.predict(cands, ctx.run_context)
-        if with_prior:
-            # what the prior gives no throughput (a 2D group larger than the cluster, beyond the device's
-            # memory) is not proposed: the runs' classifier learned such a region one failed run at a time
-            # (49 of 52 runs on a 16-GPU cluster, experiments/_search_prior_dev.py --workload dlrm-wide)
-            runs = _prior_runs(pred.X, priors, space)
-            if runs.any():
-                pred = _replace(pred, p_feasible=np.where(runs, pred.p_feasible, 0.0))
+        pred = self._predict(sur, cands, priors)
         log_acq = acquisition(pred, best, self.xi)
         multi = len(space.objectives) > 1
         # the exploiting picks: best predicted among likely-feasible points
