@@ -8,7 +8,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cubic.core.fingerprint import code_version, fingerprint, fingerprint_hash, versions
 from cubic.core.stats import mean_interval, samples_to_resolve
@@ -148,6 +148,16 @@ def newest_look_per_machine(looks: list[dict[str, Any]]) -> dict[str, dict[str, 
             newest.pop(lk["machine"], None)
             newest[lk["machine"]] = lk
     return newest
+
+
+def with_other_machines(this: dict[str, Any], payload: dict[str, Any],
+                        counts: Callable[[dict[str, Any], str], dict[str, Any]]) -> dict[str, Any]:
+    """A packaged check's record of the run in ``payload`` (``this``, which names its ``machine``) with the
+    same counts from the file's earlier looks, the newest per other machine, the last looked on first
+    (``other_machines``): a plan or placement made on either machine quotes the check made there.
+    ``counts(look, machine)`` makes a look's entry."""
+    newest = newest_look_per_machine([lk for lk in payload.get("earlier_looks") or [] if lk.get("targets")])
+    return {**this, "other_machines": [counts(lk, m) for m, lk in reversed(newest.items()) if m != this["machine"]]}
 
 
 def across_machines(targets: dict[str, Any], run: dict[str, Any],

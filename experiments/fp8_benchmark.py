@@ -76,8 +76,8 @@ from experiments._fp8_production import production, step_speedup  # noqa: E402,F
 from experiments._fp8_quality import (CONFIDENCE, EVAL_BATCH, NE_TARGET, QUALITY_RULE, gw_hp_summary,  # noqa: E402,F401
                                       decided, last_stage, paired, plan_coverage, plan_seeds, quality_and_probe, quality_reason,
                                       verdict, with_eval_batch, learns, not_learned)
-from experiments.common import (newest_look_per_machine, png_path, retarget_stamp, run_context, run_of,  # noqa: E402
-                                stored_result, write_result)
+from experiments.common import (png_path, retarget_stamp, run_context, run_of,  # noqa: E402
+                                stored_result, with_other_machines, write_result)
 from fp8.dispatch import Dispatcher  # noqa: E402
 from fp8.kernels import KERNELS  # noqa: E402
 
@@ -378,10 +378,9 @@ def quality_check_record(payload: dict) -> dict:
     run = run_of(payload)
     this = {"machine": run["machine"] or "?", "code": run["code_version"], "finished_at": run["finished_at"],
             "file": "results/fp8_benchmark.json", **counts(tg), "checks": checks}
-    newest = newest_look_per_machine([lk for lk in payload.get("earlier_looks") or [] if lk.get("targets")])
-    others = [{"machine": m, "code": lk.get("code_version"), "finished_at": lk.get("finished_at"),
-               **counts(lk["targets"])} for m, lk in reversed(newest.items()) if m != this["machine"]]
-    return {**this, "other_machines": others}
+    return with_other_machines(this, payload, lambda lk, m: {"machine": m, "code": lk.get("code_version"),
+                                                           "finished_at": lk.get("finished_at"),
+                                                           **counts(lk["targets"])})
 
 
 def _package_check(path: Path) -> None:

@@ -57,8 +57,8 @@ import numpy as np  # noqa: E402
 from cubic.core.spec import SpecError, Topology  # noqa: E402
 from cubic.core.workloads import generate_tables  # noqa: E402
 from cubic.core.stats import mean_interval  # noqa: E402
-from experiments.common import (calibration_origin, newest_look_per_machine, png_path, run_context,  # noqa: E402
-                                run_of, write_result)
+from experiments.common import (calibration_origin, png_path, run_context,  # noqa: E402
+                                run_of, with_other_machines, write_result)
 from experiments._sharding_ground_truth import ROUNDS, MinOfRounds, PlainNetwork, judge, plan_sets  # noqa: E402
 from cost_models.comm import CALIBRATION_PATH, CommModel  # noqa: E402
 from sharding.estimate import SCALE_TOLERANCE, LearnedEstimator, machine_mismatch  # noqa: E402
@@ -615,10 +615,8 @@ def planner_check_record(payload: dict) -> dict:
 
     run = run_of(payload)
     this = record(payload["targets"], run["machine"], run["code_version"], run["finished_at"])
-    newest = newest_look_per_machine([lk for lk in payload.get("earlier_looks") or [] if lk.get("targets")])
-    others = [record(lk["targets"], m, lk.get("code_version"), lk.get("finished_at"))
-              for m, lk in reversed(newest.items()) if m != this["machine"]]  # the last looked on first
-    return {**this, "other_machines": others}
+    return with_other_machines(this, payload,
+                               lambda lk, m: record(lk["targets"], m, lk.get("code_version"), lk.get("finished_at")))
 
 
 def _parse_args(argv) -> argparse.Namespace:
