@@ -1,5 +1,5 @@
 """The search benchmark's parts merged into its JSON by their own invocations (``--tune``,
-``--early-stop``; ``--public`` merges through experiments/_search_public.py): run the part, store it
+``--early-stop``, ``--held-out``; ``--public`` merges through experiments/_search_public.py): run the part, store it
 with its own context, recompute its targets, redraw its figure. Called by
 experiments/search_benchmark.py."""
 
@@ -15,7 +15,7 @@ from experiments.common import png_path, run_context, write_result
 
 
 def run_merged(args, log=print) -> None:
-    """``--tune`` / ``--early-stop``: run the part, merge it (its own context and targets) into the
+    """``--tune`` / ``--early-stop`` / ``--held-out``: run the part, merge it (its own context and targets) into the
     stored JSON, redraw its figure."""
     from experiments._search_public import EARLY, plot_public
     from experiments.common import RESULTS, stored_result
@@ -26,7 +26,11 @@ def run_merged(args, log=print) -> None:
     if args.rescore:
         return _rescore(stored, args.rescore, path, log)
     started, ctx = time.time(), run_context("mixed")  # (the part's start time and load: before it runs)
-    if args.tune:
+    if args.held_out:
+        from experiments._search_held_out import run_held_out
+
+        key, doc = "held_out", run_held_out(list(range(args.seeds)), log=log)
+    elif args.tune:
         from experiments._search_tune import run_tune
 
         if not (stored.get("public") or {}).get("problems"):
@@ -61,6 +65,10 @@ def run_merged(args, log=print) -> None:
     write_result(name, stored, run=ctx)
     if key == "tune":
         plot_public(stored, png_path(name + "_public"))
+    elif key == "held_out":
+        from experiments._search_held_out import plot_held_out
+
+        plot_held_out(stored[key], png_path(name + "_held_out"))
     else:
         plot_early_stop(stored[key], _early_stop_png(key))
     log(f"wrote {path}")
@@ -103,7 +111,7 @@ def _early_stop_png(key: str) -> Path:
 # one whose curves cross (the second look), and that with a later --prune-warmup
 MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:",
           "early_stopping_crossing": "early stop, crossing curves:",
-          "early_stopping_crossing_warmup": "early stop, crossing curves, --prune-warmup"}
+          "early_stopping_crossing_warmup": "early stop, crossing curves, --prune-warmup", "held_out": "held-out:"}
 
 
 def merged_targets(stored: dict, key: str) -> dict:
@@ -124,6 +132,10 @@ def merged_targets(stored: dict, key: str) -> dict:
         from experiments._search_tune import tune_targets
 
         return tune_targets(stored["tune"], pub["problems"], pub.get("early_25"))
+    if key == "held_out":
+        from experiments._search_held_out import held_out_targets
+
+        return held_out_targets(stored[key])
     from experiments._search_early_stop import early_stop_targets
 
     return early_stop_targets(stored[key])

@@ -436,6 +436,9 @@ def _parse_args():
     ap.add_argument("--rescore", metavar="WHY", default=None,
                     help="recompute the stored early-stopping sections' regrets from their stored runs against the "
                          "registered problem as it stands (no campaign re-run), WHY kept with them; merged into the JSON")
+    ap.add_argument("--held-out", action="store_true",
+                    help="run only the held-out simulated clusters (SIMULATED; cubic, TPE and the prior's order on "
+                         "instances no design choice used) and merge them into the stored JSON")
     ap.add_argument("--hard", action="store_true",
                     help="only the hard real space (wukong-small, the prior's first pick not the best): measure its "
                          "table (--passes, default here 2) and replay the searches; merged into the JSON")
@@ -641,7 +644,7 @@ def main() -> None:
         from experiments._search_public import run_public
 
         return run_public(args, log)
-    if args.tune or args.early_stop or args.rescore:
+    if args.tune or args.early_stop or args.rescore or args.held_out:
         return run_merged(args, log)
     if args.hard:
         from experiments._search_hard import run_hard

@@ -245,7 +245,7 @@ def test_a_merged_part_records_its_context_from_before_it_ran(tmp_path, monkeypa
     monkeypatch.setattr(sm, "merged_targets",
                         lambda stored, key: {"early stop: x": {"measured": 1.0, "target": 1.0, "met": True}})
     monkeypatch.setattr(sm, "plot_early_stop", lambda doc, path: None)
-    args = argparse.Namespace(rescore=None, tune=False, tune_early_seeds=0, early_stop=True,
+    args = argparse.Namespace(rescore=None, held_out=False, tune=False, tune_early_seeds=0, early_stop=True,
                               early_stop_curves="ordered", early_stop_warmup=None, seeds=1, early_stop_budget=2,
                               epoch_s=0.01)
     sm.run_merged(args, log=lambda *_: None)
