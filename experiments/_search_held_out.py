@@ -21,7 +21,7 @@ from cubic.codesign.prior import cubic_featurizer
 from cubic.core.stats import mean_interval
 from cubic.core.store import TrialStore
 from experiments import _search_tabular as tab
-from experiments._search_prior_dev import campaign_curve, instance
+from experiments._search_prior_dev import campaign_curve, judged
 from experiments.search_benchmark import SIM_SPACE_PATH, TARGET
 from search.space import load_space
 
@@ -38,17 +38,14 @@ def run_held_out(seeds: list[int], workloads=WORKLOADS, instances=INSTANCES, log
     space = load_space(SIM_SPACE_PATH)
     store = TrialStore("sqlite:///:memory:")
     feat = cubic_featurizer(space)
-    col = feat.prior_columns[space.primary.metric]
     rows, t0 = [], time.time()
     for w in workloads:
         for i in instances:
-            spec, table, context = instance(i, space, store, w)
-            pick = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]), TARGET)
-            if pick["fraction_of_best"] >= TARGET:
+            inst = judged(i, space, store, feat, w, TARGET)
+            if not inst["hard"]:
                 continue
-            target = TARGET * tab.best_known(space, table)
-            no_prior = frozenset(space.key(p) for p in space.enumerate()
-                                 if not np.isfinite(feat(p, context)[col]))
+            spec, table, context, pick, no_prior, target = (inst[k] for k in ("spec", "table", "context", "pick",
+                                                                              "no_prior", "target"))
             row = {"workload": w, "instance": i, "cluster": spec, "prior_fraction": pick["fraction_of_best"],
                    "prior_order": pick["runs_in_prior_order_to_target"], "no_prior_throughput": len(no_prior),
                    "runs_without_prior_throughput": []}

@@ -177,6 +177,18 @@ def instance(i: int, space, store, workload: str = "wukong-large"):
     return spec, table, context
 
 
+def judged(i: int, space, store, feat, workload: str = "wukong-large", fraction: float = 0.98) -> dict:
+    """Instance i with what the search is judged by: its table, the prior's first pick against the best
+    (``hard``: below ``fraction``), the target (``fraction`` of the best) and the configurations the prior gives
+    no throughput (``no_prior``: their keys)."""
+    spec, table, context = instance(i, space, store, workload)
+    col = feat.prior_columns[space.primary.metric]
+    pick = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]), fraction)
+    return {"spec": spec, "table": table, "context": context, "pick": pick,
+            "hard": pick["fraction_of_best"] < fraction, "target": fraction * tab.best_known(space, table),
+            "no_prior": frozenset(space.key(p) for p in space.enumerate() if not np.isfinite(feat(p, context)[col]))}
+
+
 def donor(i: int, space, store, seed: int, workload: str = "wukong-large"):
     """40 random runs of instance i's hidden cluster at twice its GPUs, in a fresh Optuna storage."""
     import optuna
@@ -237,18 +249,15 @@ def main() -> None:
     feat = cubic_featurizer(space)
     rows, t0 = [], time.time()
     for i in range(args.first, args.first + args.instances):
-        spec, table, context = instance(i, space, store, args.workload)
-        col = feat.prior_columns[space.primary.metric]
-        pick = tab.prior_first_pick(space, table, lambda p: float(feat(p, context)[col]), 0.98)
-        hard = pick["fraction_of_best"] < 0.98
-        no_prior = frozenset(space.key(p) for p in space.enumerate() if not np.isfinite(feat(p, context)[col]))
+        inst = judged(i, space, store, feat, args.workload)
+        spec, table, context, pick, no_prior, target = (inst[k] for k in ("spec", "table", "context", "pick",
+                                                                          "no_prior", "target"))
         line = (f"instance {i} {spec}: prior's pick {pick['fraction_of_best']:.3f} of the best, best is its "
                 f"#{pick['prior_rank_of_measured_best']}, prior order {pick['runs_in_prior_order_to_target']}, "
                 f"{len(no_prior)} configurations without a prior throughput")
-        if not hard and not args.all:
+        if not inst["hard"] and not args.all:
             print(line + " (easy: skipped)", flush=True)
             continue
-        target = 0.98 * tab.best_known(space, table)
         row = {"instance": i, "cluster": spec, "prior_order": pick["runs_in_prior_order_to_target"],
                "prior_fraction": pick["fraction_of_best"], "no_prior": len(no_prior), "runs": {},
                "runs_without_prior_throughput": {}}
