@@ -116,7 +116,7 @@ MERGED = {"public": "public:", "tune": "tune:", "early_stopping": "early stop:",
 
 def merged_targets(stored: dict, key: str) -> dict:
     """A merged section's targets, from its stored figures: the one rule for ``--public``, ``--tune``,
-    ``--early-stop`` and ``--retarget``. None for a public part that has not run all four methods on
+    ``--early-stop``, ``--held-out`` and ``--retarget``. None for a public part that has not run all four methods on
     every problem (a comparison against arms not yet run), nor for a tune part without it."""
     pub = stored.get("public") or {}
     complete = bool(pub.get("problems")) and all(len(p["methods"]) == 4 for p in pub["problems"].values())

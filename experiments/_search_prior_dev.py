@@ -2,7 +2,8 @@
 benchmark: no targets). Constants and designs of :class:`search.strategies.ProxyGuided` that matter
 only with a prior (its first round, the residual model's family) are chosen here, so that the
 benchmark's spaces judge them afterwards: the simulated ``sim:wukong-large@h100x64`` section
-(datasheet prior, the fixed ``HIDDEN_CLUSTER``) and the measured ``hard:`` tables are not in it.
+(datasheet prior, the fixed ``HIDDEN_CLUSTER``) and the measured ``hard:`` tables are not in it, nor
+instances 12-23 on dmt-small, dlrm-small and wukong-small (``search_benchmark --held-out``, since stop 81).
 
 Each instance is wukong-large over the simulated default space (cubic/data/space-sim-default.yaml,
 360 configurations) on a cluster other than h100x64, with hidden efficiencies drawn from documented
@@ -232,8 +233,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--first", type=int, default=0,
-                    help="the first instance (hidden efficiencies drawn from seed 7000 + its number): 12 and up "
-                         "were used by no design choice")
+                    help="the first instance (hidden efficiencies drawn from seed 7000 + its number); 12-23 are "
+                         "search_benchmark --held-out's: they judge designs, so a choice is made on 0-11 or 24 and up")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=60)
     ap.add_argument("--batch-size", type=int, default=4)
