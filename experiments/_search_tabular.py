@@ -169,9 +169,11 @@ def compare_on_table(space: Space, table: dict[str, Result], methods: dict[str, 
 
 
 def optuna_cubic_curve(space: Space, table: dict[str, Result], seed: int, budget: int, batch_size: int,
-                       featurize=None, run_context=None, target: float | None = None) -> list[float]:
+                       featurize=None, run_context=None, target: float | None = None,
+                       seen: list[dict] | None = None) -> list[float]:
     """cubic's search as Optuna users run it: CubicSampler in ``study.optimize`` against the table
-    (constraints through ``constraints_func``; a failed configuration is a failed trial)."""
+    (constraints through ``constraints_func``; a failed configuration is a failed trial); ``seen``, if
+    given, receives the configurations it ran, in order."""
     import optuna
 
     from search.optuna_sampler import CubicSampler
@@ -193,6 +195,8 @@ def optuna_cubic_curve(space: Space, table: dict[str, Result], seed: int, budget
     study = optuna.create_study(direction="maximize" if space.primary.direction == "maximize" else "minimize",
                                 sampler=sampler)
     study.optimize(objective, n_trials=budget)
+    if seen is not None:
+        seen.extend(points)
     return curve(space, table, points)
 
 

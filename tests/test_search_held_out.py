@@ -42,6 +42,19 @@ def test_a_held_out_instance_is_searched_by_cubic_and_tpe_and_set_against_the_pr
     (row,) = sec["rows"]
     assert row["no_prior_throughput"] > 0 and row["prior_fraction"] < 0.98
     assert row["runs_without_prior_throughput"] == [0]
-    assert 1 <= row["cubic"][0] <= sec["budget"] + 1 and 1 <= row["tpe"][0] <= sec["budget"] + 1
+    assert all(1 <= row[m][0] <= sec["budget"] + 1 for m in ("cubic", "cubic-optuna", "tpe"))
+    assert row["cubic-optuna_runs_without_prior_throughput"] == 0  # the sampler keeps to the prior's too
     targets = held_out_targets(sec)
-    assert len(targets) == 3 and all(k.startswith(PREFIX) for k in targets)
+    assert len(targets) == 4 and all(k.startswith(PREFIX) for k in targets)
+    assert _target(targets, "CubicSampler")["sampler_runs_without_prior_throughput"] == 0
+
+
+def test_the_sampler_target_follows_the_hard_sections_match_rule_and_is_absent_without_its_runs():
+    sec = _section([[10, 10], [10, 10]], [12, 12])
+    assert not any("CubicSampler" in k for k in held_out_targets(sec))
+    for r, runs in zip(sec["rows"], ([12, 12], [13, 13])):
+        r["cubic-optuna"], r["cubic-optuna_runs_without_prior_throughput"] = runs, 0
+    assert _target(held_out_targets(sec), "CubicSampler")["met"]  # 12.5 against 10: within max(2, 25%)
+    for r in sec["rows"]:
+        r["cubic-optuna"] = [14, 14]
+    assert not _target(held_out_targets(sec), "CubicSampler")["met"]  # 14 against 10: outside
