@@ -22,7 +22,7 @@ from cubic.codesign.prior import cubic_featurizer
 from cubic.core.stats import mean_interval
 from cubic.core.store import TrialStore
 from experiments import _search_tabular as tab
-from experiments._search_prior_dev import campaign_curve, judged
+from experiments._search_prior_dev import campaign_curve, judged, runs_or_never
 from experiments.search_benchmark import SIM_SPACE_PATH, TARGET
 from search.space import load_space
 
@@ -52,13 +52,13 @@ def run_held_out(seeds: list[int], workloads=WORKLOADS, instances=INSTANCES, log
                    "runs_without_prior_throughput": []}
             for method, kw in (("cubic", {}), ("tpe", {"strategy": "tpe"})):
                 spent = row["runs_without_prior_throughput"] if method == "cubic" else None
-                ns = [tab.runs_to_target(campaign_curve(space, table, context, feat, kw, s, BUDGET, BATCH, target,
-                                                        no_prior=no_prior, spent=spent), target) for s in seeds]
-                row[method] = [n if n is not None else BUDGET + 1 for n in ns]
+                row[method] = runs_or_never([campaign_curve(space, table, context, feat, kw, s, BUDGET, BATCH, target,
+                                                            no_prior=no_prior, spent=spent) for s in seeds],
+                                            target, BUDGET)
             seen: list[dict] = []  # cubic as Optuna users run it: CubicSampler in study.optimize
-            ns = [tab.runs_to_target(tab.optuna_cubic_curve(space, table, s, BUDGET, BATCH, feat, context, target,
-                                                            seen=seen), target) for s in seeds]
-            row["cubic-optuna"] = [n if n is not None else BUDGET + 1 for n in ns]
+            row["cubic-optuna"] = runs_or_never([tab.optuna_cubic_curve(space, table, s, BUDGET, BATCH, feat, context,
+                                                                        target, seen=seen) for s in seeds],
+                                                target, BUDGET)
             row["cubic-optuna_runs_without_prior_throughput"] = sum(space.key(p) in no_prior for p in seen)
             rows.append(row)
             log(f"  held-out {w} #{i} {spec}: cubic {np.median(row['cubic']):g}, CubicSampler "

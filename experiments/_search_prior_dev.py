@@ -190,6 +190,11 @@ def judged(i: int, space, store, feat, workload: str = "wukong-large", fraction:
             "no_prior": frozenset(space.key(p) for p in space.enumerate() if not np.isfinite(feat(p, context)[col]))}
 
 
+def runs_or_never(curves, target: float, budget: int) -> list[int]:
+    """Runs to ``target`` per curve; budget + 1 where a curve never got there (a lower bound in the means)."""
+    return [n if (n := tab.runs_to_target(c, target)) is not None else budget + 1 for c in curves]
+
+
 def donor(i: int, space, store, seed: int, workload: str = "wukong-large"):
     """40 random runs of instance i's hidden cluster at twice its GPUs, in a fresh Optuna storage."""
     import optuna
@@ -264,12 +269,10 @@ def main() -> None:
                "runs_without_prior_throughput": {}}
         for name in args.variants:
             spent: list[int] = []
-            ns = [tab.runs_to_target(campaign_curve(
+            row["runs"][name] = runs_or_never([campaign_curve(
                 space, table, context, feat, VARIANTS[name], s, args.budget, args.batch_size, target,
                 storage=donor(i, space, store, s, args.workload) if name.startswith("warm") else None,
-                no_prior=no_prior, spent=spent), target)
-                for s in range(args.seeds)]
-            row["runs"][name] = [n if n is not None else args.budget + 1 for n in ns]
+                no_prior=no_prior, spent=spent) for s in range(args.seeds)], target, args.budget)
             row["runs_without_prior_throughput"][name] = spent
         rows.append(row)
         print(line + " | " + ", ".join(f"{n} {np.median(v):g} ({sum(row['runs_without_prior_throughput'][n])} "
