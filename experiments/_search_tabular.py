@@ -16,6 +16,7 @@ import numpy as np
 
 from cubic.core.result import Result
 from experiments.common import run_of
+from search.prior_order import order_by_prior
 from search.space import Space
 
 # CubicSampler through study.optimize "matches" cubic's campaign when the median runs to target
@@ -76,7 +77,7 @@ def prior_first_pick(space: Space, table: dict[str, Result], prior: Callable[[di
     pts = space.enumerate()
     preds = np.array([prior(p) for p in pts], dtype=float)
     ok = np.array([True if feasible is None else bool(feasible(p)) for p in pts])
-    order = np.lexsort((-preds, ~ok))  # predicted-feasible first, then by predicted value (stable)
+    order = order_by_prior(preds, ok)  # predicted-feasible first, then by predicted value, as a campaign's baseline
     best = best_known(space, table)
     first = pts[int(order[0])]
     v = feasible_value(space, table[space.key(first)])

@@ -34,6 +34,8 @@ import optuna
 from scipy.stats import norm
 
 from cubic.core.result import Result
+from search.prior_order import (RANKED_AT_MOST, prior_columns, prior_expects_to_fit,  # noqa: F401
+                                prior_ranking, prior_runs)
 from search.space import Space
 from search.strategy_names import STRATEGIES
 
@@ -232,16 +234,6 @@ class Prediction:
     p_feasible: np.ndarray  # (n,)
 
 
-def prior_columns(space: Space, featurize) -> dict[str, int]:
-    """metric -> column of the feature row holding an analytical model's log prediction of it
-    (a featurizer names them in ``prior_columns``, relative to its own output)."""
-    cols = getattr(featurize, "prior_columns", None) or {}
-    if not cols:
-        return {}
-    offset = len(space.features(space.sample(np.random.default_rng(0))))
-    return {m: offset + j for m, j in cols.items()}
-
-
 def _is_memory(metric: str) -> bool:
     return "mem" in metric.lower()
 
@@ -413,7 +405,7 @@ PRIOR_DESIGNS = ("share", "one-factor")
 # rule written down while the suite ran, after 7 of its 9 clusters (the lowest mean, no cluster worse than
 # twice share's + 2), before the benchmark's simulated and measured spaces judged it. On a second workload
 # (dlrm-wide, stop 80) it was the worst of the five (9.5 / 18.8) until the proxy's rounds kept to what the
-# prior gives a throughput (``_prior_runs``): 4.5 / 6.9 since. With that, all five again (stop 81): best or tied
+# prior gives a throughput (``prior_runs``): 4.5 / 6.9 since. With that, all five again (stop 81): best or tied
 # by median on both workloads; plain one-factor ahead by mean on wukong-large (4.8 / 6.6), behind on dlrm-wide,
 # and behind on the held-out instances (11.8 / 11.2, ``search_benchmark --held-out``'s): kept.
 PRIOR_GP_BELOW = 12
@@ -422,12 +414,6 @@ PRIOR_GP_BELOW = 12
 # median runs to 98%): none 6.3 / 5, the prior's design 5.6 / 4, one-factor around the warm-fitted proxy
 # 5.7 / 4: close (45 runs each); "prior" by the same rule, written down before these runs.
 WARM_DESIGNS = ("none", "prior", "proxy")
-
-
-def _prior_runs(X: np.ndarray, priors: dict[str, int], space: Space) -> np.ndarray:
-    """Candidates (feature rows) the analytical prior gives a throughput: none means it predicts an OOM
-    or an invalid configuration. The first round and the proxy's rounds both keep to them."""
-    return np.isfinite(X[:, priors[space.primary.metric]])
 
 
 def one_factor_design(space: Space, cands: list[dict[str, Any]], prior: np.ndarray, ok: np.ndarray,
@@ -523,11 +509,7 @@ class ProxyGuided(Strategy):
             return []
         X = Surrogate(space, ctx.featurize).features(cands, [ctx.run_context] * len(cands))
         prior = X[:, priors[space.primary.metric]]
-        ok = _prior_runs(X, priors, space)
-        for c in space.constraints:
-            if c.metric in priors and c.max is not None and c.max > 0:
-                mem = X[:, priors[c.metric]]
-                ok &= ~(np.isfinite(mem) & (mem > math.log(c.max)))
+        ok = prior_expects_to_fit(X, priors, space)
         out = []
         if self.prior_design == "one-factor" and ok.any():
             out = [Proposal(cands[j], self._prior_proposal(prior[j], "step-model prior" if i == 0 else
@@ -566,7 +548,7 @@ class ProxyGuided(Strategy):
         experiments/_search_prior_dev.py --workload dlrm-wide)."""
         pred = sur.predict(cands, self.ctx.run_context)
         if self.space.primary.metric in priors and self.space.primary.direction == "maximize":
-            runs = _prior_runs(pred.X, priors, self.space)
+            runs = prior_runs(pred.X, priors, self.space)
             if runs.any():
                 pred = _replace(pred, p_feasible=np.where(runs, pred.p_feasible, 0.0))
         return pred
@@ -722,9 +704,38 @@ class ProxyGuided(Strategy):
         return out
 
 
+class PriorOrder(Strategy):
+    """``prior-order``: each round the k best untried points in the step model's order
+    (:func:`search.prior_order.prior_ranking`); what a search that adds nothing to the prior costs, run by
+    ``--baselines`` beside cubic's. A campaign without a step model cannot run it (ValueError)."""
+
+    name = "prior-order"
+
+    def __init__(self) -> None:
+        self._ranking: list[tuple[dict[str, Any], float]] | None = None
+
+    def propose(self, history, k):
+        if self._ranking is None:
+            self._ranking = prior_ranking(self.space, self.ctx.featurize, self.ctx.run_context)
+            if self._ranking is None:
+                raise ValueError("strategy prior-order needs a step model that predicts the objective over a "
+                                 f"discrete space of at most {RANKED_AT_MOST} points; this campaign has none")
+        key, m = self.space.key, self.space.primary.metric
+        taken = {key(o.point) for o in history}
+        out = []
+        for rank, (p, v) in enumerate(self._ranking, 1):
+            if len(out) == k:
+                break
+            if key(p) not in taken:
+                pred = {"objective": v, m: float(np.exp(v))} if np.isfinite(v) else {}
+                out.append(Proposal(p, {**pred, "source": f"step model's order (#{rank})"}))
+        return out
+
+
 def make_strategy(name: str, **kw) -> Strategy:
     """By name: ``cubic`` (= ``cubic-local``) / ``cubic-tpe`` / ``cubic-gp`` / ``cubic-nsga2`` (the search
-    over the proxy), ``tpe`` / ``gp`` (direct), ``random``."""
+    over the proxy), ``tpe`` / ``gp`` (direct), ``random``, ``prior-order`` (the step model's order,
+    :mod:`search.prior_order`)."""
     if name in ("cubic", "cubic-local"):
         return ProxyGuided("local", **kw)
     if name in ("cubic-tpe", "cubic-gp", "cubic-nsga2"):
@@ -733,4 +744,6 @@ def make_strategy(name: str, **kw) -> Strategy:
         return DirectOptuna(name.split("-")[-1], **kw)
     if name == "random":
         return RandomSearch()
+    if name == "prior-order":
+        return PriorOrder()
     raise ValueError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)}; cubic-local is cubic)")

@@ -31,17 +31,17 @@ def test_run_with_baselines_report_list_and_resume(env, tmp_path, capsys):
                *storage, *store])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert [s["name"] for s in out] == ["c1", "c1-random", "c1-tpe"] and all(s["runs"] == 6 for s in out)
+    assert [s["name"] for s in out] == ["c1", "c1-random", "c1-tpe", "c1-prior-order"] and all(s["runs"] == 6 for s in out)
     assert out[1]["served_from_store"] > 0  # baselines re-use runs the campaign already made
     for f in ("index.html", "winner.json", "winner.yaml"):
         assert (tmp_path / "rep" / f).exists(), f
     winner = json.loads((tmp_path / "rep" / "winner.json").read_text())
     assert winner["source"] == "simulated" and winner["config"]["sharding"]["plan"]  # the plan the run used
     page = (tmp_path / "rep" / "index.html").read_text()
-    assert 'id="fig-best_so_far"' in page and "c1-tpe (tpe)" in page  # the baselines' curves beside c1's
+    assert 'id="fig-best_so_far"' in page and "c1-tpe (tpe)" in page and "c1-prior-order (prior-order)" in page
     assert main(["campaign", "list", "--json", *storage]) == 0
     names = {c["name"] for c in json.loads(capsys.readouterr().out)}
-    assert names == {"c1", "c1-random", "c1-tpe"}
+    assert names == {"c1", "c1-random", "c1-tpe", "c1-prior-order"}
     assert main(["campaign", "resume", "c1", "--budget", "8", "--json", *storage, *store]) == 0
     assert json.loads(capsys.readouterr().out)[0]["runs"] == 8
     assert main(["campaign", "report", "c1", "--out", "rep2", *storage, *store]) == 0

@@ -58,3 +58,24 @@ def test_the_sampler_target_follows_the_hard_sections_match_rule_and_is_absent_w
     for r in sec["rows"]:
         r["cubic-optuna"] = [14, 14]
     assert not _target(held_out_targets(sec), "CubicSampler")["met"]  # 14 against 10: outside
+
+
+def test_the_prior_order_a_user_runs_is_the_order_the_section_judges_against():
+    # the prior-order strategy (a campaign's --baselines) through a real campaign reaches 98% at the run the
+    # section's harness counts for walking the prior's order (all 25 hard instances agreed in stop 82)
+    from cubic.codesign.campaign import Campaign
+    from cubic.codesign.prior import cubic_featurizer
+    from cubic.core.store import TrialStore
+    from experiments import _search_tabular as tab
+    from experiments._search_prior_dev import judged
+    from experiments.search_benchmark import SIM_SPACE_PATH, TARGET
+    from search.space import load_space
+
+    space = load_space(SIM_SPACE_PATH)
+    feat = cubic_featurizer(space)
+    inst = judged(17, space, TrialStore("sqlite:///:memory:"), feat, "dmt-small", TARGET)
+    table = inst["table"]
+    c = Campaign(space, lambda p: table[space.key(p)], strategy="prior-order", budget=20, batch_size=4,
+                 featurize=feat, context=inst["context"], name="order", target=inst["target"])
+    n = tab.runs_to_target(c.run().best_so_far, inst["target"])
+    assert inst["hard"] and n == inst["pick"]["runs_in_prior_order_to_target"] == 9

@@ -25,11 +25,10 @@ from cubic.cli.campaign_baseline import (base_config, baseline_cannot_run, basel
 from cubic.cli.campaign_output import finish
 from cubic.cli.common import default_storage, int_at_most
 from cubic.core.runspec import RunSpec
-from search.strategy_names import STRATEGIES
+from search.strategy_names import BASELINES, STRATEGIES
 from cubic.core.spec import (MAX_BUDGET, MAX_CONFIRM_REPEATS, MAX_REPEATS, MAX_STEPS, MAX_THREADS, MAX_WORLD_SIZE,
                               SpecError)
 
-BASELINES = ("random", "tpe")
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_SPACES = {"local": DATA / "space-default.yaml", "distributed": DATA / "space-sharding-cpu.yaml",
                   "simulated": DATA / "space-sim-default.yaml"}
@@ -253,7 +252,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_warm_start(storage, args.warm_start or ())
     if group_note:  # after the last check: bad input stays one line
         print(f"cubic: note: {group_note}", file=sys.stderr)
-    names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b) for b in (BASELINES if args.baselines else ())]
+    if args.strategy == "prior-order" and not walks_prior(context, space):
+        raise SpecError("prior-order walks the step model's order, and these runs have none (it models one CPU "
+                        "process, W gloo processes on this CPU, or a simulated cluster, over a discrete space)",
+                        field="--strategy")
+    names = [(args.name, args.strategy)] + [(f"{args.name}-{b}", b)
+                                            for b in (baselines_for(context, space) if args.baselines else ())]
     if not args.objective and space.shape_knobs:  # the model's shape changes: bound its quality
         ne = _reference_ne(context, space, args.store, kind)
         if ne is None:
@@ -267,6 +271,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summaries is None:
         return 1
     return finish(args, summaries, storage, space, baselines=[n for n, _ in names[1:]])
+
+
+def walks_prior(context: dict[str, Any], space) -> bool:
+    """Whether ``prior-order`` can run here: a step model for these runs, over a small discrete space."""
+    from cubic.codesign.prior import StepModelPrior
+    from search.prior_order import RANKED_AT_MOST
+
+    size = space.size()
+    return (bool(context.get("workload")) and StepModelPrior.available(context) and size is not None
+            and size <= RANKED_AT_MOST and space.primary.direction == "maximize")
+
+
+def baselines_for(context: dict[str, Any], space) -> tuple[str, ...]:
+    """The --baselines a campaign runs beside it: walking the step model's order only where there is one."""
+    return tuple(b for b in BASELINES if b != "prior-order" or walks_prior(context, space))
 
 
 def _check_where_runs_happen(args: argparse.Namespace, kind: str) -> None:
@@ -359,7 +378,7 @@ def _resume_siblings(args: argparse.Namespace, ctx: dict[str, Any], storage: str
         return []
     meta, have = load_meta(storage, args.name), {r["name"]: r for r in list_campaigns(storage)}
     out = []
-    for b in BASELINES:
+    for b in baselines_for(ctx, space):
         name, sib = f"{args.name}-{b}", _sibling_context(ctx)
         row = have.get(name)
         if row and row["status"] == "finished" and row["runs"] >= meta["budget"]:
@@ -686,7 +705,8 @@ def _add_run(verbs: Any) -> None:
     run.add_argument("--gpus-per-trial", type=nonnegative_float, default=0.0)
     run.add_argument("--warm-start", nargs="+", metavar="CAMPAIGN", help="learn from these campaigns' trials too")
     run.add_argument("--baselines", action="store_true",
-                     help=f"also run the baselines ({', '.join(BASELINES)}) as NAME-random and NAME-tpe")
+                     help="also run the baselines as NAME-random, NAME-tpe and, where the runs have a step "
+                          "model, NAME-prior-order (its order walked, best predicted first)")
     run.add_argument("--report", metavar="DIR", help="write the HTML report here when done")
     run.add_argument("--tune-shape", action="store_true",
                      help="also tune the model's shape (the space's model.* knobs: layers, widths, dims); off by "

@@ -118,7 +118,7 @@ def confirm_lines(c: dict[str, Any]) -> list[str]:
                f"UNPAIRED, baseline {sp['baseline_repeats']} repeats: a drift of the machine between them is not in it")
         out.append(f"over the baseline: {fmt(sp['ratio'])}x (95% CI {ratio_ci(sp['lo'], sp['hi'], '-')}x; {how})"
                    + ("" if sp["beats_baseline"] else ": does NOT beat the baseline by the evidence"))
-    return out
+    return out + against_prior_lines(c.get("against_prior"))
 
 
 def _model_lines(c: dict[str, Any]) -> list[str]:
@@ -134,7 +134,51 @@ def _model_lines(c: dict[str, Any]) -> list[str]:
         out.append("over the baseline: the winner is the baseline configuration (nothing the campaign tried beat it)")
     elif sp:
         out.append(f"over the baseline: {fmt(sp['ratio'])}x in the model (SIMULATED, no interval)")
-    return out
+    return out + against_prior_lines(c.get("against_prior"))
+
+
+def against_order_line(a: dict[str, Any] | None) -> str | None:
+    """This campaign's winner against the one its ``--baselines`` sibling found walking the step model's order
+    (:func:`cubic.codesign.against_prior.against_order`)."""
+    if not a:
+        return None
+    head = f"against walking the step model's order ({a['campaign']}, {a['runs']} runs)"
+    if a["same"]:
+        return f"{head}: it found the same winner, at its run {a['run']}"
+    theirs = f"its winner {fmt(a['value'])} at {a['point']} (its run {a['run']})"
+    if a.get("deterministic"):
+        return f"{head}: {theirs}; this campaign's winner is {fmt(a['ratio'])}x it in the model (SIMULATED, no interval)"
+    iv = f"95% CI {ratio_ci(a['lo'], a['hi'], '-')}x, " if a.get("lo") is not None else ""
+    verdict = "separated" if a.get("separated") else "NOT separated"
+    return (f"{head}: {theirs}; this campaign's winner is {fmt(a['ratio'])}x it ({iv}UNPAIRED: the two campaigns "
+            f"ran at different moments, so a drift of the machine between them is in it), {verdict} by "
+            "between-process evidence")
+
+
+def against_prior_lines(a: dict[str, Any] | None) -> list[str]:
+    """What the search added to the step model (:mod:`cubic.codesign.against_prior`): the winner against the
+    model's own first pick, by the confirm step's rule, and where the model's order would have put it."""
+    if not a:
+        return []
+    pick, n = a["pick"], a["runs"]
+    if a["is_winner"]:
+        return [f"against the step model alone: the winner is its own first pick (run {pick['run']} of {n}); the "
+                f"search's other {n - 1} runs found nothing better, so the step model alone gave this answer"]
+    where = (f"; walking the step model's order would have run the winner at #{a['winner_prior_rank']} of "
+             f"{a['ranked']}, the campaign ran it at run {a['winner_run']} of {n}" if a.get("winner_prior_rank")
+             else f"; the campaign ran the winner at run {a['winner_run']} of {n}")
+    knobs = ", ".join(f"{k} {_show(v)}" for k, v in sorted(pick["point"].items()))
+    head = f"against the step model alone: its first pick (run {pick['run']}: {knobs})"
+    if a.get("ratio") is None:
+        return [head + (" failed or broke a constraint" if pick.get("failed") else " has no estimate to compare")
+                + where]
+    if a.get("deterministic"):
+        return [f"{head}: the winner is {fmt(a['ratio'])}x it in the model (SIMULATED, no interval){where}"]
+    iv = f" (95% CI {ratio_ci(a['lo'], a['hi'], '-')}x)" if a.get("lo") is not None else ""
+    verdict = ("separated by between-process evidence" if a.get("separated") else
+               f"NOT separated: the pick ran in {pick['repeats']} process, separation needs two each"
+               if pick.get("repeats", 0) < 2 else "NOT separated: the interval reaches 1x")
+    return [f"{head}: the winner is {fmt(a['ratio'])}x it{iv}, {verdict}{where}"]
 
 
 @dataclass
@@ -304,7 +348,8 @@ def _interval(metric: str, direction: str, win: dict[str, float], base: dict[str
 
 def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, importance: Importance | None = None,
                     no_importance: str | None = None,
-                    winner_doc: dict[str, Any] | None = None, source: str = "measured") -> Answer:
+                    winner_doc: dict[str, Any] | None = None, source: str = "measured",
+                    against_order: dict[str, Any] | None = None) -> Answer:
     ctx = meta.get("context", {})
     m = space.primary.metric
     ans = Answer(campaign=meta.get("name", ""), metric=m, direction=space.primary.direction, source=source,
@@ -331,6 +376,8 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     pruning = pruning_note(early_ranking(space, [trial_observation(t, ctx) for t in trials]))
     if pruning:
         ans.notes.append(pruning)
+    if against_order_line(against_order):  # the same budget spent walking the step model's order (--baselines)
+        ans.notes.insert(0, against_order_line(against_order))
     return ans
 
 

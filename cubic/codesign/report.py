@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from cubic.codesign.against_prior import against_order
 from cubic.codesign.answer import campaign_answer, feasible_best, fmt, interval_text, write_answer
 from cubic.codesign.importance import PERCENTILES, knob_importance
 from cubic.codesign.storage import load_meta, open_storage
@@ -32,6 +33,7 @@ from cubic.codesign.trials import MEMORY_METRICS, NE_METRICS, first_metric, is_r
 from cubic.core.units import GIB
 from search.space import Space
 from search.strategies import objective_value
+from search.strategy_names import BASELINES
 
 
 def _load(storage, name: str):
@@ -457,6 +459,15 @@ def _summary(name: str, meta: dict[str, Any], study, trials, runs, ctx, label: s
     return summary
 
 
+def _against_order(storage, name: str, space: Space, confirm, baselines: list[str], existing: set[str]):
+    """The campaign's winner against its sibling's that walked the step model's order, where it ran."""
+    sib = f"{name}-prior-order"
+    if sib not in baselines or sib not in existing:
+        return None
+    _, study, trials = _load(storage, sib)
+    return against_order(space, confirm, sib, study.user_attrs.get("confirm"), trials)
+
+
 def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: list[str] | None = None,
                  store_url: str | None = None) -> Path:
     """``index.html`` (one self-contained page: the answer first, then interactive plotly figures,
@@ -476,7 +487,7 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     label = _source_label(trials)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
     if baselines is None:
-        baselines = [f"{name}-{b}" for b in ("random", "tpe") if f"{name}-{b}" in existing]
+        baselines = [f"{name}-{b}" for b in BASELINES if f"{name}-{b}" in existing]
     mem = _memory_metric(trials)
     runs = _runs(space, trials, ctx, mem)
     figures: list[tuple[str, str, Any, str]] = []  # (id, heading, plotly figure, caption)
@@ -514,7 +525,8 @@ def write_report(name: str, *, storage: Any, out_dir: str | Path, baselines: lis
     confirm = study.user_attrs.get("confirm")
     _write_winner(out, space, winner, confirm, ci_names(m))
     answer = campaign_answer(space, meta, study, trials, importance=importance, no_importance=no_importance,
-                             winner_doc=winner, source=label)
+                             winner_doc=winner, source=label,
+                             against_order=_against_order(storage, name, space, confirm, baselines, existing))
     write_answer(out, answer)  # answer.md, and winner.yaml as `cubic run --config` takes it
 
     summary = _summary(name, meta, study, trials, runs, ctx, label, tau, winner, confirm, m)
