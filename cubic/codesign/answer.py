@@ -161,9 +161,12 @@ def against_prior_lines(a: dict[str, Any] | None) -> list[str]:
     if not a:
         return []
     pick, n = a["pick"], a["runs"]
+    if a["is_winner"] and n == 1:
+        return ["against the step model alone: the winner is its own first pick, the campaign's one run"]
     if a["is_winner"]:
         return [f"against the step model alone: the winner is its own first pick (run {pick['run']} of {n}); the "
-                f"search's other {n - 1} runs found nothing better, so the step model alone gave this answer"]
+                f"search's other {n - 1} runs found nothing better by this campaign's evidence, so the step model "
+                "alone would have given this answer"]
     where = (f"; walking the step model's order would have run the winner at #{a['winner_prior_rank']} of "
              f"{a['ranked']}, the campaign ran it at run {a['winner_run']} of {n}" if a.get("winner_prior_rank")
              else f"; the campaign ran the winner at run {a['winner_run']} of {n}")
