@@ -17,7 +17,7 @@ import numpy as np
 
 from search.space import Space
 
-RANKED_AT_MOST = 5000  # the spaces whose every point the first round scores (ProxyGuided.exhaustive_below)
+RANKED_AT_MOST = 5000  # spaces this small are listed whole: the order here, every point scored in a round (ProxyGuided)
 
 
 def prior_columns(space: Space, featurize) -> dict[str, int]:
@@ -54,14 +54,25 @@ def order_by_prior(pred: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return np.lexsort((-pred, ~np.asarray(ok, dtype=bool)))
 
 
+def orderable(space: Space) -> bool:
+    """Whether the step model's order over ``space`` can be listed: a small discrete space, maximised."""
+    size = space.size()
+    return size is not None and size <= RANKED_AT_MOST and space.primary.direction == "maximize"
+
+
+def prior_proposal(space: Space, value: float, source: str) -> dict[str, Any]:
+    """What a proposal taken from the prior says it predicted: its log value and the metric, and from where."""
+    pred = {"objective": float(value), space.primary.metric: float(math.exp(value))} if math.isfinite(value) else {}
+    return {**pred, "source": source}
+
+
 def prior_ranking(space: Space, featurize, run_context: dict[str, Any]) -> list[tuple[dict[str, Any], float]] | None:
     """(point, the prior's log prediction of the objective) for every point, in the step model's order
     (:func:`order_by_prior` over :func:`prior_expects_to_fit`). None where the space is not a small discrete
     one, the objective is not maximised, or the prior predicts no point (no step model for these runs)."""
     cols = dict(getattr(featurize, "prior_columns", None) or {})  # columns of the featurizer's own output
-    size = space.size()
     m = space.primary.metric
-    if m not in cols or space.primary.direction != "maximize" or size is None or size > RANKED_AT_MOST:
+    if m not in cols or not orderable(space):
         return None
     pts = space.enumerate()
     F = np.asarray([np.asarray(featurize(p, run_context), dtype=np.float64) for p in pts])

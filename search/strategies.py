@@ -35,7 +35,7 @@ from scipy.stats import norm
 
 from cubic.core.result import Result
 from search.prior_order import (RANKED_AT_MOST, prior_columns, prior_expects_to_fit,  # noqa: F401
-                                prior_ranking, prior_runs)
+                                prior_proposal, prior_ranking, prior_runs)
 from search.space import Space
 from search.strategy_names import STRATEGIES
 
@@ -443,7 +443,7 @@ class ProxyGuided(Strategy):
 
     def __init__(self, sampler: str = "local", n_init: int | None = None, n_inner: int = 160,
                  families: tuple[str, ...] = ("xgboost", "mlp", "gp", "ridge"), reselect_every: int = 3,
-                 xi: float = 0.0, exhaustive_below: int = 5000, exploit_share: float = 0.5,
+                 xi: float = 0.0, exhaustive_below: int = RANKED_AT_MOST, exploit_share: float = 0.5,
                  exploit_min_tau: float = 0.3, prior_design: str = "one-factor",
                  prior_gp_below: int = PRIOR_GP_BELOW, warm_design: str = "prior"):
         self.sampler = sampler
@@ -512,14 +512,14 @@ class ProxyGuided(Strategy):
         ok = prior_expects_to_fit(X, priors, space)
         out = []
         if self.prior_design == "one-factor" and ok.any():
-            out = [Proposal(cands[j], self._prior_proposal(prior[j], "step-model prior" if i == 0 else
+            out = [Proposal(cands[j], prior_proposal(space, prior[j], "step-model prior" if i == 0 else
                                                            "step-model prior, one knob changed"))
                    for i, j in enumerate(one_factor_design(space, cands, prior, ok, k))]
         elif ok.any():  # "share"
             n_exploit = min(max(1, int(round(self.exploit_share * k))), int(ok.sum()))
             picks = select_batch(fill_gaps(X), np.zeros((len(cands), 1)), n_exploit, p_feasible=ok.astype(float),
                                  exploit=np.where(ok, prior, -np.inf), n_exploit=n_exploit)
-            out = [Proposal(cands[j], self._prior_proposal(prior[j], "step-model prior")) for j in picks]
+            out = [Proposal(cands[j], prior_proposal(space, prior[j], "step-model prior")) for j in picks]
         taken |= {space.key(p.point) for p in out}
         return out + [Proposal(p) for p in _fresh(space, taken, rng, k - len(out))]
 
@@ -552,9 +552,6 @@ class ProxyGuided(Strategy):
             if runs.any():
                 pred = _replace(pred, p_feasible=np.where(runs, pred.p_feasible, 0.0))
         return pred
-
-    def _prior_proposal(self, value: float, source: str) -> dict[str, Any]:
-        return {"objective": float(value), self.space.primary.metric: float(math.exp(value)), "source": source}
 
     def _fit_surrogate(self, train: list[Observation], priors) -> Surrogate:
         families = self.families
@@ -720,15 +717,14 @@ class PriorOrder(Strategy):
             if self._ranking is None:
                 raise ValueError("strategy prior-order needs a step model that predicts the objective over a "
                                  f"discrete space of at most {RANKED_AT_MOST} points; this campaign has none")
-        key, m = self.space.key, self.space.primary.metric
+        key = self.space.key
         taken = {key(o.point) for o in history}
         out = []
         for rank, (p, v) in enumerate(self._ranking, 1):
             if len(out) == k:
                 break
             if key(p) not in taken:
-                pred = {"objective": v, m: float(np.exp(v))} if np.isfinite(v) else {}
-                out.append(Proposal(p, {**pred, "source": f"step model's order (#{rank})"}))
+                out.append(Proposal(p, prior_proposal(self.space, v, f"step model's order (#{rank})")))
         return out
 
 

@@ -276,11 +276,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def walks_prior(context: dict[str, Any], space) -> bool:
     """Whether ``prior-order`` can run here: a step model for these runs, over a small discrete space."""
     from cubic.codesign.prior import StepModelPrior
-    from search.prior_order import RANKED_AT_MOST
+    from search.prior_order import orderable
 
-    size = space.size()
-    return (bool(context.get("workload")) and StepModelPrior.available(context) and size is not None
-            and size <= RANKED_AT_MOST and space.primary.direction == "maximize")
+    return bool(context.get("workload")) and StepModelPrior.available(context) and orderable(space)
 
 
 def baselines_for(context: dict[str, Any], space) -> tuple[str, ...]:
