@@ -47,8 +47,8 @@ class Job:
         return estimate(self.values[point["b"]]) if self.values[point["b"]] else None
 
 
-def confirmed(truth, repeat_budget=6, featurize=LargerIsFaster()):
-    job = Job(truth)
+def confirmed(truth, repeat_budget=6, featurize=LargerIsFaster(), noise=(1.0, 1.01, 0.99)):
+    job = Job(truth, noise)
     c = Campaign(SPACE, job, strategy=ProxyGuided("local", n_inner=16), budget=4, batch_size=4, seed=1,
                  featurize=featurize)
     c.run()
@@ -121,3 +121,14 @@ def test_a_pick_that_failed_is_said_to_have_failed_and_the_winner_is_placed_in_t
     assert a["pick"]["point"] == {"b": 8} and a["pick"]["failed"] and a.get("ratio") is None
     line = against_prior_lines(a)[0]
     assert "failed or broke a constraint" in line and "#2 of 4" in line, line
+
+
+def test_a_winner_the_evidence_does_not_rank_above_the_pick_says_so():
+    # the pick (b=8) and b=4 within the noise: the confirm step re-measures both and cannot separate them
+    out, job = confirmed({1: 40.0, 2: 50.0, 4: 100.0, 8: 99.0}, repeat_budget=4, noise=(1.0, 1.03, 0.97))
+    a = out["against_prior"]
+    assert not a["is_winner"] and a["pick"]["repeats"] >= 2 and a["separated"] is False and a["lo"] <= 1 <= a["hi"]
+    line = against_prior_lines(a)[0]
+    assert line.endswith("NOT separated: the interval reaches 1x, so the evidence does not rank the winner above the "
+                         "step model's pick; walking the step model's order would have run the winner at #2 of 4, "
+                         f"the campaign ran it at run {a['winner_run']} of 4"), line

@@ -178,9 +178,12 @@ def against_prior_lines(a: dict[str, Any] | None) -> list[str]:
     if a.get("deterministic"):
         return [f"{head}: the winner is {fmt(a['ratio'])}x it in the model (SIMULATED, no interval){where}"]
     iv = f" (95% CI {ratio_ci(a['lo'], a['hi'], '-')}x)" if a.get("lo") is not None else ""
-    verdict = ("separated by between-process evidence" if a.get("separated") else
+    verdict = ("separated by between-process evidence: the search found better than the step model's pick"
+               if a.get("separated") else
                f"NOT separated: the pick ran in {pick['repeats']} process, separation needs two each"
-               if pick.get("repeats", 0) < 2 else "NOT separated: the interval reaches 1x")
+               if pick.get("repeats", 0) < 2 else
+               "NOT separated: the interval reaches 1x, so the evidence does not rank the winner above the step "
+               "model's pick")
     return [f"{head}: the winner is {fmt(a['ratio'])}x it{iv}, {verdict}{where}"]
 
 
