@@ -36,11 +36,9 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
         return None
     m = space.primary.metric
     wkey, pkey = key(winner), key(dict(pick.params))
-    numbers = [t.number for t in runs]
-    first_run = next((i + 1 for i, t in enumerate(runs) if key(dict(t.params)) == wkey), None)
     out: dict[str, Any] = {
-        "metric": m, "pick": {"number": pick.number, "point": dict(pick.params), "run": numbers.index(pick.number) + 1},
-        "is_winner": wkey == pkey, "winner_run": first_run, "runs": len(runs),
+        "metric": m, "pick": {"number": pick.number, "point": dict(pick.params), "run": _run_of(space, runs, pkey)},
+        "is_winner": wkey == pkey, "winner_run": _run_of(space, runs, wkey), "runs": len(runs),
         "winner_prior_rank": None, "ranked": None}
     order = prior_ranking(space, featurize, run_context or {})
     if order is not None:
@@ -58,10 +56,20 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
     if getattr(evaluate, "deterministic", False):
         out.update(deterministic=True, ratio=w.value / p.value if p.value else None)
         return out
-    iv = ratio_interval(w, p)
-    out.update(ratio=iv[0] if iv else (w.value / p.value if p.value else None),
-               lo=iv[1] if iv else None, hi=iv[2] if iv else None, separated=separated(w, p))
-    return out
+    return {**out, **_compared(w, p)}
+
+
+def _run_of(space: Space, runs: Sequence[Any], k: str) -> int | None:
+    """The run (1-based, in the order proposed) that first measured the configuration keyed ``k``."""
+    return next((i + 1 for i, t in enumerate(runs) if space.key(dict(t.params)) == k), None)
+
+
+def _compared(a: Estimate, b: Estimate) -> dict[str, Any]:
+    """``a`` over ``b`` as the confirm step states a ratio: typical values with the 95% interval of their ratio
+    (the plain ratio of the two values where a side has no spread to give one), and "separated"."""
+    iv = ratio_interval(a, b)
+    return {"ratio": iv[0] if iv else (a.value / b.value if b.value else None), "lo": iv[1] if iv else None,
+            "hi": iv[2] if iv else None, "separated": separated(a, b)}
 
 
 def against_order(space: Space, confirm: dict[str, Any] | None, sibling: str, sibling_confirm: dict[str, Any] | None,
@@ -76,14 +84,11 @@ def against_order(space: Space, confirm: dict[str, Any] | None, sibling: str, si
     okey = space.key(o["point"])
     runs = sorted(sibling_runs, key=lambda t: t.number)
     out: dict[str, Any] = {"campaign": sibling, "runs": len(runs), "point": o["point"], "value": o["value"],
-                           "run": next((i + 1 for i, t in enumerate(runs) if space.key(dict(t.params)) == okey), None),
-                           "same": space.key(w["point"]) == okey}
+                           "run": _run_of(space, runs, okey), "same": space.key(w["point"]) == okey}
     if out["same"] or not o["value"]:
         return out
     if confirm.get("deterministic") or sibling_confirm.get("deterministic"):
         return {**out, "deterministic": True, "ratio": w["value"] / o["value"]}
     ew, eo = (Estimate(r["value"], r["lo"], r["hi"], r["repeats"], r.get("mean_log", math.nan), r.get("sd", math.nan),
                        r.get("df", 0)) for r in (w, o))
-    iv = ratio_interval(ew, eo)
-    return {**out, "ratio": iv[0] if iv else w["value"] / o["value"], "lo": iv[1] if iv else None,
-            "hi": iv[2] if iv else None, "separated": separated(ew, eo), "repeats": o["repeats"]}
+    return {**out, **_compared(ew, eo), "repeats": o["repeats"]}

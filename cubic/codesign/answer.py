@@ -382,8 +382,8 @@ def campaign_answer(space: Space, meta: dict[str, Any], study, trials, *, import
     pruning = pruning_note(early_ranking(space, [trial_observation(t, ctx) for t in trials]))
     if pruning:
         ans.notes.append(pruning)
-    if against_order_line(against_order):  # the same budget spent walking the step model's order (--baselines)
-        ans.notes.insert(0, against_order_line(against_order))
+    if order_line := against_order_line(against_order):  # the same budget walking the model's order (--baselines)
+        ans.notes.insert(0, order_line)
     return ans
 
 
