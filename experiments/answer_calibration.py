@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import png_path, run_context, write_result  # noqa: E402
+from experiments.common import png_path, rate_resolution, run_context, write_result  # noqa: E402
 from experiments._noisy_job import true_qps  # noqa: E402
 
 JOB = Path(__file__).resolve().parent / "_noisy_job.py"
@@ -511,23 +511,9 @@ def _rate_target(rates: dict, key: str, bound: float, above: bool, why: str) -> 
 
 
 def _resolution(rates: dict, key: str, bound: float, above: bool) -> dict:
-    """A rate target's second look: its exact 95% interval, whether the interval lies on the target's
-    side (a "met" on the point estimate alone is not a resolved one), and the campaigns (or claims)
-    that would resolve it at the rate seen."""
-    from cubic.core.stats import trials_to_resolve
-
-    lo, hi = rates[f"{key}_ci95"]
-    if not math.isfinite(lo):
-        return {"ci95": None, "resolved": False}
+    """A rate target's second look (experiments.common.rate_resolution), over what ``key`` counts."""
     count, what = RATE_OVER[key]
-    n = rates[count]
-    resolved = lo > bound if above else hi < bound
-    out = {"ci95": [lo, hi], "resolved": bool(resolved), "over": n}
-    if not resolved:
-        need = trials_to_resolve(rates[key], bound, above)
-        out["to_resolve"] = (f"{need} {what} at the rate seen" if need
-                             else "not at the rate seen (it is on the target's wrong side or on it)")
-    return out
+    return rate_resolution(rates[key], rates[f"{key}_ci95"], rates[count], bound, above, what)
 
 
 def _plot(done: list[dict], name: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cubic.core.fingerprint import code_version, fingerprint, fingerprint_hash, versions
-from cubic.core.stats import mean_interval, samples_to_resolve
+from cubic.core.stats import mean_interval, rate_interval, samples_to_resolve, trials_to_resolve
 
 REPO = Path(__file__).resolve().parent.parent
 # A quality comparison means something only on a model that learns: a baseline whose end NE is at or
@@ -247,6 +247,32 @@ def paired(diffs: list[float], target: float) -> dict[str, Any]:
             "ci_includes_zero": lo <= 0.0 <= hi, "ci_inside_target": -target <= lo and hi <= target,
             # paired seeds a CI of half-width `target` would take if the spread stayed at this estimate
             "seeds_to_resolve": samples_to_resolve(sd, target) if n > 1 and math.isfinite(sd) else None}
+
+
+def rate_target(hits: int, n: int, bound: float, above: bool, what: str, why: str) -> dict[str, Any]:
+    """A target on a rate seen ``hits`` times in ``n`` (``what`` names what ``n`` counts): met on the point
+    estimate, with its second look (:func:`rate_resolution`); ``why`` is its reason when missed."""
+    v, lo, hi = rate_interval(hits, n)
+    met = bool(v >= bound if above else v <= bound)
+    return {"measured": v, "target": bound, "met": met, **rate_resolution(v, (lo, hi), n, bound, above, what),
+            **({} if met else {"reason": why})}
+
+
+def rate_resolution(rate: float, ci95: tuple[float, float] | list[float], n: int, bound: float, above: bool,
+                    what: str) -> dict[str, Any]:
+    """A rate target's second look: its exact 95% interval (cubic.core.stats.rate_interval), whether the
+    interval lies on the target's side (a "met" on the point estimate alone is not a resolved one), and how
+    many ``what`` (campaigns, claims) would resolve it at the rate seen."""
+    lo, hi = ci95
+    if not math.isfinite(lo):
+        return {"ci95": None, "resolved": False}
+    resolved = lo > bound if above else hi < bound
+    out = {"ci95": [lo, hi], "resolved": bool(resolved), "over": n}
+    if not resolved:
+        need = trials_to_resolve(rate, bound, above)
+        out["to_resolve"] = (f"{need} {what} at the rate seen" if need
+                             else "not at the rate seen (it is on the target's wrong side or on it)")
+    return out
 
 
 def ci_text(st: dict[str, Any]) -> str:
