@@ -327,16 +327,46 @@ def test_the_winners_row_pools_its_runs_in_the_speedup_pairs_as_cubic_run_serves
             self.values[a].append({1: 50.0, 2: self.late, 3: 90.0}[a] * next(self.wiggle))
             return Result(status="ok", metrics={"qps": self.values[a][-1]})
 
-    for late, separated in ((100.0, True), (70.0, False)):  # as fast after the campaign; 30% slower
-        runs = Runs(late)
-        out = _confirm_with_baseline(runs, {2: 100.0, 3: 90.0}, repeat_budget=2)
-        w, e = out["winner"], estimate(runs.values[2])
-        assert w["point"] == {"a": 2} and w["repeats"] == len(runs.values[2]) == 3 + SPEEDUP_PAIRS
-        assert (w["value"], w["lo"], w["hi"]) == (e.value, e.lo, e.hi)
-        assert out["repeats_spent"] == 0 and out["separated"] is separated  # three repeats each separated them
-        assert out["verdict"] == ("separated after 0 of 2 extra repeats" if separated else
-                                  "tied: separated after 0 of 2 extra repeats, no longer with the winner's runs "
-                                  "in the speedup pairs")
+    runs = Runs(100.0)  # as fast after the campaign
+    out = _confirm_with_baseline(runs, {2: 100.0, 3: 90.0}, repeat_budget=2)
+    w, e = out["winner"], estimate(runs.values[2])
+    assert w["point"] == {"a": 2} and w["repeats"] == len(runs.values[2]) == 3 + SPEEDUP_PAIRS
+    assert (w["value"], w["lo"], w["hi"]) == (e.value, e.lo, e.hi)
+    assert out["repeats_spent"] == 0 and out["separated"] is True  # three repeats each separated them
+    assert out["verdict"] == "separated after 0 of 2 extra repeats" and "ranked_first_before_pairs" not in out
+
+
+def test_a_winner_its_own_speedup_pairs_rank_second_gives_way_to_the_one_they_rank_first():
+    """answer_calibration (stop 78): in 27 of 380 campaigns the winner's runs in the speedup pairs, pooled into
+    its row, put it below the runner-up, and the answer still named it (dlrm-small seed 263: the runner-up
+    separated above it). The one the pooled runs rank first is the winner, paired with the baseline too,
+    and the answer says what moved."""
+    from cubic.codesign.confirm import SPEEDUP_PAIRS
+    from cubic.core.stats import estimate
+
+    class Runs(_KeptRuns):  # a=2 led by three runs each, then ran 30% slower in its pairs
+        def __init__(self):
+            self.values = {1: [50.0, 50.4, 49.8], 2: [100.0, 101.0, 100.5], 3: [90.0, 90.5, 89.5]}
+            self.wiggle = iter([1.0, 1.01, 0.99, 1.0] * 10)
+
+        def add_repeat(self, point):
+            a = point["a"]
+            self.values[a].append({1: 50.0, 2: 70.0, 3: 90.0}[a] * next(self.wiggle))
+            return Result(status="ok", metrics={"qps": self.values[a][-1]})
+
+    runs = Runs()
+    out = _confirm_with_baseline(runs, {2: 100.0, 3: 90.0}, repeat_budget=2)
+    w, first, e = out["winner"], out["ranked_first_before_pairs"], estimate(runs.values[3])
+    assert w["point"] == {"a": 3} and w["repeats"] == len(runs.values[3]) == 3 + SPEEDUP_PAIRS
+    assert (w["value"], w["lo"], w["hi"]) == (e.value, e.lo, e.hi)
+    assert first["point"] == out["runner_up"]["point"] == {"a": 2} and first["repeats"] == 3 + SPEEDUP_PAIRS
+    assert len(runs.values[1]) == 3 + 2 * SPEEDUP_PAIRS  # the baseline paired with each
+    assert out["lead"]["ratio"] > 1 and out["separated"] is False  # a=2's pooled runs spread 100 to 70
+    sp = out["speedup"]
+    assert sp["paired"] and abs(sp["ratio"] / (90.0 / 50.0) - 1) < 0.03  # the new winner's own pairs
+    assert out["verdict"] == ("tied: separated after 0 of 2 extra repeats, no longer with the speedup pairs' runs; "
+                              "the speedup pairs moved the configuration ranked first before them below this winner, "
+                              "which was then paired with the baseline too (2 configurations paired)")
 
 
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():

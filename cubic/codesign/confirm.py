@@ -63,40 +63,71 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
                 "mean_log": e.mean_log, "sd": e.sd, "df": e.df}
 
     order = ranked() if est else []
-    w = order[0] if order else None
-    r = order[1] if len(order) > 1 else None
-    sep_budget = apart(w, r) if w is not None else None
-    speedup = None
-    if w is not None and baseline is not None:
-        if baseline[1] and space.key(points[w]) == space.key(baseline[1]):
-            speedup = _itself(baseline, metric)
-        else:
-            speedup = _speedup(baseline, ev, points[w], est[w], metric, maximize,
-                               SPEEDUP_PAIRS if repeat_budget else 0)
-            # the pairs' runs are stored repeats of the winner: its row pools them, as `cubic run --config
-            # winner.yaml` serves that trial (one interval for one trial, not one per command)
-            est[w] = ev.estimate(points[w], metric) or est[w]
+    first = order[0] if order else None
+    sep_budget = apart(first, order[1]) if len(order) > 1 else None
+    w, speedup, paired = first, None, [first]
+    if first is not None and baseline is not None:
+        w, speedup, paired = _paired_winner(baseline, ev, space, points, est, ranked, metric, maximize,
+                                            SPEEDUP_PAIRS if repeat_budget else 0)
+    r = next((k for k in ranked() if k != w), None)
     sep = apart(w, r) if w is not None else None
     lead = None
     if w is not None and r is not None:
         iv = ratio_interval(est[w], est[r]) if maximize else ratio_interval(est[r], est[w])
         lead = None if iv is None else {"ratio": iv[0], "lo": iv[1], "hi": iv[2]}
     after = f"after {spent} of {repeat_budget} extra repeats"
+    moved = w != first
+    runs_of_pairs = "the speedup pairs' runs" if moved else "the winner's runs in the speedup pairs"
     verdict = ("only one feasible configuration" if r is None else
-               f"separated {after}" + ("" if sep_budget else " and the winner's runs in the speedup pairs") if sep else
-               f"tied: separated {after}, no longer with the winner's runs in the speedup pairs" if sep_budget else
+               f"separated {after}" + ("" if sep_budget and not moved else f" and {runs_of_pairs}") if sep else
+               f"tied: separated {after}, no longer with {runs_of_pairs}" if sep_budget else
                "not confirmed (--confirm-repeats 0)" if repeat_budget == 0 else
                f"tied within the repeat budget ({spent} of {repeat_budget} extra repeats)")
+    if moved:
+        verdict += ("; the speedup pairs moved the configuration ranked first before them below this winner, "
+                    f"which was then paired with the baseline too ({len(paired)} configurations paired)")
     out = {"metric": metric, "direction": space.primary.direction, "confidence": 0.95,
            "interval": "95% interval of what a fresh run measures (cubic.core.stats.estimate)",
            "repeat_budget": repeat_budget, "repeats_spent": spent, "separated": sep, "verdict": verdict,
            "winner": {"point": points[w], **row(est[w])} if w is not None else None,
            "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
            "lead": lead, "failed_repeats": failed}
+    if moved:
+        out["ranked_first_before_pairs"] = {"point": points[first], **row(est[first])}
     if w is not None and baseline is not None:
         out["speedup"] = speedup
     out["wall_s"] = time.monotonic() - t0
     return out
+
+
+# The pairs' runs are stored repeats of the winner and its row pools them (one trial, one interval), so they
+# can move it below the runner-up: 27 of 380 campaigns in results/answer_calibration.json (stop 78) named a
+# winner their own figures then ranked second, one of them with the runner-up separated above it. The one
+# they rank first is measured against the baseline the same way; at most this many configurations are.
+PAIRED_AT_MOST = 3
+
+
+def _paired_winner(baseline: tuple[Any, dict[str, Any]], ev, space: Space, points: dict[str, dict[str, Any]],
+                   est: dict[str, Any], ranked: Callable[[], list[str]], metric: str, maximize: bool,
+                   pairs: int) -> tuple[str, dict[str, Any] | None, list[str]]:
+    """(winner, its speedup over the baseline, the configurations paired): the first-ranked configuration
+    paired with the baseline (:func:`_speedup`) and its estimate re-read with the pairs' runs pooled, then
+    whichever now ranks first, until the first-ranked one has been paired (each at most once, at most
+    PAIRED_AT_MOST); the winner is the best of those paired, so the answer's winner is first by every run
+    it shows where the cap is not reached."""
+    speedups: dict[str, dict[str, Any] | None] = {}
+    w = ranked()[0]
+    while True:
+        if baseline[1] and space.key(points[w]) == space.key(baseline[1]):
+            speedups[w] = _itself(baseline, metric)
+        else:
+            speedups[w] = _speedup(baseline, ev, points[w], est[w], metric, maximize, pairs)
+            est[w] = ev.estimate(points[w], metric) or est[w]
+        w = ranked()[0]
+        if w in speedups or len(speedups) >= PAIRED_AT_MOST:
+            break
+    w = next(k for k in ranked() if k in speedups)
+    return w, speedups[w], list(speedups)
 
 
 # what the confirm step says of a deterministic source (the simulator): a repeat gives the same figure,
