@@ -184,9 +184,10 @@ def plot(cells: dict, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 campaign per cell: a smoke run")
-    # 40 per cell: 320 campaigns, ~200 with a winner other than the pick, enough for a coverage near 95%
-    # to resolve above 90%
-    ap.add_argument("--campaigns", type=int, default=40, help="campaigns per step model x table cell")
+    # 80 per cell: 640 campaigns. The first run's 40 (stop 83, the confirm code before _paired_winner) gave 235
+    # with a winner other than the pick, enough to resolve the coverage, but 32 separated claims, short of the
+    # ~59 that 0 wrong needs to bound the wrong rate below 5% (a pick run once is never called beaten)
+    ap.add_argument("--campaigns", type=int, default=80, help="campaigns per step model x table cell")
     args = ap.parse_args(argv)
     if args.campaigns < 1:
         ap.error("--campaigns: at least 1")
