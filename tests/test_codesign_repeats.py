@@ -369,6 +369,32 @@ def test_a_winner_its_own_speedup_pairs_rank_second_gives_way_to_the_one_they_ra
                               "which was then paired with the baseline too (2 configurations paired)")
 
 
+def test_the_winner_is_first_by_the_geometric_mean_the_lead_ratio_and_separated_are_stated_in():
+    """answer_calibration (stop 83): 24 of 380 winners read below their runner-up in the lead ratio, because the
+    confirm step ranked by the median and states the ratio of geometric means. One statistic now ranks and
+    states: a=2's median (100) is above a=3's (95), its geometric mean (84) below; a=3 wins, the ratio reads
+    above 1, and the verdict says the medians order them the other way."""
+    import math
+
+    class Runs(_KeptRuns):
+        def __init__(self):
+            self.values = {1: [50.0, 51.0], 2: [100.0, 100.5, 60.0], 3: [95.0, 94.0, 96.0]}
+
+        def add_repeat(self, point):  # --confirm-repeats 0 and a baseline of two processes: nothing runs
+            raise AssertionError(f"ran {point}")
+
+    out = _confirm_with_baseline(Runs(), {2: 100.0, 3: 95.0}, repeat_budget=0)
+    assert out["winner"]["point"] == {"a": 3} and out["runner_up"]["point"] == {"a": 2}
+    assert out["winner"]["value"] < out["runner_up"]["value"]  # the medians, as each row shows them
+    def gm(xs):
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    assert out["lead"]["ratio"] == pytest.approx(gm((95.0, 94.0, 96.0)) / gm((100.0, 100.5, 60.0)))
+    assert out["lead"]["ratio"] > 1 and out["separated"] is False
+    assert out["verdict"].endswith("their medians order the two the other way: the ranking, the ratio and the "
+                                   "separation all use the geometric mean of the runs")
+
+
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():
     from cubic.codesign.confirm import SPEEDUP_PAIRS
 
