@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import random
+import sys
 
 # true median qps by knob value: two near-ties at the top (4 vs 5: 3% apart), so "separated" is tested
 TABLES = {"default": {1: 60.0, 2: 80.0, 3: 92.0, 4: 100.0, 5: 97.0, 6: 70.0},
@@ -31,6 +32,13 @@ parameters:
   - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
 """
 PATH = __file__  # the script, for a campaign's --objective
+NOISE = 0.05  # the calibrations' sd of log(qps) between processes
+
+
+def command(table: str = "default", noise: float = NOISE) -> str:
+    """The job as a campaign's ``--objective`` runs it (``{a}`` is the knob's placeholder): one command line
+    for every calibration and test that runs it."""
+    return f"{sys.executable} {PATH} --a {{a}} --noise {noise} --table {table}"
 
 
 def true_qps(a: int, table: str = "default") -> float:
@@ -40,7 +48,7 @@ def true_qps(a: int, table: str = "default") -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--a", type=int, required=True)
-    p.add_argument("--noise", type=float, default=0.05, help="sd of log(qps) between processes")
+    p.add_argument("--noise", type=float, default=NOISE, help="sd of log(qps) between processes")
     p.add_argument("--table", default="default", choices=sorted(TABLES))
     args = p.parse_args()
     rng = random.Random()  # seeded from the OS: a fresh draw per process

@@ -50,7 +50,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from experiments._noisy_job import PATH as JOB, SPACE, true_qps  # noqa: E402
+from experiments._noisy_job import NOISE as JOB_NOISE, SPACE, command, true_qps  # noqa: E402
 from experiments.common import png_path, rate_target, run_context, write_result  # noqa: E402
 
 NAME = "against_pick_calibration"
@@ -60,7 +60,6 @@ PRIORS = {"right": {4: 100, 5: 95, 3: 90, 2: 80, 1: 60, 6: 50},
           "off": {3: 100, 2: 95, 5: 90, 1: 80, 4: 60, 6: 50},
           "wrong": {6: 100, 1: 95, 2: 90, 3: 80, 5: 60, 4: 50}}
 TABLES = ("default", "clear")  # the job's: a near-tie at the top (100 vs 97), and a clear winner (100 vs 80)
-JOB_NOISE = 0.05
 BUDGET, BATCH, CONFIRM_REPEATS = 4, 2, 4
 SEED_BASE = 9000  # no other experiment's campaigns used these seeds
 FAR_BELOW = 0.8  # a pick at or below this fraction of the best is one the search should have beaten
@@ -89,7 +88,7 @@ def one_campaign(prior: str, table: str, seed: int, tmp: Path) -> dict:
     d.mkdir(parents=True)
     (d / "space.yaml").write_text(SPACE)
     space = load_space(d / "space.yaml")
-    cmd = f"{sys.executable} {JOB} --a {{a}} --noise {JOB_NOISE} --table {table}"
+    cmd = command(table)
     # what `campaign run --objective` stores (cubic.cli.campaign_job.job_context)
     ctx = {"job": {"objective": cmd, "launcher": None, "nproc": 1, "cwd": str(d), "timeout": 60.0,
                    "prune": "none", "prune_warmup": 0}}

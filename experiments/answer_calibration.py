@@ -30,7 +30,9 @@ and on dlrm-small's training campaigns alone as well as pooled):
   campaign's.
 
 Writes results/answer_calibration.json and .png. ``--quick``: 3 campaigns (a smoke run), written to
-answer_calibration_quick.json and .png.
+answer_calibration_quick.json and .png. ``--merge``: one run in two parts, e.g. ``--dlrm-campaigns 0`` (the
+known-noise job's noise is drawn, so a busy machine changes only its wall time), then ``--objective-campaigns 0
+--merge`` alone (dlrm-small's runs are timed); both parts on one code version and machine.
 """
 
 from __future__ import annotations
@@ -49,19 +51,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import png_path, rate_resolution, run_context, write_result  # noqa: E402
-from experiments._noisy_job import true_qps  # noqa: E402
+from experiments._noisy_job import NOISE as JOB_NOISE, SPACE as JOB_SPACE, command, true_qps  # noqa: E402
 
-JOB = Path(__file__).resolve().parent / "_noisy_job.py"
 REMEASURE = 4
 THREADS = 1  # intra-op threads of every dlrm run, the campaign's and the re-measurement's alike
-JOB_NOISE = 0.05
-JOB_SPACE = """
-version: 1
-name: noisy
-objectives: [{metric: qps, direction: maximize}]
-parameters:
-  - {name: a, type: categorical, choices: [1, 2, 3, 4, 5, 6]}
-"""
 
 
 def _cli(argv: list[str]) -> tuple[int, str, str, float]:
@@ -72,10 +65,6 @@ def _cli(argv: list[str]) -> tuple[int, str, str, float]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(argv)
     return rc, out.getvalue(), err.getvalue(), time.monotonic() - t0
-
-
-def _job_command(table: str) -> str:
-    return f"{sys.executable} {JOB} --a {{a}} --noise {JOB_NOISE} --table {table}"
 
 
 def _table(seed: int) -> str:
@@ -89,7 +78,7 @@ def _fresh_runner(kind: str, seed: int, steps: int, warmup: int, d: Path):
     if kind == "objective":
         from cubic.runners.command import CommandRunner
 
-        r = CommandRunner(_job_command(_table(seed)), ["a"], metric="qps")
+        r = CommandRunner(command(_table(seed)), ["a"], metric="qps")
 
         def one(point: dict) -> float | None:
             res = r(point)
@@ -134,7 +123,7 @@ def one_campaign(kind: str, seed: int, tmp: Path, budget: int, steps: int, warmu
               "--storage", f"sqlite:///{d}/c.db", "--json"]
     if kind == "objective":
         (d / "space.yaml").write_text(JOB_SPACE)
-        argv = ["campaign", "run", "--objective", _job_command(_table(seed)),
+        argv = ["campaign", "run", "--objective", command(_table(seed)),
                 "--space", str(d / "space.yaml"), "--batch", "2", *common]
     else:
         argv = ["campaign", "run", "--workload", "dlrm-small", "--steps", str(steps), "--warmup", str(warmup),
@@ -327,15 +316,24 @@ def main() -> None:
                     help="recompute the analysis, targets and plot of the stored results/answer_calibration.json "
                          "from its campaigns with this code's rules, running nothing (the file keeps its run's "
                          "context and records the re-analysis)")
+    ap.add_argument("--merge", action="store_true",
+                    help="one run in two parts: add this invocation's campaigns to the stored results/"
+                         "answer_calibration.json, keeping its campaigns of the other kind (the known-noise job's "
+                         "noise is drawn, so its part may run beside other work; dlrm-small's runs are timed and "
+                         "run alone); the stored file must be of this code version and machine")
     args = ap.parse_args()
+    name = "answer_calibration_quick" if args.quick else "answer_calibration"
     if args.reanalyse:
-        return _reanalyse("answer_calibration_quick" if args.quick else "answer_calibration")
+        return _reanalyse(name)
     if args.quick:
         args.objective_campaigns, args.dlrm_campaigns = 3, 0
-    payload = {**run_context("measured"), "benchmark": "answer_calibration",
+    ctx = run_context("measured")
+    payload = {**ctx, "benchmark": "answer_calibration",
                "settings": {"objective_campaigns": args.objective_campaigns, "dlrm_campaigns": args.dlrm_campaigns,
                             "remeasure_repeats": REMEASURE, "job_noise_sd_log": JOB_NOISE, "confirm_repeats": 4,
                             "dlrm_steps": args.steps, "dlrm_warmup": args.warmup, "dlrm_threads": THREADS, "quick": args.quick}}
+    kinds = [k for k, n in (("objective", args.objective_campaigns), ("dlrm", args.dlrm_campaigns)) if n]
+    stored = _merge_base(name, ctx, kinds, payload["settings"]) if args.merge else None
     rows = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="answer_calibration_") as tmp:
@@ -348,7 +346,53 @@ def main() -> None:
     payload.update({
         "label": "MEASURED: every figure from real runs on this machine (objective: a known-noise job; dlrm: "
                  "dlrm-small training runs)", "campaigns": rows})
-    _finish(payload, time.monotonic() - t0, "answer_calibration_quick" if args.quick else "answer_calibration")
+    wall = time.monotonic() - t0
+    if stored is not None:
+        payload, wall = _merged(stored, payload, kinds, wall)
+    _finish(payload, wall, name)
+
+
+def _merge_base(name: str, ctx: dict, kinds: list[str], settings: dict) -> dict:
+    """The stored file a ``--merge`` part joins: refused (one line, exit 2, nothing run or written) when there
+    is none, when it is of other code or another machine (two parts of one run measure one thing), or when it
+    already holds campaigns of a kind this part runs."""
+    from experiments.common import RESULTS, stored_result
+
+    def refuse(why: str) -> None:
+        print(f"answer_calibration: --merge: results/{name}.json {why}", file=sys.stderr)
+        raise SystemExit(2)
+
+    if not (RESULTS / f"{name}.json").exists():
+        refuse("does not exist: run the first part without --merge")
+    stored = stored_result(name)
+    for field in ("code_version", "fingerprint_hash"):
+        if stored.get(field) != ctx[field]:
+            refuse(f"field {field} is {stored.get(field)}, this run's {ctx[field]}: both parts run on one code "
+                   "version and machine")
+    both = sorted({r["kind"] for r in stored.get("campaigns") or []} & set(kinds))
+    if both:
+        refuse(f"already holds {' and '.join(both)} campaigns: this part would run them again")
+    for k in ("remeasure_repeats", "job_noise_sd_log", "confirm_repeats", "quick") + (
+            ("dlrm_steps", "dlrm_warmup", "dlrm_threads") if "dlrm" in kinds else ()):
+        if (stored.get("settings") or {}).get(k) != settings[k]:
+            refuse(f"field settings.{k} is {(stored.get('settings') or {}).get(k)}, this part's {settings[k]}")
+    return stored
+
+
+def _merged(stored: dict, part: dict, kinds: list[str], wall: float) -> tuple[dict, float]:
+    """The stored file with this part's campaigns added: one run, whose context stays the first part's
+    (its earlier looks carry over unchanged), each part's own context under ``parts``."""
+    def part_of(doc: dict, kinds_: list[str], wall_s: float) -> dict:
+        return {"kinds": kinds_, "wall_s": wall_s,
+                **{k: doc.get(k) for k in ("started_at", "finished_at", "loadavg_1m_at_start", "loadavg_1m_at_end")}}
+
+    parts = stored.get("parts") or [part_of(stored, sorted({r["kind"] for r in stored["campaigns"]}),
+                                            stored["analysis"]["benchmark_wall_s"])]
+    end = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg_1m_at_end": os.getloadavg()[0]}
+    merged = {**stored, **end, "campaigns": stored["campaigns"] + part["campaigns"],
+              "parts": parts + [part_of({**part, **end}, kinds, wall)]}
+    merged["settings"] = {**stored["settings"], **{f"{k}_campaigns": part["settings"][f"{k}_campaigns"] for k in kinds}}
+    return merged, stored["analysis"]["benchmark_wall_s"] + wall
 
 
 def _reanalyse(name: str) -> None:

@@ -71,11 +71,8 @@ def test_a_campaign_whose_store_fails_stops_with_a_store_error(tmp_path, monkeyp
 
 
 def _job_campaign(tmp_path, capsys, table: str, *extra: str):
-    import sys
-
-    job = noisy_job.PATH
     (tmp_path / "space.yaml").write_text(noisy_job.SPACE)
-    rc = main(["campaign", "run", "--objective", f"{sys.executable} {job} --a {{a}} --noise 0.03 --table {table}",
+    rc = main(["campaign", "run", "--objective", noisy_job.command(table, 0.03),
                "--space", "space.yaml", "--name", "j", "--strategy", "random", "--budget", "6", "--batch", "6",
                "--confirm-repeats", "6", "--storage", f"sqlite:///{tmp_path}/c.db", "--report", "rep", *extra])
     out = capsys.readouterr()

@@ -11,7 +11,6 @@ import pytest
 from cubic.cli.app import main
 from experiments import _noisy_job as noisy_job
 
-JOB = noisy_job.PATH
 
 
 def _run(tmp_path, objective: str, *extra: str) -> int:
@@ -29,7 +28,7 @@ def test_a_campaign_whose_baseline_could_not_run_leaves_its_name_free(tmp_path, 
     assert "the baseline failed" in capsys.readouterr().err
     names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/c.db")]
     assert "j" not in names
-    assert _run(tmp_path, f"{sys.executable} {JOB} --a {{a}} --noise 0.03") == 0, capsys.readouterr().err
+    assert _run(tmp_path, noisy_job.command(noise=0.03)) == 0, capsys.readouterr().err
     study = optuna.load_study(study_name="j", storage=f"sqlite:///{tmp_path}/c.db")
     assert study.user_attrs["cubic_baseline"]["ok"]
 
@@ -46,7 +45,7 @@ def test_a_campaign_interrupted_in_its_baseline_measures_it_on_resume(tmp_path, 
 
     real = campaign_cli.measure_baseline
     monkeypatch.setattr(campaign_cli, "measure_baseline", interrupted)
-    assert _run(tmp_path, f"{sys.executable} {JOB} --a {{a}} --noise 0.03") == 130
+    assert _run(tmp_path, noisy_job.command(noise=0.03)) == 130
     capsys.readouterr()
     monkeypatch.setattr(campaign_cli, "measure_baseline", real)
     storage = f"sqlite:///{tmp_path}/c.db"
@@ -101,7 +100,7 @@ def test_a_resumed_job_campaign_keeps_the_runs_made_before_it(tmp_path, monkeypa
     """An audit (stop 66): a job's repeats lived only in the process, so a resumed campaign's confirm step
     saw none of the runs made before the stop: it confirmed a runner-up and left the best run out."""
     monkeypatch.chdir(tmp_path)
-    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    job = noisy_job.command("clear", 0.03)
     assert _run(tmp_path, job, "--budget", "6", "--batch", "6", "--confirm-repeats", "0") == 0
     capsys.readouterr()
     storage = f"sqlite:///{tmp_path}/c.db"
@@ -127,7 +126,7 @@ def test_an_unconfirmed_speedup_says_so_in_the_headline(tmp_path, monkeypatch, c
     faster than the baseline (95% CI 1.29-2.41x)" with "not confirmed" only in a footnote; --no-baseline
     still claimed a speedup over the space's default point, which README says it does not."""
     monkeypatch.chdir(tmp_path)
-    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    job = noisy_job.command("clear", 0.03)
     assert _run(tmp_path, job, "--budget", "6", "--batch", "6", "--confirm-repeats", "0") == 0
     storage = f"sqlite:///{tmp_path}/c.db"
     optuna.load_study(study_name="j", storage=storage).set_user_attr("confirm", None)  # as after a stop
@@ -148,7 +147,7 @@ def test_resume_runs_the_baselines_a_stop_left_unrun_and_they_measure_no_baselin
     when the stop came before them, and a resumed sibling measured a baseline, a noise floor and pairs
     that an uninterrupted sibling never does."""
     monkeypatch.chdir(tmp_path)
-    job = f"{sys.executable} {JOB} --a {{a}} --noise 0.03 --table clear"
+    job = noisy_job.command("clear", 0.03)
     assert _run(tmp_path, job, "--baselines", "--confirm-repeats", "0") == 0
     storage = f"sqlite:///{tmp_path}/c.db"
     optuna.delete_study(study_name="j-tpe", storage=storage)  # as if the stop came before it started

@@ -87,3 +87,56 @@ def test_a_winner_never_re_measured_is_left_out_and_the_worst_case_said(tmp_path
     assert out["targets"]["winner_interval_covers_remeasured_median"]["counting_those_as_misses"]["measured"] == (
         13 / 14)
     check_targets(out["targets"])
+
+
+def test_a_run_in_two_parts_merges_into_one_file_and_a_part_of_other_code_is_refused(tmp_path, monkeypatch, capsys):
+    """The known-noise job's campaigns (noise drawn) may run beside other work and dlrm-small's (timed) alone:
+    ``--merge`` adds the second part's campaigns to the stored file, one run whose context stays the first
+    part's, each part's own under ``parts``; a stored file of other code, or holding the kind this part
+    runs, is refused with one line and exit 2, nothing run and nothing written."""
+    import sys
+
+    import pytest
+
+    import experiments.answer_calibration as ac
+    from experiments import common
+
+    ctx = {"kind": "measured", "code_version": "abc", "fingerprint_hash": "fp", "started_at": "2026-12-06T14:00:00Z",
+           "loadavg_1m_at_start": 0.1}
+    settings = {"objective_campaigns": 3, "dlrm_campaigns": 0, "remeasure_repeats": ac.REMEASURE,
+                "job_noise_sd_log": ac.JOB_NOISE, "confirm_repeats": 4, "dlrm_steps": 3, "dlrm_warmup": 1,
+                "dlrm_threads": ac.THREADS, "quick": False}
+    first = {**ctx, "started_at": "2026-12-06T13:00:00Z", "finished_at": "2026-12-06T13:30:00Z",
+             "loadavg_1m_at_end": 2.5, "settings": settings, "campaigns": [_row("objective", 100 + i, True)
+                                                                            for i in range(3)],
+             "analysis": {"benchmark_wall_s": 1800.0}, "targets": {},
+             "earlier_looks": [{"started_at": "2026-12-01T10:00:00Z", "machine": "Xeon", "targets": {}}]}
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(ac, "run_context", lambda kind: dict(ctx))
+    monkeypatch.setattr(ac, "_plot", lambda done, name: None)
+    ran = []
+    monkeypatch.setattr(ac, "one_campaign", lambda kind, seed, *a, **k: ran.append(seed) or _row(kind, seed, True))
+    path = tmp_path / "answer_calibration.json"
+    for stored, why in (({**first, "code_version": "old"}, "field code_version is old, this run's abc"),
+                        ({**first, "campaigns": first["campaigns"] + [_row("dlrm", 200, True)]},
+                         "already holds dlrm campaigns")):
+        path.write_text(json.dumps(stored))
+        monkeypatch.setattr(sys, "argv", ["answer_calibration", "--objective-campaigns", "0", "--dlrm-campaigns", "2",
+                                          "--merge"])
+        with pytest.raises(SystemExit) as e:
+            ac.main()
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.count("\n") == 0 and why in err and "results/answer_calibration.json" in err
+        assert json.loads(path.read_text()) == stored and not ran
+    path.write_text(json.dumps(first))
+    ac.main()
+    out = json.loads(path.read_text())
+    assert ran == [200, 201] and [r["kind"] for r in out["campaigns"]] == ["objective"] * 3 + ["dlrm"] * 2
+    assert out["started_at"] == first["started_at"] and out["earlier_looks"] == first["earlier_looks"]
+    assert out["settings"]["objective_campaigns"] == 3 and out["settings"]["dlrm_campaigns"] == 2
+    one, two = out["parts"]
+    assert one["kinds"] == ["objective"] and one["wall_s"] == 1800.0 and one["loadavg_1m_at_end"] == 2.5
+    assert two["kinds"] == ["dlrm"] and two["started_at"] == ctx["started_at"]
+    assert out["analysis"]["campaigns_completed"] == 5 and out["analysis"]["benchmark_wall_s"] > 1800.0
+    assert "dlrm_winner_interval_covers_remeasured_median" in out["targets"]
+    check_targets(out["targets"])
