@@ -75,10 +75,18 @@ def test_a_winner_elsewhere_is_set_against_the_pick_by_between_process_evidence_
     assert "separated by between-process evidence" in line and "#2 of 4" in line, line
 
 
-def test_a_pick_measured_in_one_process_is_never_called_separated():
+def test_a_pick_the_search_ran_once_gets_a_second_process_so_the_line_can_say_the_search_found_better():
+    """against_pick_calibration (stop 83): a pick run once was never called beaten ("separation needs two
+    processes each"), though 268 of 287 such lines had an interval wholly above 1x. The confirm step gives it
+    a second process (outside the repeat budget, not with --confirm-repeats 0, which runs nothing)."""
     out, job = confirmed({1: 90.0, 2: 95.0, 4: 100.0, 8: 30.0})  # the leaders are 4 and 2; the pick ran once
     a = out["against_prior"]
-    assert len(job.values[8]) == 1 and a["separated"] is False and a["ratio"] > 3
+    assert len(job.values[8]) == 2 and out["second_processes"] == [{"point": {"b": 8}, "ok": True}]
+    assert a["pick"]["repeats"] == 2 and a["separated"] is True and a["lo"] > 3
+    assert "separated by between-process evidence" in against_prior_lines(a)[0]
+    out, job = confirmed({1: 90.0, 2: 95.0, 4: 100.0, 8: 30.0}, repeat_budget=0)
+    a = out["against_prior"]
+    assert len(job.values[8]) == 1 and a["separated"] is False and a["ratio"] > 3 and "second_processes" not in out
     assert "NOT separated: the pick ran in 1 process, separation needs two each" in against_prior_lines(a)[0]
 
 

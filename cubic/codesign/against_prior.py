@@ -31,7 +31,7 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
     if winner is None or space.primary.direction != "maximize":
         return None
     key = space.key
-    pick = next((t for t in runs if ((t.user_attrs.get("predicted") or {}).get("source") == PICK_SOURCE)), None)
+    pick = pick_trial(runs)
     if pick is None:
         return None
     m = space.primary.metric
@@ -57,6 +57,11 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
         out.update(deterministic=True, ratio=w.value / p.value if p.value else None)
         return out
     return {**out, **_compared(w, p)}
+
+
+def pick_trial(runs: Sequence[Any]) -> Any | None:
+    """The run that measured the step model's own first pick (the first round's, by its proposal source)."""
+    return next((t for t in runs if ((t.user_attrs.get("predicted") or {}).get("source") == PICK_SOURCE)), None)
 
 
 def _run_of(space: Space, runs: Sequence[Any], k: str) -> int | None:

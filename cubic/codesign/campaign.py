@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 import optuna
 
-from cubic.codesign.against_prior import against_prior
+from cubic.codesign.against_prior import against_prior, pick_trial
 from cubic.codesign.confirm import confirm
 from cubic.codesign.storage import (DEFAULT_STORAGE, INTERRUPTED, LEASE_S, META_KEY, WORKER_ATTR, Lease, LeaseHeld,
                                    creation_lock, heartbeat_interval, load_meta, open_storage, pid_dead, take_trial,
@@ -734,9 +734,11 @@ class Campaign:
         """Re-measure the two leaders in fresh processes until separated or ``repeat_budget`` is
         spent; stored with the campaign (:attr:`Summary.confirm`). See :func:`cubic.codesign.confirm.confirm`."""
         obs = self.observations()
-        out = confirm(self.evaluate, self.space, obs, repeat_budget, baseline)
+        runs = sorted(self._runs(), key=lambda t: t.number)
+        pick = pick_trial(runs)  # the answer sets the winner against it: measured in two processes, as the leaders
+        out = confirm(self.evaluate, self.space, obs, repeat_budget, baseline,
+                      second_process=[dict(pick.params)] if pick is not None else ())
         if out is not None:
-            runs = sorted(self._runs(), key=lambda t: t.number)
             out["against_prior"] = against_prior(self.space, runs, obs, self.evaluate,
                                                  (out.get("winner") or {}).get("point"), self.featurize, self.context)
             self.study.set_user_attr("confirm", out)
