@@ -395,6 +395,39 @@ def test_the_winner_is_first_by_the_geometric_mean_the_lead_ratio_and_separated_
                                    "separation all use the geometric mean of the runs")
 
 
+def test_the_pick_alone_gets_no_second_process_and_one_that_fails_for_good_leaves_the_candidates():
+    """The step model's pick run once gets a second process only where something else is measured (alone it
+    is the winner, set against nothing); a second run that fails for good drops it, as a leader's would,
+    and the failure is in the record."""
+    from cubic.codesign.confirm import confirm
+    from search.strategies import Observation
+
+    class Runs(_KeptRuns):
+        def __init__(self):
+            self.values, self.ran = {1: [50.0, 51.0], 2: [100.0], 3: [90.0, 91.0, 89.0]}, []
+
+        def add_repeat(self, point):
+            self.ran.append(point["a"])
+            if point["a"] == 2:
+                return Result.failed("oom", "out of memory")
+            self.values[point["a"]].append(self.values[point["a"]][-1])
+            return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
+
+    space = Space.model_validate({"version": 1, "name": "s", "objectives": [{"metric": "qps", "direction": "maximize"}],
+                                  "parameters": [{"name": "a", "type": "categorical", "choices": [1, 2, 3]}]})
+
+    def obs(*pts):
+        return [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": 1.0})) for a in pts]
+
+    runs = Runs()
+    out = confirm(runs, space, obs(2), repeat_budget=2, second_process=[{"a": 2}])
+    assert runs.ran == [] and out["winner"]["point"] == {"a": 2} and "second_processes" not in out
+    out = confirm(runs, space, obs(2, 3), repeat_budget=2, second_process=[{"a": 2}])
+    assert runs.ran == [2] and out["second_processes"] == [{"point": {"a": 2}, "ok": False}]
+    assert out["winner"]["point"] == {"a": 3} and out["runner_up"] is None
+    assert out["failed_repeats"][0]["point"] == {"a": 2} and out["failed_repeats"][0]["failure_kind"] == "oom"
+
+
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():
     from cubic.codesign.confirm import SPEEDUP_PAIRS
 

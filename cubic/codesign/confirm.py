@@ -122,7 +122,7 @@ def _second_processes(ev, space: Space, est: dict[str, Any], points: Sequence[di
     done, failed = [], []
     for p in points:
         k = space.key(p)
-        if k not in est or est[k].n >= 2:
+        if k not in est or est[k].n >= 2 or len(est) < 2:  # alone, it is the winner: nothing to set it against
             continue
         out = ev.add_repeat(p)
         done.append({"point": p, "ok": bool(out.ok)})
