@@ -124,15 +124,23 @@ def _second_processes(ev, space: Space, est: dict[str, Any], points: Sequence[di
         k = space.key(p)
         if k not in est or est[k].n >= 2 or len(est) < 2:  # alone, it is the winner: nothing to set it against
             continue
-        out = ev.add_repeat(p)
-        done.append({"point": p, "ok": bool(out.ok)})
-        if not out.ok:
-            failed.append({"point": p, "failure_kind": out.failure_kind, "reason": out.reason})
-            if not out.transient:
-                est.pop(k)
-            continue
-        est[k] = ev.estimate(p, metric) or est[k]
+        done.append({"point": p, "ok": _one_more(ev, p, k, est, metric, failed)})
     return done, failed
+
+
+def _one_more(ev, point: dict[str, Any], k: str, est: dict[str, Any], metric: str,
+              failed: list[dict[str, Any]]) -> bool:
+    """One more process of ``point`` (keyed ``k``), its estimate re-read; a failed run is recorded in ``failed``,
+    and one that fails for good drops the point from ``est`` (it fails now where it once ran: no longer a
+    candidate). Whether the run succeeded."""
+    out = ev.add_repeat(point)
+    if not out.ok:
+        failed.append({"point": point, "failure_kind": out.failure_kind, "reason": out.reason})
+        if not out.transient:
+            est.pop(k)
+        return False
+    est[k] = ev.estimate(point, metric) or est[k]
+    return True
 
 
 def _typical(est: dict[str, Any], k: str) -> float:
@@ -243,16 +251,9 @@ def _repeat_leaders(ev, points: dict[str, dict[str, Any]], est: dict[str, Any], 
         single = [k for k in (w, r) if est[k].n < 2]
         target = single[0] if single else max(
             (w, r), key=lambda k: (est[k].sd ** 2 / est[k].n if math.isfinite(est[k].sd) else math.inf, -est[k].n))
-        out = ev.add_repeat(points[target])
         spent += 1
-        if not out.ok:
-            failed.append({"point": points[target], "failure_kind": out.failure_kind, "reason": out.reason})
-            if not out.transient:  # it fails now where it once ran: no longer a candidate
-                est.pop(target)
-                if not est:
-                    return spent, failed
-            continue
-        est[target] = ev.estimate(points[target], metric) or est[target]
+        if not _one_more(ev, points[target], target, est, metric, failed) and not est:
+            return spent, failed
 
 
 # The speedup is measured in PAIRS: the baseline and the winner run back to back, SPEEDUP_PAIRS times, at
