@@ -395,20 +395,20 @@ def test_the_winner_is_first_by_the_geometric_mean_the_lead_ratio_and_separated_
                                    "separation all use the geometric mean of the runs")
 
 
-def test_the_pick_alone_gets_no_second_process_and_one_that_fails_for_good_leaves_the_candidates():
-    """The step model's pick run once gets a second process only where something else is measured (alone it
-    is the winner, set against nothing); a second run that fails for good drops it, as a leader's would,
-    and the failure is in the record."""
-    from cubic.codesign.confirm import confirm
+def test_the_pick_runs_after_the_winner_in_each_round_alone_it_runs_nothing_and_a_failing_one_is_counted():
+    """The step model's pick runs in the speedup's rounds, after the winner (baseline, winner, pick), so the two
+    pairs share the winner's run; the pick that is the winner runs nothing more, and a pick whose runs fail
+    leaves the winner's speedup as it was and the line to the pooled runs (fewer than two usable pairs)."""
+    from cubic.codesign.confirm import SPEEDUP_PAIRS, confirm
     from search.strategies import Observation
 
     class Runs(_KeptRuns):
-        def __init__(self):
-            self.values, self.ran = {1: [50.0, 51.0], 2: [100.0], 3: [90.0, 91.0, 89.0]}, []
+        def __init__(self, broken=()):
+            self.values, self.ran, self.broken = {1: [50.0, 51.0], 2: [100.0, 99.0], 3: [90.0]}, [], broken
 
         def add_repeat(self, point):
             self.ran.append(point["a"])
-            if point["a"] == 2:
+            if point["a"] in self.broken:
                 return Result.failed("oom", "out of memory")
             self.values[point["a"]].append(self.values[point["a"]][-1])
             return Result(status="ok", metrics={"qps": self.values[point["a"]][-1]})
@@ -420,12 +420,18 @@ def test_the_pick_alone_gets_no_second_process_and_one_that_fails_for_good_leave
         return [Observation(point={"a": a}, result=Result(status="ok", metrics={"qps": 1.0})) for a in pts]
 
     runs = Runs()
-    out = confirm(runs, space, obs(2), repeat_budget=2, second_process=[{"a": 2}])
-    assert runs.ran == [] and out["winner"]["point"] == {"a": 2} and "second_processes" not in out
-    out = confirm(runs, space, obs(2, 3), repeat_budget=2, second_process=[{"a": 2}])
-    assert runs.ran == [2] and out["second_processes"] == [{"point": {"a": 2}, "ok": False}]
-    assert out["winner"]["point"] == {"a": 3} and out["runner_up"] is None
-    assert out["failed_repeats"][0]["point"] == {"a": 2} and out["failed_repeats"][0]["failure_kind"] == "oom"
+    out = confirm(runs, space, obs(2, 3), repeat_budget=2, baseline=(runs, {"a": 1}), pick={"a": 3})
+    assert runs.ran[-3 * SPEEDUP_PAIRS:] == [1, 2, 3] * SPEEDUP_PAIRS and out["winner"]["point"] == {"a": 2}
+    ap, sp = out["against_pick"], out["speedup"]
+    assert ap["point"] == {"a": 3} and ap["pairs"] == sp["pairs"] == SPEEDUP_PAIRS and ap["separated"] is True
+    assert ap["ratio"] == pytest.approx(99.0 / 90.0) and sp["ratio"] == pytest.approx(99.0 / 51.0)
+    runs = Runs()
+    out = confirm(runs, space, obs(2, 3), repeat_budget=2, baseline=(runs, {"a": 1}), pick={"a": 2})
+    assert 3 not in runs.ran[-2 * SPEEDUP_PAIRS:] and "against_pick" not in out  # the pick is the winner
+    runs = Runs(broken=(3,))
+    out = confirm(runs, space, obs(2, 3), repeat_budget=2, baseline=(runs, {"a": 1}), pick={"a": 3})
+    assert "against_pick" not in out and out["speedup"]["pairs"] == SPEEDUP_PAIRS and out["winner"]["point"] == {"a": 2}
+
 
 
 def test_a_pair_with_a_failed_run_is_left_out_and_too_few_pairs_fall_back_to_unpaired():

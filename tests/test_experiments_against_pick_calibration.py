@@ -37,6 +37,8 @@ def test_a_wrong_claim_and_a_missed_interval_are_counted_and_the_miss_says_why()
     assert cov["measured"] == 0.8 and cov["met"] is False and "true ratio" in cov["reason"]
     assert wrong["measured"] == pytest.approx(1 / 9) and wrong["met"] is False and wrong["over"] == 9
     assert t["campaigns"] == {"measured": 10, "target": 10, "met": True}
+    sides = ap.misses_by_side([{"missed": "above"}, {"missed": "above"}, {"missed": "below"}, {"covered": True}])
+    assert (sides["above"], sides["below"]) == (2, 1)
 
 
 def test_a_rate_target_is_resolved_only_when_its_exact_interval_lies_on_its_side():

@@ -22,12 +22,15 @@ PICK_SOURCE = "step-model prior"  # the first round's proposal source for the mo
 
 def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Observation], evaluate,
                   winner: dict[str, Any] | None, featurize=None,
-                  run_context: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                  run_context: dict[str, Any] | None = None, paired: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The winner against the step model's first pick. ``runs``: the campaign's trials in the order they
-    were proposed (``user_attrs['predicted']['source']`` names the pick); ``evaluate.estimate(point,
-    metric)`` each side's pooled estimate (a deterministic evaluate: the model's ratio, no interval);
-    ``featurize``, ``run_context``: the campaign's, for :func:`search.prior_order.prior_ranking`. None when
-    no run was the step model's pick (no prior, or a warm start whose first round was the warm proxy's)."""
+    were proposed (``user_attrs['predicted']['source']`` names the pick); ``paired``: the confirm step's pairs
+    of the two run back to back after the winner was chosen (``against_pick``), the line's ratio, interval and
+    "separated" where given for this pick; else ``evaluate.estimate(point, metric)``, each side's pooled
+    estimate (labelled UNPAIRED; a deterministic evaluate: the model's ratio, no interval); the pick's pooled
+    estimate is shown either way. ``featurize``, ``run_context``: the campaign's, for
+    :func:`search.prior_order.prior_ranking`. None when no run was the step model's pick (no prior, or a warm
+    start whose first round was the warm proxy's)."""
     if winner is None or space.primary.direction != "maximize":
         return None
     key = space.key
@@ -56,7 +59,9 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
     if getattr(evaluate, "deterministic", False):
         out.update(deterministic=True, ratio=w.value / p.value if p.value else None)
         return out
-    return {**out, **_compared(w, p)}
+    if paired and key(paired["point"]) == pkey:
+        return {**out, **{k: paired[k] for k in ("ratio", "lo", "hi", "separated", "paired", "pairs", "method")}}
+    return {**out, **_compared(w, p), "paired": False}
 
 
 def pick_trial(runs: Sequence[Any]) -> Any | None:

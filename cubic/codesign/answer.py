@@ -177,11 +177,13 @@ def against_prior_lines(a: dict[str, Any] | None) -> list[str]:
                 + where]
     if a.get("deterministic"):
         return [f"{head}: the winner is {fmt(a['ratio'])}x it in the model (SIMULATED, no interval){where}"]
-    iv = f" (95% CI {ratio_ci(a['lo'], a['hi'], '-')}x)" if a.get("lo") is not None else ""
+    how = (f"{a['pairs']} pairs of the two run back to back after the winner was chosen" if a.get("paired") else
+           "UNPAIRED: each side's runs pooled, the pick's run in the search among them")
+    iv = f" (95% CI {ratio_ci(a['lo'], a['hi'], '-')}x, {how})" if a.get("lo") is not None else ""
     verdict = ("separated by between-process evidence: the search found better than the step model's pick"
                if a.get("separated") else
                f"NOT separated: the pick ran in {pick['repeats']} process, separation needs two each"
-               if pick.get("repeats", 0) < 2 else
+               if pick.get("repeats", 0) < 2 and not a.get("paired") else
                "NOT separated: the interval reaches 1x, so the evidence does not rank the winner above the step "
                "model's pick")
     return [f"{head}: the winner is {fmt(a['ratio'])}x it{iv}, {verdict}{where}"]

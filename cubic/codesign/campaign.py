@@ -735,12 +735,13 @@ class Campaign:
         spent; stored with the campaign (:attr:`Summary.confirm`). See :func:`cubic.codesign.confirm.confirm`."""
         obs = self.observations()
         runs = sorted(self._runs(), key=lambda t: t.number)
-        pick = pick_trial(runs)  # the answer sets the winner against it: measured in two processes, as the leaders
+        pick = pick_trial(runs)  # the answer sets the winner against it: run in the rounds after the winner
         out = confirm(self.evaluate, self.space, obs, repeat_budget, baseline,
-                      second_process=[dict(pick.params)] if pick is not None else ())
+                      pick=dict(pick.params) if pick is not None else None)
         if out is not None:
             out["against_prior"] = against_prior(self.space, runs, obs, self.evaluate,
-                                                 (out.get("winner") or {}).get("point"), self.featurize, self.context)
+                                                 (out.get("winner") or {}).get("point"), self.featurize, self.context,
+                                                 paired=out.get("against_pick"))
             self.study.set_user_attr("confirm", out)
         return out
 

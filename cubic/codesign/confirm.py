@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # annotations only: the CLI reads SPEEDUP_PAIRS while buildin
 
 def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observations: Sequence[Observation],
             repeat_budget: int, baseline: tuple[Any, dict[str, Any]] | None = None,
-            second_process: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+            pick: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Re-measure the two leading configurations in fresh processes until the winner is
     separated from the runner-up by between-process evidence (cubic.core.stats.separated: each
     measured in >= 2 processes and the 95% interval of their ratio above 1), or
@@ -34,9 +34,10 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     speedup over it, measured in SPEEDUP_PAIRS back-to-back pairs of the baseline and the winner at the
     end (outside the budget; with a budget of 0 unpaired, from the repeats already taken, labelled so);
     the pairs' runs are the winner's stored repeats, and its row and "separated" pool them.
-    ``second_process``: points the answer sets the winner against (the step model's first pick), each
-    measured in one process only given a second before the leaders are ranked, outside the budget and not
-    with a budget of 0 (:func:`_second_processes`).
+    ``pick``: the point the answer sets the winner against (the step model's first pick): it runs in the same
+    rounds, after the winner (baseline, winner, pick), so the line against it is a ratio of pairs run after the
+    winner was chosen (``against_pick``; :func:`_pairs`), as the speedup is; its runs are its stored repeats too,
+    so a pick they lift may lead and be paired with the baseline itself.
     :meth:`Campaign.confirm` stores the outcome with the campaign."""
     ev = evaluate
     if not (callable(getattr(ev, "estimate", None)) and callable(getattr(ev, "add_repeat", None))):
@@ -61,9 +62,7 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
         return separated(est[w], est[r]) if maximize else separated(est[r], est[w])
 
     t0 = time.monotonic()
-    seconds, failed0 = _second_processes(ev, space, est, second_process if repeat_budget else (), metric)
     spent, failed = _repeat_leaders(ev, points, est, ranked, apart, metric, repeat_budget)
-    failed = failed0 + failed
 
     def row(e) -> dict[str, Any]:
         return {"value": e.value, "lo": e.lo, "hi": e.hi, "repeats": e.n, "basis": e.basis,
@@ -72,10 +71,11 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
     order = ranked() if est else []
     first = order[0] if order else None
     sep_budget = apart(first, order[1]) if len(order) > 1 else None
-    w, speedup, paired = first, None, [first]
-    if first is not None and baseline is not None:
-        w, speedup, paired = _paired_winner(baseline, ev, space, points, est, ranked, metric, maximize,
-                                            SPEEDUP_PAIRS if repeat_budget else 0)
+    w, speedup, paired, against = first, None, [first], None
+    pkey = space.key(pick) if pick is not None else None
+    if first is not None and (baseline is not None or pkey in est):
+        w, speedup, paired, against = _paired_winner(baseline, pkey, ev, space, points, est, ranked, metric,
+                                                     maximize, SPEEDUP_PAIRS if repeat_budget else 0)
     r = next((k for k in ranked() if k != w), None)
     sep = apart(w, r) if w is not None else None
     lead = None
@@ -84,7 +84,8 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
         lead = None if iv is None else {"ratio": iv[0], "lo": iv[1], "hi": iv[2]}
     after = f"after {spent} of {repeat_budget} extra repeats"
     moved = w != first
-    runs_of_pairs = "the speedup pairs' runs" if moved else "the winner's runs in the speedup pairs"
+    pairs_are = "the speedup pairs" if baseline is not None else "the pairs with the step model's pick"
+    runs_of_pairs = f"{pairs_are}' runs" if moved else f"the winner's runs in {pairs_are}"
     verdict = ("only one feasible configuration" if r is None else
                f"separated {after}" + ("" if sep_budget and not moved else f" and {runs_of_pairs}") if sep else
                f"tied: separated {after}, no longer with {runs_of_pairs}" if sep_budget else
@@ -94,38 +95,23 @@ def confirm(evaluate: Callable[[dict[str, Any]], Any], space: Space, observation
         verdict += ("; their medians order the two the other way: the ranking, the ratio and the separation all "
                     "use the geometric mean of the runs")
     if moved:
-        verdict += ("; the speedup pairs moved the configuration ranked first before them below this winner, "
-                    f"which was then paired with the baseline too ({len(paired)} configurations paired)")
+        verdict += (f"; {pairs_are} moved the configuration ranked first before them below this winner, "
+                    f"which was then paired with the {'baseline' if baseline is not None else 'pick'} too "
+                    f"({len(paired)} configurations paired)")
     out = {"metric": metric, "direction": space.primary.direction, "confidence": 0.95,
            "interval": "95% interval of what a fresh run measures (cubic.core.stats.estimate)",
            "repeat_budget": repeat_budget, "repeats_spent": spent, "separated": sep, "verdict": verdict,
            "winner": {"point": points[w], **row(est[w])} if w is not None else None,
            "runner_up": {"point": points[r], **row(est[r])} if r is not None else None,
            "lead": lead, "failed_repeats": failed}
-    if seconds:
-        out["second_processes"] = seconds
+    if against is not None:
+        out["against_pick"] = {"point": pick, **against}
     if moved:
         out["ranked_first_before_pairs"] = {"point": points[first], **row(est[first])}
     if w is not None and baseline is not None:
         out["speedup"] = speedup
     out["wall_s"] = time.monotonic() - t0
     return out
-
-
-def _second_processes(ev, space: Space, est: dict[str, Any], points: Sequence[dict[str, Any]],
-                      metric: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A second process for each of ``points`` measured in one only, before the leaders are ranked: "separated"
-    needs two each, so the answer's line against the step model's pick ran once could never say the search
-    found better (against_pick_calibration, stop 83: 268 of 287 such lines had an interval wholly above 1x
-    and none said so). Ranked with the rest: a pick its second run lifts may lead. Returns (the points given
-    one, the failed runs); a run that fails for good drops its point, as a leader's does."""
-    done, failed = [], []
-    for p in points:
-        k = space.key(p)
-        if k not in est or est[k].n >= 2 or len(est) < 2:  # alone, it is the winner: nothing to set it against
-            continue
-        done.append({"point": p, "ok": _one_more(ev, p, k, est, metric, failed)})
-    return done, failed
 
 
 def _one_more(ev, point: dict[str, Any], k: str, est: dict[str, Any], metric: str,
@@ -161,27 +147,43 @@ def _typical(est: dict[str, Any], k: str) -> float:
 PAIRED_AT_MOST = 3
 
 
-def _paired_winner(baseline: tuple[Any, dict[str, Any]], ev, space: Space, points: dict[str, dict[str, Any]],
-                   est: dict[str, Any], ranked: Callable[[], list[str]], metric: str, maximize: bool,
-                   pairs: int) -> tuple[str, dict[str, Any] | None, list[str]]:
-    """(winner, its speedup over the baseline, the configurations paired): the first-ranked configuration
-    paired with the baseline (:func:`_speedup`) and its estimate re-read with the pairs' runs pooled, then
-    whichever now ranks first, until the first-ranked one has been paired (each at most once, at most
-    PAIRED_AT_MOST); the winner is the best of those paired, so the answer's winner is first by every run
-    it shows where the cap is not reached."""
+def _paired_winner(baseline: tuple[Any, dict[str, Any]] | None, pkey: str | None, ev, space: Space,
+                   points: dict[str, dict[str, Any]], est: dict[str, Any], ranked: Callable[[], list[str]],
+                   metric: str, maximize: bool,
+                   pairs: int) -> tuple[str, dict[str, Any] | None, list[str], dict[str, Any] | None]:
+    """(winner, its speedup over the baseline, the configurations paired, the winner against the pick keyed
+    ``pkey``): the first-ranked configuration run in ``pairs`` rounds with the baseline and the pick
+    (:func:`_pairs`) and its estimate re-read with the rounds' runs pooled (the pick's too), then whichever now
+    ranks first, until the first-ranked one has been paired (each at most once, at most PAIRED_AT_MOST); the
+    winner is the best of those paired, so the answer's winner is first by every run it shows where the cap is
+    not reached. The line against the pick is the final winner's own rounds' (None: no pick to set it against,
+    or fewer than two rounds usable)."""
+    bkey = space.key(baseline[1]) if baseline is not None and baseline[1] else None
     speedups: dict[str, dict[str, Any] | None] = {}
+    against: dict[str, dict[str, Any] | None] = {}
+    paired: list[str] = []
     w = ranked()[0]
     while True:
-        if baseline[1] and space.key(points[w]) == space.key(baseline[1]):
-            speedups[w] = _itself(baseline, metric)
-        else:
-            speedups[w] = _speedup(baseline, ev, points[w], est[w], metric, maximize, pairs)
-            est[w] = ev.estimate(points[w], metric) or est[w]
+        paired.append(w)
+        refs = {}
+        if baseline is not None and w != bkey:
+            refs["baseline"] = baseline
+        if pkey is not None and pkey in est and pkey not in (w, bkey):  # the pick as the baseline: its pairs
+            refs["pick"] = (ev, points[pkey])
+        rounds = _pairs(refs, ev, points[w], metric, pairs)
+        if baseline is not None:
+            speedups[w] = (_itself(baseline, metric) if w == bkey else
+                           _speedup(baseline, ev, points[w], est[w], metric, maximize, pairs, rounds.get("baseline")))
+        if pkey is not None and pkey != w:
+            against[w] = _paired_line(rounds.get("baseline" if pkey == bkey else "pick"), maximize, pairs)
+        for k in (w, pkey):  # the rounds' runs are stored repeats of both
+            if k in est:
+                est[k] = ev.estimate(points[k], metric) or est[k]
         w = ranked()[0]
-        if w in speedups or len(speedups) >= PAIRED_AT_MOST:
+        if w in paired or len(paired) >= PAIRED_AT_MOST:
             break
-    w = next(k for k in ranked() if k in speedups)
-    return w, speedups[w], list(speedups)
+    w = next(k for k in ranked() if k in paired)
+    return w, speedups.get(w), paired, against.get(w)
 
 
 # what the confirm step says of a deterministic source (the simulator): a repeat gives the same figure,
@@ -263,24 +265,25 @@ def _repeat_leaders(ev, points: dict[str, dict[str, Any]], est: dict[str, Any], 
 # noise (measurement_noise), and answer_calibration found the unpaired ratio contradicted by a later
 # re-measurement in 3 of 36 dlrm-small campaigns even with the baseline measured again at the end. A pair
 # shares its moment, so a drift common to both cancels in its ratio (dlrm-small, 10 pairs: sd of one
-# pair's log ratio 0.064 against 0.086 for two unpaired runs).
+# pair's log ratio 0.064 against 0.086 for two unpaired runs). The step model's pick runs in the same rounds,
+# after the winner, for the same reason and one more: every run of these rounds is made after the winner was
+# chosen, so none of them is a run the search ranked (the pick's first run is one the search ranked below the
+# leaders: pooled into the line against it, 23 of the 31 misses of against_pick_calibration, stop 84, lay
+# above the true ratio).
 SPEEDUP_PAIRS = 4
 
 
 def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], win, metric: str, maximize: bool,
-             pairs: int = 0) -> dict[str, Any] | None:
-    """The winner over the baseline with its 95% confidence interval: from ``pairs`` back-to-back pairs
-    (the geometric mean of the pairs' ratios, a t-interval over their log ratios) when both evaluates
-    give each run's value (``run_value``) and two pairs or more succeed; else unpaired, the ratio of
-    the typical values (cubic.core.stats.ratio_interval, the baseline given a second repeat when it
-    has one), labelled so. The pairs' runs are stored repeats of both like any other."""
+             pairs: int = 0, rounds: tuple[list[float], list[float], int] | None = None) -> dict[str, Any] | None:
+    """The winner over the baseline with its 95% confidence interval: from ``rounds`` (the log ratios of
+    :func:`_pairs`' back-to-back pairs, of ``pairs`` planned; the geometric mean of the pairs' ratios, a
+    t-interval over their log ratios) when two pairs or more succeeded; else unpaired, the ratio of the
+    typical values (cubic.core.stats.ratio_interval, the baseline given a second repeat when it has one),
+    labelled so. The pairs' runs are stored repeats of both like any other."""
     bev, bpoint = baseline
     if not callable(getattr(bev, "estimate", None)):
         return None
-    logs, loaded, failed = _pairs(bev, bpoint, ev, wpoint, metric, pairs) if pairs else ([], [], 0)
-    contended = len(logs) < 2 and len(logs) + len(loaded) >= 2
-    if contended:  # as the estimates do when every repeat was contended: use them, and say so
-        logs = logs + loaded
+    logs, loaded, contended, left_out = _usable(rounds)
     win = ev.estimate(wpoint, metric) or win  # the pairs' runs are the winner's repeats too: one estimate
     be = bev.estimate(bpoint, metric)
     if be is not None and be.n < 2 and len(logs) < 2 and callable(getattr(bev, "add_repeat", None)):
@@ -288,17 +291,9 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
             be = bev.estimate(bpoint, metric) or be
     if be is None:
         return None
-    left_out = ", ".join(f"{n} {what}" for n, what in ((failed, "failed"), (len(loaded), "contended"))
-                         if n and not (what == "contended" and contended))
     if len(logs) >= 2:
         iv = paired_ratio([x if maximize else -x for x in logs])
-        method = (f"{len(logs)} pairs, the baseline and the winner run back to back at the campaign's end: the "
-                  "geometric mean of the pairs' ratios, a t-interval over their log ratios (a drift of the machine "
-                  "common to both cancels in each pair)" + (f"; pairs left out: {left_out}" if left_out else ""))
-        if contended:
-            method += (f"; CONTENDED: {len(loaded)} of the {len(logs)} pairs ran on a loaded machine (more runnable "
-                       "threads than cores); load common to a pair's two runs cancels in its ratio, load that "
-                       "differs between them does not")
+        method = _paired_method(len(logs), "the baseline and the winner", left_out, loaded, contended)
     else:
         iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
         when = ("the baseline's and the winner's repeats pooled, the pairs' runs among them" if pairs else
@@ -312,6 +307,44 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": len(logs) >= 2, "pairs": len(logs),
             "pairs_planned": pairs, "pairs_contended": contended, **_baseline_fields(be),
             "beats_baseline": iv[1] > 1.0, "method": method}
+
+
+def _paired_line(rounds: tuple[list[float], list[float], int] | None, maximize: bool,
+                 pairs: int) -> dict[str, Any] | None:
+    """The winner over the step model's pick from the rounds' pairs, as :func:`_speedup` states the winner over
+    the baseline ("separated": the interval above 1x); None with fewer than two usable pairs (the line is then
+    the pooled runs', :mod:`cubic.codesign.against_prior`)."""
+    logs, loaded, contended, left_out = _usable(rounds)
+    iv = paired_ratio([x if maximize else -x for x in logs])
+    if iv is None:
+        return None
+    return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": True, "pairs": len(logs), "pairs_planned": pairs,
+            "pairs_contended": contended, "separated": iv[1] > 1.0,
+            "method": _paired_method(len(logs), "the winner and the step model's pick", left_out, loaded, contended)}
+
+
+def _usable(rounds: tuple[list[float], list[float], int] | None) -> tuple[list[float], list[float], bool, str]:
+    """(the log ratios used, the contended ones, whether the contended ones are used, what was left out) of one
+    comparison's pairs: the clean pairs, or every pair where fewer than two are clean, as the estimates use
+    contended repeats when every repeat was contended."""
+    logs, loaded, failed = rounds or ([], [], 0)
+    contended = len(logs) < 2 and len(logs) + len(loaded) >= 2
+    if contended:
+        logs = logs + loaded
+    left_out = ", ".join(f"{n} {what}" for n, what in ((failed, "failed"), (len(loaded), "contended"))
+                         if n and not (what == "contended" and contended))
+    return logs, loaded, contended, left_out
+
+
+def _paired_method(n: int, two: str, left_out: str, loaded: list[float], contended: bool) -> str:
+    method = (f"{n} pairs, {two} run back to back at the campaign's end: the geometric mean of the pairs' ratios, "
+              "a t-interval over their log ratios (a drift of the machine common to both cancels in each pair)"
+              + (f"; pairs left out: {left_out}" if left_out else ""))
+    if contended:
+        method += (f"; CONTENDED: {len(loaded)} of the {n} pairs ran on a loaded machine (more runnable threads "
+                   "than cores); load common to a pair's two runs cancels in its ratio, load that differs between "
+                   "them does not")
+    return method
 
 
 def _itself(baseline: tuple[Any, dict[str, Any]], metric: str) -> dict[str, Any] | None:
@@ -332,27 +365,35 @@ def _baseline_fields(be) -> dict[str, Any]:
             "baseline_basis": be.basis}
 
 
-def _pairs(bev, bpoint: dict[str, Any], ev, wpoint: dict[str, Any], metric: str,
-           pairs: int) -> tuple[list[float], list[float], int]:
-    """log(winner / baseline) of each pair whose two runs both succeeded: (the uncontended pairs, the
-    pairs with a contended run, how many pairs failed); nothing when an evaluate cannot give one run's
-    value."""
-    if not all(callable(getattr(e, n, None)) for e in (bev, ev) for n in ("add_repeat", "run_value")):
-        return [], [], 0
-    clean, loaded, failed = [], [], 0
+def _pairs(refs: dict[str, tuple[Any, dict[str, Any]]], ev, wpoint: dict[str, Any], metric: str,
+           pairs: int) -> dict[str, tuple[list[float], list[float], int]]:
+    """``pairs`` rounds, each the first of ``refs`` (name -> (its evaluate, its point)), the winner, then the
+    others, back to back; per name, log(winner / it) of each round whose two runs both succeeded: (the
+    uncontended pairs, the pairs with a contended run, how many failed). Nothing when an evaluate cannot give
+    one run's value."""
+    evs = [ev] + [e for e, _ in refs.values()]
+    if not refs or not all(callable(getattr(e, n, None)) for e in evs for n in ("add_repeat", "run_value")):
+        return {}
+    out: dict[str, tuple[list[float], list[float], int]] = {k: ([], [], 0) for k in refs}
 
     def value(e, point) -> tuple[float | None, bool]:  # (figure, contended)
+        if not e.add_repeat(point).ok:
+            return None, False
         v = e.run_value(point, metric)
         if v is None and callable(getattr(e, "contended_value", None)):
             c = e.contended_value(point, metric)
             return c, c is not None
         return v, False
 
+    names = list(refs)
     for _ in range(pairs):
-        b, bc = value(bev, bpoint) if bev.add_repeat(bpoint).ok else (None, False)
-        w, wc = value(ev, wpoint) if ev.add_repeat(wpoint).ok else (None, False)
-        if b is None or w is None:
-            failed += 1
-        else:
-            (loaded if bc or wc else clean).append(math.log(w / b))
-    return clean, loaded, failed
+        got = {names[0]: value(*refs[names[0]])}
+        w, wc = value(ev, wpoint)
+        got.update((k, value(*refs[k])) for k in names[1:])
+        for k, (r, rc) in got.items():
+            clean, loaded, failed = out[k]
+            if r is None or w is None:
+                out[k] = (clean, loaded, failed + 1)
+            else:
+                (loaded if rc or wc else clean).append(math.log(w / r))
+    return out
