@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                             "tables": {t: {str(a): true_qps(a, t) for a in range(1, 7)} for t in TABLES},
                             "job_noise_sd_log": JOB_NOISE, "budget": BUDGET, "batch": BATCH,
                             "confirm_repeats": CONFIRM_REPEATS, "seed_base": SEED_BASE, "far_below": FAR_BELOW},
-               "misses_by_side": misses_by_side(rows), "cells": cells, "campaigns": rows, "runtime_s": time.perf_counter() - t0}
+               "misses_by_side": misses_by_side(rows), "cells": cells, "campaigns": rows,
+               "runtime_s": time.perf_counter() - t0}
     write_result(name, payload)
     plot(cells, name)
     print(f"  misses by side: {payload['misses_by_side']}", file=sys.stderr)

@@ -108,6 +108,8 @@ def test_the_line_against_the_pick_leaves_out_the_run_the_search_ranked_it_by():
     assert a["paired"] and a["ratio"] == pytest.approx(100.0 / 30.0, rel=0.02) and a["separated"] is True
     pooled = math.exp(estimate(job.values[4]).mean_log - estimate(job.values[8]).mean_log)
     assert pooled > 1.1 * a["ratio"]  # what the pooled runs would have said
+    assert "4 pairs of the two run back to back after the winner was chosen, on a loaded machine (CONTENDED)" in \
+        against_prior_lines({**a, "pairs_contended": True})[0]
     out, job = confirmed({1: 90.0, 2: 95.0, 4: 100.0, 8: 30.0}, repeat_budget=0)
     a = out["against_prior"]
     assert len(job.values[8]) == 1 and a["separated"] is False and a["ratio"] > 3 and "against_pick" not in out

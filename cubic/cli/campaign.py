@@ -693,8 +693,9 @@ def _add_run(verbs: Any) -> None:
 
     run.add_argument("--confirm-repeats", type=int_at_most(MAX_CONFIRM_REPEATS, low=0), default=4, metavar="N",
                      help="at the end, up to N extra repeats of the two leading configs until the winner's 95%% "
-                          f"interval separates from the runner-up's, then {SPEEDUP_PAIRS} back-to-back pairs of the "
-                          "baseline and the winner for the speedup (default 4; 0: neither, the speedup UNPAIRED)")
+                          f"interval separates from the runner-up's, then {SPEEDUP_PAIRS} back-to-back rounds of the "
+                          "baseline, the winner and the step model's pick for the speedup and the line against the "
+                          "pick (default 4; 0: neither, both UNPAIRED)")
     run.add_argument("--simulate", metavar="CLUSTERxN", help="runs on the simulated cluster, e.g. h100x64, or a cluster file "
                      "(docs/clusters.md) (SIMULATED)")
     run.add_argument("--ray", action="store_true", help="validate runs as Ray tasks on a local Ray instance")

@@ -22,7 +22,8 @@ PICK_SOURCE = "step-model prior"  # the first round's proposal source for the mo
 
 def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Observation], evaluate,
                   winner: dict[str, Any] | None, featurize=None,
-                  run_context: dict[str, Any] | None = None, paired: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                  run_context: dict[str, Any] | None = None,
+                  paired: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The winner against the step model's first pick. ``runs``: the campaign's trials in the order they
     were proposed (``user_attrs['predicted']['source']`` names the pick); ``paired``: the confirm step's pairs
     of the two run back to back after the winner was chosen (``against_pick``), the line's ratio, interval and
@@ -60,7 +61,8 @@ def against_prior(space: Space, runs: Sequence[Any], observations: Sequence[Obse
         out.update(deterministic=True, ratio=w.value / p.value if p.value else None)
         return out
     if paired and key(paired["point"]) == pkey:
-        return {**out, **{k: paired[k] for k in ("ratio", "lo", "hi", "separated", "paired", "pairs", "method")}}
+        return {**out, **{k: paired[k] for k in ("ratio", "lo", "hi", "separated", "paired", "pairs",
+                                                  "pairs_contended", "method")}}
     return {**out, **_compared(w, p), "paired": False}
 
 

@@ -177,7 +177,8 @@ def against_prior_lines(a: dict[str, Any] | None) -> list[str]:
                 + where]
     if a.get("deterministic"):
         return [f"{head}: the winner is {fmt(a['ratio'])}x it in the model (SIMULATED, no interval){where}"]
-    how = (f"{a['pairs']} pairs of the two run back to back after the winner was chosen" if a.get("paired") else
+    how = (f"{a['pairs']} pairs of the two run back to back after the winner was chosen"
+           + (", on a loaded machine (CONTENDED)" if a.get("pairs_contended") else "") if a.get("paired") else
            "UNPAIRED: each side's runs pooled, the pick's run in the search among them")
     iv = f" (95% CI {ratio_ci(a['lo'], a['hi'], '-')}x, {how})" if a.get("lo") is not None else ""
     verdict = ("separated by between-process evidence: the search found better than the step model's pick"
