@@ -1,6 +1,7 @@
 """The confirm phase of a campaign: the two leading configurations re-measured in fresh processes
 until between-process evidence separates them (or the repeat budget is spent), and the winner's
-speedup over the baseline with its interval. Its own room beside the engine
+speedup over the baseline and its ratio to the step model's pick, each with its interval, from rounds of the
+three run back to back after the winner was chosen. Its own room beside the engine
 (:mod:`cubic.codesign.campaign`), which calls it and stores the outcome (:meth:`Campaign.confirm`)."""
 
 from __future__ import annotations
