@@ -284,7 +284,7 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     bev, bpoint = baseline
     if not callable(getattr(bev, "estimate", None)):
         return None
-    logs, loaded, contended, left_out = _usable(rounds)
+    logs, loaded, contended, left_out = _usable(rounds, maximize)
     win = ev.estimate(wpoint, metric) or win  # the pairs' runs are the winner's repeats too: one estimate
     be = bev.estimate(bpoint, metric)
     if be is not None and be.n < 2 and len(logs) < 2 and callable(getattr(bev, "add_repeat", None)):
@@ -293,7 +293,7 @@ def _speedup(baseline: tuple[Any, dict[str, Any]], ev, wpoint: dict[str, Any], w
     if be is None:
         return None
     if len(logs) >= 2:
-        iv = paired_ratio([x if maximize else -x for x in logs])
+        iv = paired_ratio(logs)
         method = _paired_method(len(logs), "the baseline and the winner", left_out, loaded, contended)
     else:
         iv = ratio_interval(win, be) if maximize else ratio_interval(be, win)
@@ -315,8 +315,8 @@ def _paired_line(rounds: tuple[list[float], list[float], int] | None, maximize: 
     """The winner over the step model's pick from the rounds' pairs, as :func:`_speedup` states the winner over
     the baseline ("separated": the interval above 1x); None with fewer than two usable pairs (the line is then
     the pooled runs', :mod:`cubic.codesign.against_prior`)."""
-    logs, loaded, contended, left_out = _usable(rounds)
-    iv = paired_ratio([x if maximize else -x for x in logs])
+    logs, loaded, contended, left_out = _usable(rounds, maximize)
+    iv = paired_ratio(logs)
     if iv is None:
         return None
     return {"ratio": iv[0], "lo": iv[1], "hi": iv[2], "paired": True, "pairs": len(logs), "pairs_planned": pairs,
@@ -324,11 +324,14 @@ def _paired_line(rounds: tuple[list[float], list[float], int] | None, maximize: 
             "method": _paired_method(len(logs), "the winner and the step model's pick", left_out, loaded, contended)}
 
 
-def _usable(rounds: tuple[list[float], list[float], int] | None) -> tuple[list[float], list[float], bool, str]:
-    """(the log ratios used, the contended ones, whether the contended ones are used, what was left out) of one
-    comparison's pairs: the clean pairs, or every pair where fewer than two are clean, as the estimates use
-    contended repeats when every repeat was contended."""
+def _usable(rounds: tuple[list[float], list[float], int] | None,
+            maximize: bool) -> tuple[list[float], list[float], bool, str]:
+    """(the log ratios used, the winner's better side positive, the contended ones, whether the contended ones
+    are used, what was left out) of one comparison's pairs: the clean pairs, or every pair where fewer than two
+    are clean, as the estimates use contended repeats when every repeat was contended."""
     logs, loaded, failed = rounds or ([], [], 0)
+    if not maximize:
+        logs, loaded = [-x for x in logs], [-x for x in loaded]
     contended = len(logs) < 2 and len(logs) + len(loaded) >= 2
     if contended:
         logs = logs + loaded
